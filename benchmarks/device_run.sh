@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build the extension, run the CUDA tests, the kernel
+# benchmark and the Cora training, with logs and JSON under $OUT.
+#   STAGES="build test bench train" bash benchmarks/device_run.sh [pytest -k expr]
+# Real graphs travel in .devdata/ (a copy of ../shared/data subsets, git-ignored).
+set -o pipefail
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/dfgnn_out}; mkdir -p "$OUT"
+[ -d .devdata ] && export PYG_DFGNN_DATA="$PWD/.devdata"
+STAGES=${STAGES:-"build test bench train"}
+PY=python3
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+$PY -c "import torch, torch_geometric; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'pyg', torch_geometric.__version__)"
+if has build; then
+  t0=$(date +%s)
+  $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error(); print('kernels loaded')" || exit 1
+fi
+if has test; then
+  $PY -m pytest -m cuda -q -p no:cacheprovider tests/ ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+fi
+if has testall; then
+  $PY -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/pytest_all.log" | tail -15
+fi
+if has bench; then
+  $PY benchmarks/kernels.py ${BENCH_ARGS:-} --out "$OUT/kernels.json" 2> "$OUT/kernels.err" | tee "$OUT/kernels.txt"
+  tail -3 "$OUT/kernels.err"
+fi
+if has train; then
+  for m in gt gat; do
+    $PY examples/train.py --model $m --impl both --json "$OUT/train_$m.json" 2>&1 | tail -8 | tee -a "$OUT/train.txt"
+  done
+fi

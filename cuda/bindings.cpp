@@ -1,0 +1,172 @@
+// Operator schemas (TORCH_LIBRARY(dfgnn)) and the input checks every CUDA entry
+// point runs before a kernel sees the data: bad input raises a RuntimeError that
+// names the argument, never a CUDA fault. Python adds register_fake and
+// register_autograd (pyg_dfgnn/ops/_custom.py).
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "ops.h"
+
+namespace dfgnn {
+namespace {
+
+// Integers and shapes are formatted with std::to_string rather than streamed into
+// the TORCH_CHECK message: streaming them segfaulted under torch 2.11 on the GPU
+// machine (benchmarks/NOTES.md, "input checks").
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string shape(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref) {
+  TORCH_CHECK(t.is_cuda(), "dfgnn: ", name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK(t.device() == ref.device(), "dfgnn: ", name, " is on ", t.device(),
+              " but the features are on ", ref.device());
+  TORCH_CHECK(t.is_contiguous(), "dfgnn: ", name, " must be contiguous (call .contiguous())");
+}
+
+void check_index(const at::Tensor& t, const char* name, int64_t numel, const at::Tensor& ref) {
+  check_cuda(t, name, ref);
+  TORCH_CHECK(t.scalar_type() == at::kInt, "dfgnn: ", name, " must be int32, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == 1, "dfgnn: ", name, " must be 1-D, got shape ", shape(t.sizes()));
+  TORCH_CHECK(numel < 0 || t.numel() == numel, "dfgnn: ", name, " must have ", num(numel),
+              " entries, got ", num(t.numel()));
+}
+
+void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref) {
+  check_cuda(t, name, ref);
+  TORCH_CHECK(t.dim() == 3, "dfgnn: ", name, " must be [N, H, C], got shape ", shape(t.sizes()));
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "dfgnn: ", name, " has dtype ",
+              t.scalar_type(), " but q has ", ref.scalar_type());
+  TORCH_CHECK(t.size(1) == ref.size(1) && t.size(2) == ref.size(2), "dfgnn: ", name,
+              " must have the heads and channels of q ", shape(ref.sizes().slice(1)), ", got ",
+              shape(t.sizes().slice(1)));
+}
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const at::Tensor& rowptr, const at::Tensor& col) {
+  TORCH_CHECK(q.is_cuda(), "dfgnn: q must be a CUDA tensor, got device ", q.device());
+  auto st = q.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+              "dfgnn: q must be float32, float16 or bfloat16, got ", st);
+  check_features(q, "q", q);
+  check_features(k, "k", q);
+  check_features(v, "v", q);
+  TORCH_CHECK(k.size(0) == v.size(0), "dfgnn: k and v must have the same number of source "
+              "nodes, got ", num(k.size(0)), " and ", num(v.size(0)));
+  check_index(rowptr, "rowptr", q.size(0) + 1, q);
+  check_index(col, "col", -1, q);
+  TORCH_CHECK(q.size(0) < INT32_MAX && k.size(0) < INT32_MAX && col.numel() < INT32_MAX,
+              "dfgnn: graphs with more than 2^31 - 1 nodes or edges need int64 kernels");
+}
+
+at::Tensor csr_rowptr(const at::Tensor& index, int64_t num_rows) {
+  TORCH_CHECK(index.is_cuda(), "dfgnn::csr_rowptr: index must be a CUDA tensor");
+  TORCH_CHECK(index.dim() == 1 && index.is_contiguous(),
+              "dfgnn::csr_rowptr: index must be a contiguous 1-D tensor");
+  TORCH_CHECK(index.scalar_type() == at::kInt || index.scalar_type() == at::kLong,
+              "dfgnn::csr_rowptr: index must be int32 or int64, got ", index.scalar_type());
+  TORCH_CHECK(num_rows >= 0 && num_rows < INT32_MAX && index.numel() < INT32_MAX,
+              "dfgnn::csr_rowptr: sizes must fit int32");
+  return csr_rowptr_cuda(index, num_rows);
+}
+
+Work make_work(const at::Tensor& items, const at::Tensor& combine, int64_t num_slots,
+               const char* what, const at::Tensor& ref) {
+  check_cuda(items, what, ref);
+  check_cuda(combine, what, ref);
+  TORCH_CHECK(items.scalar_type() == at::kInt && items.dim() == 2 && items.size(1) == 3,
+              "dfgnn: ", what, " items must be an int32 [I, 3] tensor (row, start, slot), got ",
+              items.scalar_type(), " ", shape(items.sizes()));
+  TORCH_CHECK(combine.scalar_type() == at::kInt && combine.dim() == 2 && combine.size(1) == 3,
+              "dfgnn: ", what, " combine must be an int32 [R, 3] tensor (row, first slot, n), got ",
+              combine.scalar_type(), " ", shape(combine.sizes()));
+  TORCH_CHECK(num_slots >= 0, "dfgnn: ", what, " num_slots must be >= 0");
+  return Work{items, combine, num_slots};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
+    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
+    int64_t row_slots, const c10::optional<at::Tensor>& csr_row,
+    const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
+    const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
+    const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
+    double scale, double dropout, int64_t seed, bool pmf, bool need_attn) {
+  // The CSC arguments are only kept for the backward (register_autograd saves them).
+  check_qkv(q, k, v, rowptr, col);
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gt_fwd: dropout must be in [0, 1), got ",
+              std::to_string(dropout));
+  TORCH_CHECK(chunk > 0, "dfgnn::gt_fwd: chunk must be > 0, got ", num(chunk));
+  Work rw = make_work(row_items, row_combine, row_slots, "row", q);
+  if (pmf) {
+    TORCH_CHECK(csr_row.has_value(), "dfgnn::gt_fwd: pmf=True needs csr_row");
+    check_index(*csr_row, "csr_row", col.numel(), q);
+  }
+  return gt_forward_cuda(q, k, v, rowptr, col, rw, csr_row, chunk, scale, dropout, seed, pmf,
+                         need_attn);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& rowptr, const at::Tensor& col,
+    const at::Tensor& row_items, const at::Tensor& row_combine, int64_t row_slots,
+    const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const at::Tensor& col_items, const at::Tensor& col_combine, int64_t col_slots, int64_t chunk,
+    double scale, double dropout, int64_t seed) {
+  check_qkv(q, k, v, rowptr, col);
+  check_features(out, "out", q);
+  check_features(grad_out, "grad_out", q);
+  TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0),
+              "dfgnn::gt_bwd: out and grad_out must have q's number of rows");
+  check_cuda(lse, "lse", q);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
+                  lse.size(1) == q.size(1),
+              "dfgnn::gt_bwd: lse must be float32 [N_dst, H]");
+  check_index(colptr, "colptr", k.size(0) + 1, q);
+  check_index(row, "row", col.numel(), q);
+  check_index(perm, "perm", col.numel(), q);
+  TORCH_CHECK(chunk > 0, "dfgnn::gt_bwd: chunk must be > 0, got ", num(chunk));
+  Work rw = make_work(row_items, row_combine, row_slots, "row", q);
+  Work cw = make_work(col_items, col_combine, col_slots, "col", q);
+  return gt_backward_cuda(grad_out, q, k, v, out, lse, rowptr, col, rw, colptr, row, perm, cw,
+                          chunk, scale, dropout, seed);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dfgnn, m) {
+  m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
+  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
+  m.def(
+      "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
+      "Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, Tensor? row, "
+      "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
+      "float scale, float dropout, int seed, bool pmf, bool need_attn) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "
+      "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
+      "int col_slots, int chunk, float scale, float dropout, int seed) "
+      "-> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
+  m.impl("csr_rowptr", &csr_rowptr);
+  m.impl("gt_fwd", &gt_fwd);
+  m.impl("gt_bwd", &gt_bwd);
+}
+
+}  // namespace dfgnn
+
+// A Python module so that `from pyg_dfgnn import _C` loads the library and runs
+// the registrations above.
+static struct PyModuleDef dfgnn_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&dfgnn_module); }

@@ -1,0 +1,234 @@
+// Shared building blocks of the fused attention kernels: dtype traits, 16-byte
+// vector loads that widen to fp32 registers, reductions over a lane group, and
+// the counter-based dropout hash (regenerated in the backward, no mask stored).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <type_traits>
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+namespace dfgnn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// ---------------------------------------------------------------- conversions
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Maps ATen scalar types to the CUDA types the kernels use.
+template <typename T> struct cuda_type { using type = T; };
+template <> struct cuda_type<at::Half> { using type = __half; };
+template <> struct cuda_type<at::BFloat16> { using type = __nv_bfloat16; };
+
+// ---------------------------------------------------------------- vector I/O
+// VEC elements of T per access: 16 bytes on the fast path (float4 / 8 halves),
+// one element on the generic path (any head size C).
+template <typename T, int VEC> struct Vec {
+  static_assert(VEC * sizeof(T) == 16 || VEC == 1, "16-byte or scalar vectors");
+  __device__ __forceinline__ static void load(const T* __restrict__ p, float (&out)[VEC]) {
+    if constexpr (VEC == 1) {
+      out[0] = to_float(__ldg(p));
+    } else {
+      uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
+    }
+  }
+  __device__ __forceinline__ static void store(T* __restrict__ p, const float (&in)[VEC]) {
+    if constexpr (VEC == 1) {
+      *p = from_float<T>(in[0]);
+    } else {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) e[i] = from_float<T>(in[i]);
+      *reinterpret_cast<uint4*>(p) = raw;
+    }
+  }
+};
+
+// ---------------------------------------------------------------- lane groups
+// A group of G consecutive lanes (G a power of two <= 32) owns one (node, head)
+// row. Every lane of a group runs the same trip counts, so shuffles use the
+// group's own mask and groups of one warp may diverge from each other.
+template <int G> __device__ __forceinline__ unsigned group_mask() {
+  if constexpr (G == 32) {
+    return 0xffffffffu;
+  } else {
+    const unsigned lane = threadIdx.x & 31u;
+    return ((1u << G) - 1u) << (lane & ~(unsigned)(G - 1));
+  }
+}
+
+template <int G> __device__ __forceinline__ float group_sum(float x, unsigned mask) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) x += __shfl_xor_sync(mask, x, o);
+  return x;
+}
+
+template <int G> __device__ __forceinline__ float group_max(float x, unsigned mask) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(mask, x, o));
+  return x;
+}
+
+// ---------------------------------------------------------------- dropout
+// Counter-based: keep(seed, e * H + h) depends only on the seed and the CSR edge
+// position, so the backward (CSR or CSC walk) regenerates the forward's mask.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits.
+__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t counter) {
+  const uint64_t r = mix64(seed + 0x9e3779b97f4a7c15ULL * (counter + 1));
+  return (float)(r >> 40) * (1.0f / 16777216.0f);
+}
+
+// Multiplier applied to a post-softmax weight: 0 (dropped) or 1 / (1 - p).
+__device__ __forceinline__ float dropout_scale(float p, uint64_t seed, uint64_t counter) {
+  return uniform01(seed, counter) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+// fp32 / fp16 / bf16 only (AT_DISPATCH_FLOATING_TYPES would also instantiate double).
+#define DFGNN_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                     \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                        \
+                     AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
+                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
+
+inline void check_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
+
+inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+inline bool is_aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+}  // namespace dfgnn
+
+namespace dfgnn {
+
+template <int V> using IntC = std::integral_constant<int, V>;
+
+// Picks the per-row thread mapping for head size C: VEC elements per access,
+// G lanes per (node, head) row and NV accesses per lane (compile-time, so the
+// row's q / accumulator fragments stay in registers). Mirrored by
+// pyg_dfgnn.ops.schedule.kernel_supports(); returns false when C is too large.
+template <typename T, typename F>
+bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (aligned16 && C % kVec == 0) {
+    const int64_t nvec = C / kVec;
+    if (nvec <= 4) { f(IntC<kVec>{}, IntC<4>{}, IntC<1>{}); return true; }
+    if (nvec <= 8) { f(IntC<kVec>{}, IntC<8>{}, IntC<1>{}); return true; }
+    if (nvec <= 16) { f(IntC<kVec>{}, IntC<16>{}, IntC<1>{}); return true; }
+    if (nvec <= 32) { f(IntC<kVec>{}, IntC<32>{}, IntC<1>{}); return true; }
+    if (nvec <= 64) { f(IntC<kVec>{}, IntC<32>{}, IntC<2>{}); return true; }
+    if (nvec <= 128) { f(IntC<kVec>{}, IntC<32>{}, IntC<4>{}); return true; }
+    return false;
+  }
+  if (C <= 32) { f(IntC<1>{}, IntC<32>{}, IntC<1>{}); return true; }
+  if (C <= 64) { f(IntC<1>{}, IntC<32>{}, IntC<2>{}); return true; }
+  if (C <= 128) { f(IntC<1>{}, IntC<32>{}, IntC<4>{}); return true; }
+  return false;
+}
+
+// Loads lane `gl`'s slice of one C-long row: vectors gl, gl + G, ... (< nvec).
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void load_row(const T* __restrict__ row, int gl, int nvec,
+                                         float (&x)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if (t < nvec) {
+      Vec<T, VEC>::load(row + (int64_t)t * VEC, x[r]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) x[r][c] = 0.f;
+    }
+  }
+}
+
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void store_row(T* __restrict__ row, int gl, int nvec,
+                                          const float (&x)[NV][VEC], float mul) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if (t < nvec) {
+      float y[VEC];
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) y[c] = x[r][c] * mul;
+      Vec<T, VEC>::store(row + (int64_t)t * VEC, y);
+    }
+  }
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ float dot_frag(const float (&a)[NV][VEC], const float (&b)[NV][VEC]) {
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) s = fmaf(a[r][c], b[r][c], s);
+  return s;
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ void axpy_frag(float a, const float (&x)[NV][VEC], float (&y)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) y[r][c] = fmaf(a, x[r][c], y[r][c]);
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ void scale_frag(float a, float (&y)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) y[r][c] *= a;
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ void zero_frag(float (&y)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) y[r][c] = 0.f;
+}
+
+// Partial sums of split rows are kept in fp32 whatever the input dtype.
+template <int VEC, int G, int NV>
+__device__ __forceinline__ void store_partial(float* __restrict__ row, int gl, int nvec,
+                                              const float (&x)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if (t < nvec) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) row[(int64_t)t * VEC + c] = x[r][c];
+    }
+  }
+}
+
+}  // namespace dfgnn

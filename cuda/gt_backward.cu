@@ -1,0 +1,229 @@
+// Backward pass of dot-product attention (paper §4.3, Appendix B, Fig. 8).
+//
+// Nothing of size E x C is saved: the forward keeps only lse2 [N_dst, H] and the
+// scores are recomputed. With D_i = dO_i . O_i (= sum_j P'_ij dP_ij, P' the
+// dropped-out weights) the softmax backward is dS_ij = P_ij (z_ij dP_ij - D_i),
+// where z_ij is 0 or 1 / (1 - p) from the regenerated dropout mask.
+//
+//   dq kernel (CSR, node-parallel over dst): SDDMM (q.k and dO.v), softmax
+//     backward and the SpMM dQ_i = scale * sum_j dS_ij k_j fused in one pass;
+//     it also writes D for the second kernel.
+//   dkv kernel (CSC, node-parallel over src): dV_j = sum_i P'_ij dO_i and
+//     dK_j = scale * sum_i dS_ij q_i, walking each source's out-edges through
+//     the cached CSC permutation.
+// Each output row is owned by one lane group: no atomics, deterministic.
+#include "common.cuh"
+#include "ops.h"
+
+namespace dfgnn {
+namespace {
+
+template <int NV> constexpr int bwd_unroll() { return NV == 1 ? 4 : (NV == 2 ? 2 : 1); }
+
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                 const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
+                 const int* __restrict__ rowptr, const int* __restrict__ col,
+                 const int* __restrict__ items, int chunk, T* __restrict__ dq,
+                 float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
+                 int C, float scale, float scale2, float p, uint64_t seed) {
+  constexpr int U = bwd_unroll<NV>();
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+  if (unit >= n_units) return;
+  const int gl = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask<G>();
+  const int64_t item = unit / H;
+  const int h = (int)(unit - item * H);
+  const int64_t i = items[item * 3];
+  const int slot = items[item * 3 + 2];
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C;
+  const int64_t off_i = i * HC + (int64_t)h * C;
+
+  float qf[NV][VEC], gf[NV][VEC], acc[NV][VEC];
+  load_row<T, VEC, G, NV>(q + off_i, gl, nvec, qf);
+  scale_frag(scale2, qf);
+  load_row<T, VEC, G, NV>(out + off_i, gl, nvec, acc);  // acc holds O_i for a moment
+  load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
+  const float D = group_sum<G>(dot_frag(gf, acc), mask);  // each item recomputes it (cheap)
+  const int beg = items[item * 3 + 1], end = min(beg + chunk, rowptr[i + 1]);
+  if (gl == 0 && beg == rowptr[i]) dsum[i * H + h] = D;
+  zero_frag(acc);
+  const float L = lse2[i * H + h];
+
+  for (int e0 = beg; e0 < end; e0 += U) {
+    int j[U];
+    float kf[U][NV][VEC], vf[U][NV][VEC], s[U], dp[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (j[u] >= 0) {
+        const int64_t off = (int64_t)j[u] * HC + (int64_t)h * C;
+        load_row<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
+        load_row<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = j[u] >= 0 ? dot_frag(qf, kf[u]) : 0.f;
+      dp[u] = j[u] >= 0 ? dot_frag(gf, vf[u]) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = group_sum<G>(s[u], mask);
+      dp[u] = group_sum<G>(dp[u], mask);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (j[u] >= 0) {
+        const float pe = exp2f(s[u] - L);
+        float z = 1.f;
+        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
+        axpy_frag(pe * (z * dp[u] - D), kf[u], acc);
+      }
+    }
+  }
+  if (slot < 0) {
+    store_row<T, VEC, G, NV>(dq + off_i, gl, nvec, acc, scale);
+  } else {
+    scale_frag(scale, acc);
+    store_partial<VEC, G, NV>(partial + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, acc);
+  }
+}
+
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                  const T* __restrict__ v, const float* __restrict__ lse2,
+                  const float* __restrict__ dsum, const int* __restrict__ colptr,
+                  const int* __restrict__ row, const int* __restrict__ perm,
+                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
+                  T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
+                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed) {
+  constexpr int U = bwd_unroll<NV>();
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+  if (unit >= n_units) return;
+  const int gl = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask<G>();
+  const int64_t item = unit / H;
+  const int h = (int)(unit - item * H);
+  const int64_t j = items[item * 3];
+  const int slot = items[item * 3 + 2];
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C;
+  const int64_t off_j = j * HC + (int64_t)h * C;
+
+  float kf[NV][VEC], vf[NV][VEC], dk_acc[NV][VEC], dv_acc[NV][VEC];
+  load_row<T, VEC, G, NV>(k + off_j, gl, nvec, kf);
+  scale_frag(scale2, kf);
+  load_row<T, VEC, G, NV>(v + off_j, gl, nvec, vf);
+  zero_frag(dk_acc);
+  zero_frag(dv_acc);
+  const int beg = items[item * 3 + 1], end = min(beg + chunk, colptr[j + 1]);
+
+  for (int e0 = beg; e0 < end; e0 += U) {
+    int i[U];
+    float qf[U][NV][VEC], gf[U][NV][VEC], s[U], dp[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) i[u] = (e0 + u < end) ? __ldg(row + e0 + u) : -1;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i[u] >= 0) {
+        const int64_t off = (int64_t)i[u] * HC + (int64_t)h * C;
+        load_row<T, VEC, G, NV>(q + off, gl, nvec, qf[u]);
+        load_row<T, VEC, G, NV>(dout + off, gl, nvec, gf[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = i[u] >= 0 ? dot_frag(qf[u], kf) : 0.f;
+      dp[u] = i[u] >= 0 ? dot_frag(gf[u], vf) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = group_sum<G>(s[u], mask);
+      dp[u] = group_sum<G>(dp[u], mask);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i[u] >= 0) {
+        const int64_t ih = (int64_t)i[u] * H + h;
+        const float pe = exp2f(s[u] - __ldg(lse2 + ih));
+        float z = 1.f;
+        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
+        axpy_frag(pe * z, gf[u], dv_acc);
+        axpy_frag(pe * (z * dp[u] - __ldg(dsum + ih)), qf[u], dk_acc);
+      }
+    }
+  }
+  if (slot < 0) {
+    store_row<T, VEC, G, NV>(dk + off_j, gl, nvec, dk_acc, scale);
+    store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);
+  } else {
+    scale_frag(scale, dk_acc);
+    store_partial<VEC, G, NV>(partial_dk + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dk_acc);
+    store_partial<VEC, G, NV>(partial_dv + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dv_acc);
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
+    const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
+  const int64_t N_dst = q.size(0), H = q.size(1), C = q.size(2);
+  auto dq = at::empty_like(q);
+  auto dk = at::empty_like(k);
+  auto dv = at::empty_like(v);
+  auto f32 = q.options().dtype(at::kFloat);
+  auto dsum = at::empty({N_dst, H}, f32);
+  auto part_q = at::empty({rw.num_slots, H, C}, f32);
+  auto part_k = at::empty({cw.num_slots, H, C}, f32);
+  auto part_v = at::empty({cw.num_slots, H, C}, f32);
+  const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
+  const bool drop = p > 0.f;
+  const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
+                       is_aligned16(out) && is_aligned16(grad_out);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 256;
+  const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
+  bool ok = false;
+
+  DFGNN_DISPATCH_FLOAT_TYPES(q.scalar_type(), "gt_backward", [&] {
+    using T = typename cuda_type<scalar_t>::type;
+    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
+    auto W = [](at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr<scalar_t>()); };
+    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
+      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+      if (n_dst_units > 0) {  // before dkv: it writes D
+        auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
+        kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
+            P(grad_out), P(q), P(k), P(v), P(out), lse2.data_ptr<float>(), rowptr.data_ptr<int>(),
+            col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk, W(dq),
+            part_q.data_ptr<float>(), dsum.data_ptr<float>(), n_dst_units, H, C, sc, scale2, p,
+            (uint64_t)seed);
+        check_launch();
+      }
+      if (n_src_units > 0) {
+        auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
+        kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
+            P(grad_out), P(q), P(k), P(v), lse2.data_ptr<float>(), dsum.data_ptr<float>(),
+            colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
+            cw.items.data_ptr<int>(), (int)chunk, W(dk), W(dv), part_k.data_ptr<float>(),
+            part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p, (uint64_t)seed);
+        check_launch();
+      }
+    });
+  });
+  TORCH_CHECK(ok, "dfgnn::gt_bwd: head size C=", std::to_string(C), " is not supported by the fused kernels");
+  combine_partials(part_q, rw.combine, dq);
+  combine_partials(part_k, cw.combine, dk);
+  combine_partials(part_v, cw.combine, dv);
+  return {dq, dk, dv};
+}
+
+}  // namespace dfgnn

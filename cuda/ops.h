@@ -1,0 +1,35 @@
+// Host entry points of the CUDA kernels; bindings.cpp checks inputs and
+// registers them under TORCH_LIBRARY(dfgnn).
+#pragma once
+#include <ATen/ATen.h>
+#include <tuple>
+
+namespace dfgnn {
+
+at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
+
+// Sums the fp32 partial rows of split rows into `out` (dtype of out):
+// combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...].
+void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out);
+
+// Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.ops.schedule.split_work):
+// items [I, 3] = (row, first edge, partial slot or -1), at most `chunk` edges each;
+// combine [R, 3] = (row, first slot, n slots) for the R rows split over several items.
+struct Work {
+  at::Tensor items;
+  at::Tensor combine;
+  int64_t num_slots;
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
+    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
+    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
+    const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed);
+
+}  // namespace dfgnn

@@ -1,0 +1,22 @@
+"""pyg_dfgnn: fused attention kernels (DF-GNN) behind drop-in PyG conv layers.
+
+``from pyg_dfgnn.nn import FusedTransformerConv, FusedGATConv, FusedAGNNConv``
+"""
+import torch
+
+from ._ext import HAS_EXTENSION, load_error
+
+__version__ = "0.1.0"
+
+
+def has_cuda_kernels() -> bool:
+    """Whether the fused CUDA kernels can run here: the extension is built and
+    loaded, and a CUDA device is visible."""
+    return HAS_EXTENSION and torch.cuda.is_available()
+
+
+from . import ops, layout, transforms  # noqa: E402,F401
+from .layout import GraphLayout, get_layout  # noqa: E402,F401
+
+__all__ = ["has_cuda_kernels", "load_error", "GraphLayout", "get_layout", "ops", "layout",
+           "transforms", "__version__"]

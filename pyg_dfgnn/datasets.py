@@ -1,0 +1,446 @@
+r"""Offline loaders for the real graphs used by the examples, tests and benchmarks.
+
+The data files live in a read-only data folder, found in this order:
+
+1. ``$PYG_DFGNN_DATA``, if set;
+2. ``<repository>/../shared/data`` (the folder next to a source checkout);
+3. otherwise nothing is read locally and PyG downloads the dataset as usual into
+   ``$PYG_DFGNN_CACHE`` (default ``~/.cache/pyg_dfgnn``).
+
+PyG writes a ``processed/`` folder next to ``raw/``. So that it never writes into
+the data folder, each dataset folder is first copied (once per process) to a
+temporary directory, and PyG reads the copy. The copies are removed when the
+process exits. Loaders that parse CSV or pickle files themselves
+(:func:`pubmed_graph`, :func:`musae`) read the data folder directly and write
+nothing.
+
+Example:
+
+.. code-block:: python
+
+    from pyg_dfgnn import datasets
+    data = datasets.planetoid('Cora')        # Data(x=[2708, 1433], edge_index=[2, 10556], ...)
+    data = datasets.load('github')           # 37,700 nodes, max in-degree 9,458 (super nodes)
+"""
+from __future__ import annotations
+
+import atexit
+import csv
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+__all__ = ["data_dir", "cache_dir", "planetoid", "pubmed_graph", "tu_dataset", "musae",
+           "musae_github", "actor", "webkb", "load", "available"]
+
+#: Environment variable that points at the offline data folder.
+ENV_DATA = "PYG_DFGNN_DATA"
+#: Environment variable for the download cache used when no offline copy exists.
+ENV_CACHE = "PYG_DFGNN_CACHE"
+
+_PathLike = Union[str, os.PathLike]
+
+# path parts under the data folder -> their private copy, for this process.
+_COPIES: Dict[Tuple[str, ...], Path] = {}
+_TMP_ROOT: Optional[Path] = None
+
+
+# --------------------------------------------------------------------- paths
+def data_dir() -> Optional[Path]:
+    r"""The offline data folder, or ``None`` if there is none.
+
+    ``$PYG_DFGNN_DATA`` when set (it is returned even if it does not exist, so a
+    wrong path fails loudly instead of silently downloading), else
+    ``<repository>/../shared/data`` when that folder exists.
+    """
+    env = os.environ.get(ENV_DATA)
+    if env:
+        return Path(env).expanduser().resolve()
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return default if default.is_dir() else None
+
+
+def cache_dir() -> Path:
+    r"""Where PyG downloads datasets that are not in the offline data folder
+    (``$PYG_DFGNN_CACHE``, default ``~/.cache/pyg_dfgnn``)."""
+    return Path(os.environ.get(ENV_CACHE, "~/.cache/pyg_dfgnn")).expanduser()
+
+
+def _offline(*parts: str) -> Optional[Path]:
+    """``data_dir()/parts`` if it exists, else ``None``."""
+    root = data_dir()
+    if root is None:
+        return None
+    path = root.joinpath(*parts)
+    if path.exists():
+        return path
+    if os.environ.get(ENV_DATA):
+        raise FileNotFoundError(f"{path} not found (${ENV_DATA}={os.environ[ENV_DATA]})")
+    return None
+
+
+def _tmp_root() -> Path:
+    global _TMP_ROOT
+    if _TMP_ROOT is None:
+        _TMP_ROOT = Path(tempfile.mkdtemp(prefix="pyg_dfgnn_data_"))
+        atexit.register(shutil.rmtree, _TMP_ROOT, ignore_errors=True)
+    return _TMP_ROOT
+
+
+def _private_copy(*parts: str) -> Optional[Path]:
+    r"""A private, writable copy of ``data_dir()/parts``, made once per process.
+
+    PyG writes ``processed/`` into the copy, never into the offline folder.
+    Returns ``None`` if the offline folder does not have ``parts``.
+    """
+    src = _offline(*parts)
+    if src is None:
+        return None
+    if parts not in _COPIES:
+        dst = _tmp_root().joinpath(*parts)
+        shutil.copytree(src, dst)
+        _COPIES[parts] = dst
+    return _COPIES[parts]
+
+
+def _pyg_root(root: str, sub: str) -> str:
+    r"""A root directory for a PyG dataset class that expects ``<root>/<sub>/raw``
+    (Planetoid, TUDataset, WebKB): the parent of a private copy of
+    ``<root>/<sub>``, or the download cache if there is no offline copy."""
+    copy = _private_copy(root, sub)
+    if copy is None:
+        path = cache_dir() / root
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    return str(copy.parent)
+
+
+# ----------------------------------------------------------------- Planetoid
+_PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+
+
+def planetoid(name: str, split: str = "public", transform: Optional[Callable] = None,
+              **kwargs) -> Data:
+    r"""A Planetoid citation graph (Cora or CiteSeer) with its split masks.
+
+    Source: ``Planetoid/<Name>/raw/ind.<name>.*`` (the files of
+    ``kimiyoung/planetoid``, the ones :class:`torch_geometric.datasets.Planetoid`
+    downloads), loaded by :class:`~torch_geometric.datasets.Planetoid` from a
+    private copy.
+
+    Args:
+        name (str): ``"Cora"`` or ``"CiteSeer"`` (case-insensitive). PubMed's
+            feature file is not available offline: use :func:`pubmed_graph`.
+        split (str): ``"public"`` (default, the Planetoid split: 20 nodes per
+            class for training, 500 validation, 1,000 test) or any other
+            ``split`` of :class:`~torch_geometric.datasets.Planetoid`
+            (``"geom-gcn"`` gives masks of shape ``[N, 10]``).
+        transform (callable, optional): applied to the returned graph, e.g.
+            :class:`torch_geometric.transforms.NormalizeFeatures`.
+        **kwargs: passed on to :class:`~torch_geometric.datasets.Planetoid`.
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``x`` ``[N, F]`` (bag-of-words),
+        ``edge_index`` ``[2, E]`` (undirected: each edge in both directions, no
+        self-loops), ``y`` ``[N]`` and boolean ``train_mask``, ``val_mask``,
+        ``test_mask`` ``[N]``. Cora: N=2,708, E=10,556, F=1,433, 7 classes;
+        CiteSeer: N=3,327, E=9,104, F=3,703, 6 classes.
+    """
+    from torch_geometric.datasets import Planetoid
+
+    key = name.lower()
+    if key not in _PLANETOID:
+        raise ValueError(f"unknown Planetoid dataset {name!r}; expected Cora, CiteSeer or PubMed")
+    name = _PLANETOID[key]
+    if name == "PubMed" and _offline("Planetoid", "PubMed") is not None:
+        raise ValueError("PubMed's features (ind.pubmed.allx) are not in the offline data "
+                         "folder; use pyg_dfgnn.datasets.pubmed_graph() for the graph")
+    # The geom-gcn files live under <Name>/geom-gcn/raw, so one copy serves every split.
+    ds = Planetoid(root=_pyg_root("Planetoid", name), name=name, split=split, **kwargs)
+    data = ds[0]
+    return transform(data) if transform is not None else data
+
+
+def _load_pickle(path: Path):
+    import warnings
+    with open(path, "rb") as f, warnings.catch_warnings():
+        # the 2016 pickles name scipy.sparse.csr.csr_matrix (a deprecated path)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.load(f, encoding="latin1")
+
+
+def pubmed_graph(num_features: int = 500, seed: int = 0) -> Data:
+    r"""The PubMed citation graph with its labels and public split, and **random**
+    node features.
+
+    Source: ``Planetoid/PubMed/raw/ind.pubmed.{graph,ally,ty,test.index,...}``
+    (``kimiyoung/planetoid``). The 500-d TF-IDF feature matrix ``ind.pubmed.allx``
+    is not available offline, so ``x`` is drawn from a standard normal
+    distribution: use this graph for kernel tests and benchmarks, not to report
+    accuracy. Graph, labels and masks are identical to
+    ``Planetoid(name='PubMed')``. Without an offline copy, the graph is taken from
+    a PyG download and ``x`` is still replaced by random features, so the result
+    does not depend on where the data came from.
+
+    Args:
+        num_features (int): width of the random features (default: 500, as
+            PubMed).
+        seed (int): seed of the feature generator.
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``x`` ``[19717, num_features]``,
+        ``edge_index`` ``[2, 88648]``, ``y`` ``[19717]`` (3 classes) and
+        ``train_mask`` (60), ``val_mask`` (500), ``test_mask`` (1,000).
+    """
+    from torch_geometric.io.planetoid import edge_index_from_dict
+    from torch_geometric.utils import index_to_mask
+
+    raw = _offline("Planetoid", "PubMed", "raw")
+    if raw is None:
+        from torch_geometric.datasets import Planetoid
+        data = Planetoid(root=_pyg_root("Planetoid", "PubMed"), name="PubMed")[0]
+        data = Data(edge_index=data.edge_index, y=data.y, num_nodes=data.num_nodes,
+                    train_mask=data.train_mask, val_mask=data.val_mask,
+                    test_mask=data.test_mask)
+    else:
+        def L(s):
+            return _load_pickle(raw / f"ind.pubmed.{s}")
+
+        n = 19717
+        test = torch.tensor([int(line) for line in open(raw / "ind.pubmed.test.index")])
+        ally, ty, x_train = L("ally"), L("ty"), L("x")
+        y = np.zeros(n, dtype=np.int64)
+        y[:ally.shape[0]] = np.asarray(ally).argmax(1)
+        y[test.numpy()] = np.asarray(ty).argmax(1)
+        n_train = x_train.shape[0]  # 60: the public training nodes are 0..59
+        data = Data(edge_index=edge_index_from_dict(L("graph"), num_nodes=n),
+                    y=torch.from_numpy(y), num_nodes=n,
+                    train_mask=index_to_mask(torch.arange(n_train), n),
+                    val_mask=index_to_mask(torch.arange(n_train, n_train + 500), n),
+                    test_mask=index_to_mask(test, n))
+    gen = torch.Generator().manual_seed(seed)
+    data.x = torch.randn(data.num_nodes, num_features, generator=gen)
+    return data
+
+
+# ---------------------------------------------------------------- TUDataset
+_TU = {"mutag": "MUTAG", "enzymes": "ENZYMES", "proteins": "PROTEINS"}
+
+
+def tu_dataset(name: str, **kwargs):
+    r"""A TU graph-classification dataset: MUTAG, ENZYMES or PROTEINS.
+
+    Source: ``TUDataset/<NAME>/raw/<NAME>_*.txt`` (TU Dortmund benchmark files),
+    loaded by :class:`~torch_geometric.datasets.TUDataset` from a private copy.
+    PROTEINS was staged from PROTEINS_full without its continuous node
+    attributes; with the default ``use_node_attr=False`` its tensors are those
+    of the standard PROTEINS.
+
+    Args:
+        name (str): ``"MUTAG"``, ``"ENZYMES"`` or ``"PROTEINS"`` (case-insensitive).
+        **kwargs: passed on to :class:`~torch_geometric.datasets.TUDataset`
+            (e.g. ``use_node_attr=True`` for ENZYMES' 18 node attributes,
+            ``transform``).
+
+    Returns:
+        :class:`~torch_geometric.datasets.TUDataset` of
+        :class:`~torch_geometric.data.Data` graphs with ``x`` ``[N_i, F]``,
+        ``edge_index`` ``[2, E_i]`` and a graph label ``y`` ``[1]``. MUTAG: 188
+        graphs, F=7, 2 classes (and ``edge_attr`` ``[E_i, 4]``); ENZYMES: 600,
+        F=3, 6 classes; PROTEINS: 1,113, F=3, 2 classes.
+    """
+    from torch_geometric.datasets import TUDataset
+
+    key = name.lower()
+    if key not in _TU:
+        raise ValueError(f"unknown TU dataset {name!r}; expected one of {sorted(_TU.values())}")
+    name = _TU[key]
+    return TUDataset(root=_pyg_root("TUDataset", name), name=name, **kwargs)
+
+
+# -------------------------------------------------------------------- MUSAE
+_MUSAE = {  # name -> (folder, file prefix, label column)
+    "github": ("GitHub", "git", "ml_target"),
+    "squirrel": ("Wikipedia-squirrel", "squirrel", "target"),
+    "chameleon": ("Wikipedia-chameleon", "chameleon", "target"),
+}
+
+
+def musae(name: str) -> Data:
+    r"""A MUSAE social/web graph: ``"github"``, ``"squirrel"`` or ``"chameleon"``.
+
+    Source: ``MUSAE/<folder>/<k>_edges.csv``, ``<k>_target.csv`` and ``<k>.json``
+    (``benedekrozemberczki/MUSAE``, GPL-3.0), parsed directly (nothing is
+    written). The edge list is symmetrized with
+    :func:`~torch_geometric.utils.to_undirected`. These graphs have **super
+    nodes** (GitHub: maximum in-degree 9,458; squirrel: 1,903), the case DF-GNN's
+    PMF schedule is for.
+
+    Args:
+        name (str): ``"github"``, ``"squirrel"`` or ``"chameleon"``
+            (case-insensitive).
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``edge_index`` ``[2, E]``,
+        ``num_nodes`` and:
+
+        * GitHub (37,700 nodes, 578,006 edges): ``y`` ``[N]`` (2 classes, web vs.
+          machine-learning developer); no ``x`` (the features file is not
+          available offline).
+        * squirrel (5,201 nodes, 396,846 edges incl. 140 self-loops) and
+          chameleon (2,277 nodes, 62,792 edges incl. 50 self-loops): ``x``
+          ``[N, F]`` multi-hot features and ``y`` ``[N]`` float traffic counts
+          (a regression target).
+
+        Without an offline copy, GitHub is downloaded through
+        :class:`torch_geometric.datasets.GitHub` (same topology, 128-d ``x``);
+        the Wikipedia graphs raise :class:`FileNotFoundError`.
+    """
+    from torch_geometric.utils import to_undirected
+
+    key = name.lower()
+    if key not in _MUSAE:
+        raise ValueError(f"unknown MUSAE dataset {name!r}; expected one of {sorted(_MUSAE)}")
+    folder, k, label = _MUSAE[key]
+    root = _offline("MUSAE", folder)
+    if root is None:
+        if key == "github":
+            from torch_geometric.datasets import GitHub
+            return GitHub(root=str(cache_dir() / "GitHub"))[0]
+        raise FileNotFoundError(f"MUSAE/{folder} is not in the offline data folder "
+                                f"({data_dir()}) and PyG has no loader for it")
+    with open(root / f"{k}_target.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    n = len(rows)
+    with open(root / f"{k}_edges.csv", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        next(reader)  # header
+        e = torch.tensor([[int(a), int(b)] for a, b in reader], dtype=torch.long).t()
+    data = Data(edge_index=to_undirected(e, num_nodes=n), num_nodes=n)
+    ids = torch.tensor([int(r["id"]) for r in rows])
+    if key == "github":
+        classes = sorted({r[label] for r in rows})
+        data.y = torch.empty(n, dtype=torch.long)
+        data.y[ids] = torch.tensor([classes.index(r[label]) for r in rows])
+    else:
+        data.y = torch.empty(n, dtype=torch.float)
+        data.y[ids] = torch.tensor([float(r[label]) for r in rows])
+    feat = root / f"{k}.json"
+    if feat.exists():
+        with open(feat, encoding="utf-8") as f:
+            active = json.load(f)
+        width = 1 + max(max(v) for v in active.values() if v)
+        data.x = torch.zeros(n, width)
+        for i, v in active.items():
+            if v:
+                data.x[int(i), torch.tensor(v)] = 1.0
+    return data
+
+
+def musae_github() -> Data:
+    r"""The MUSAE GitHub developer graph: 37,700 nodes, 578,006 (directed)
+    edges, maximum in-degree 9,458 (21 nodes above 1,000): a real graph with
+    super nodes. ``y`` ``[N]`` has 2 classes; there is no ``x`` offline.
+
+    Source: ``MUSAE/GitHub/git_edges.csv`` and ``git_target.csv``. See
+    :func:`musae`.
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``edge_index`` ``[2, 578006]``,
+        ``y`` ``[37700]`` and ``num_nodes=37700``.
+    """
+    return musae("github")
+
+
+# -------------------------------------------------------- Geom-GCN graphs
+def actor(**kwargs) -> Data:
+    r"""The Actor (film) co-occurrence graph from Geom-GCN: 7,600 nodes, 30,019
+    directed edges (with self-loops, as PyG keeps them), 932 features, 5
+    classes, masks ``[N, 10]`` (the 10 geom-gcn splits). Maximum in-degree
+    1,296. Source: ``Actor/raw/`` via :class:`~torch_geometric.datasets.Actor`.
+
+    Args:
+        **kwargs: passed on to :class:`~torch_geometric.datasets.Actor`.
+    """
+    from torch_geometric.datasets import Actor
+
+    root = _private_copy("Actor")  # Actor(root) expects <root>/raw
+    if root is None:
+        root = cache_dir() / "Actor"
+    return Actor(root=str(root), **kwargs)[0]
+
+
+def webkb(name: str, **kwargs) -> Data:
+    r"""A WebKB page graph from Geom-GCN: ``"cornell"`` (183 nodes, 298 edges),
+    ``"texas"`` (183, 325) or ``"wisconsin"`` (251, 515); 1,703 features, 5
+    classes, masks ``[N, 10]``. Directed, with self-loops. Source:
+    ``WebKB/<name>/raw/`` via :class:`~torch_geometric.datasets.WebKB`.
+
+    Args:
+        name (str): ``"cornell"``, ``"texas"`` or ``"wisconsin"``.
+        **kwargs: passed on to :class:`~torch_geometric.datasets.WebKB`.
+    """
+    from torch_geometric.datasets import WebKB
+
+    key = name.lower()
+    if key not in ("cornell", "texas", "wisconsin"):
+        raise ValueError(f"unknown WebKB dataset {name!r}; expected cornell, texas or wisconsin")
+    return WebKB(root=_pyg_root("WebKB", key), name=key, **kwargs)[0]
+
+
+# ---------------------------------------------------------------- dispatch
+_LOADERS: Dict[str, Callable] = {
+    "cora": lambda **kw: planetoid("Cora", **kw),
+    "citeseer": lambda **kw: planetoid("CiteSeer", **kw),
+    "pubmed": lambda **kw: pubmed_graph(**kw),
+    "mutag": lambda **kw: tu_dataset("MUTAG", **kw),
+    "enzymes": lambda **kw: tu_dataset("ENZYMES", **kw),
+    "proteins": lambda **kw: tu_dataset("PROTEINS", **kw),
+    "github": lambda **kw: musae("github", **kw),
+    "squirrel": lambda **kw: musae("squirrel", **kw),
+    "chameleon": lambda **kw: musae("chameleon", **kw),
+    "actor": lambda **kw: actor(**kw),
+    "cornell": lambda **kw: webkb("cornell", **kw),
+    "texas": lambda **kw: webkb("texas", **kw),
+    "wisconsin": lambda **kw: webkb("wisconsin", **kw),
+}
+
+
+def available() -> list:
+    r"""Names accepted by :func:`load`."""
+    return sorted(_LOADERS)
+
+
+def load(name: str, **kwargs):
+    r"""Loads a dataset by name (case-insensitive; ``-``/``_`` ignored).
+
+    Args:
+        name (str): one of :func:`available`: ``cora``, ``citeseer``,
+            ``pubmed`` (graph + random features, :func:`pubmed_graph`),
+            ``mutag``, ``enzymes``, ``proteins`` (:func:`tu_dataset`),
+            ``github``, ``squirrel``, ``chameleon`` (:func:`musae`), ``actor``,
+            ``cornell``, ``texas``, ``wisconsin``. ``musae_github`` and
+            ``wikipedia-squirrel`` style aliases work too.
+        **kwargs: passed on to the loader.
+
+    Returns:
+        A :class:`~torch_geometric.data.Data` for node-level datasets, a
+        :class:`~torch_geometric.datasets.TUDataset` for the TU datasets.
+    """
+    key = name.lower().replace("-", "").replace("_", "")
+    for prefix in ("musae", "wikipedia", "planetoid", "tu"):
+        if key.startswith(prefix) and key[len(prefix):] in _LOADERS:
+            key = key[len(prefix):]
+    if key == "film":
+        key = "actor"
+    if key not in _LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available())}")
+    return _LOADERS[key](**kwargs)

@@ -1,0 +1,314 @@
+"""GraphLayout: the sparse formats the fused kernels read, built once per graph.
+
+PyG's flow is ``source_to_target``: messages go from ``edge_index[0]`` (src) to
+``edge_index[1]`` (dst) and the edge softmax runs over the in-edges of each dst
+node. The kernels therefore walk
+
+* **CSR by destination** (``rowptr`` ``[N_dst + 1]``, ``col`` ``[E]`` = src of each
+  edge) in the forward pass and for dQ in the backward pass, and
+* **CSC by source** (``colptr`` ``[N_src + 1]``, ``row`` ``[E]`` = dst of each edge,
+  ``perm`` ``[E]`` = CSR position of each CSC edge) for dK/dV, so the backward needs
+  no atomics (paper Appendix B, Fig. 8).
+
+``edge_perm`` maps CSR positions back to the input edge order, so per-edge outputs
+(attention weights) are returned in the order the user gave.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ._ext import HAS_EXTENSION
+
+#: Number of GraphLayout builds in this process (tests use it to check caching).
+BUILD_COUNT = 0
+
+_INT32_MAX = 2**31 - 1
+
+
+def _rowptr_from_sorted(index: Tensor, num_rows: int, dtype: torch.dtype) -> Tensor:
+    """``rowptr[r]`` = number of entries of the sorted ``index`` that are ``< r``."""
+    if index.is_cuda and HAS_EXTENSION and dtype == torch.int32:
+        return torch.ops.dfgnn.csr_rowptr(index, num_rows)
+    return torch._convert_indices_from_coo_to_csr(index, num_rows,
+                                                  out_int32=dtype == torch.int32)
+
+
+class GraphLayout:
+    r"""CSR/CSC layout of a graph with ``N_src`` source and ``N_dst`` destination
+    nodes, as read by the fused attention kernels.
+
+    Build it with :meth:`from_adj` (any PyG adjacency type) or let the layers do it
+    through :func:`get_layout`, which caches it on the adjacency object.
+
+    Attributes:
+        rowptr (Tensor): ``[N_dst + 1]``, CSR row pointer over destination nodes.
+        col (Tensor): ``[E]``, source node of each edge, in CSR order.
+        edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position.
+        edge_index (Tensor): ``[2, E]`` int64, the edges in input order (with the
+            self-loops this layout added, if any), as PyG layers return them with
+            attention weights.
+        num_src, num_dst (int): node counts (equal unless the graph is bipartite).
+        max_in_degree (int), mean_in_degree (float): in-degree statistics used by
+            :mod:`pyg_dfgnn.ops.schedule`.
+        colptr, row, perm (Tensor): CSC by source (built on first use):
+            ``[N_src + 1]``, ``[E]`` dst of each CSC edge, ``[E]`` CSR position of each
+            CSC edge.
+
+    Index tensors are int32 when every index and ``E`` fit, else int64.
+    """
+
+    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Tensor, edge_index: Tensor,
+                 num_src: int, num_dst: int, max_in_degree: int, self_loops: bool = False):
+        self.rowptr = rowptr
+        self.col = col
+        self.edge_perm = edge_perm
+        self.edge_index = edge_index
+        self.num_src = int(num_src)
+        self.num_dst = int(num_dst)
+        self.num_edges = int(col.numel())
+        self.max_in_degree = int(max_in_degree)
+        self.mean_in_degree = self.num_edges / max(self.num_dst, 1)
+        self.self_loops = self_loops
+        self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+        self._cache: dict = {}  # derived data the kernels reuse (row of each CSR edge, splits)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_edge_index(cls, edge_index: Tensor, size: Optional[Tuple[int, int]] = None,
+                        add_self_loops: bool = False, with_csc: bool = True) -> "GraphLayout":
+        r"""Builds the layout from a ``[2, E]`` COO ``edge_index`` (src, dst).
+
+        Args:
+            edge_index (Tensor): ``[2, E]`` integer tensor.
+            size ((int, int), optional): ``(N_src, N_dst)``; inferred as
+                ``max index + 1`` (same for both) when not given.
+            add_self_loops (bool): remove existing self-loops and append one loop
+                per node ``0 .. min(N_src, N_dst) - 1``, exactly as
+                :class:`~torch_geometric.nn.conv.GATConv` does in every forward.
+            with_csc (bool): also build the CSC and the kernels' work items now
+                (needed for the backward; building everything up front keeps
+                ``torch.compile`` regions free of data-dependent sizes).
+
+        Raises:
+            ValueError: for a malformed ``edge_index`` or indices out of range.
+        """
+        global BUILD_COUNT
+        if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise ValueError(f"edge_index must be a [2, E] tensor, got "
+                             f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}")
+        if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
+            raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
+        edge_index = edge_index.as_subclass(Tensor).long()
+        if size is None:
+            n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
+            size = (n, n)
+        num_src, num_dst = int(size[0]), int(size[1])
+        if edge_index.numel() > 0:
+            lo, hi = torch.aminmax(edge_index, dim=1)
+            lo, hi = lo.tolist(), hi.tolist()
+            if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
+                raise ValueError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
+                                 f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+        if add_self_loops:
+            from torch_geometric.utils import add_self_loops as _add, remove_self_loops
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = _add(edge_index, num_nodes=min(num_src, num_dst))
+        src, dst = edge_index[0], edge_index[1]
+        E = src.numel()
+        idx_dtype = torch.int32 if max(E, num_src, num_dst) <= _INT32_MAX else torch.int64
+        dst_sorted, edge_perm = torch.sort(dst, stable=True)
+        col = src[edge_perm].to(idx_dtype)
+        rowptr = _rowptr_from_sorted(dst_sorted.to(idx_dtype), num_dst, idx_dtype)
+        max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if num_dst > 0 and E > 0 else 0
+        BUILD_COUNT += 1
+        layout = cls(rowptr, col, edge_perm, edge_index, num_src, num_dst, max_deg, add_self_loops)
+        layout.prepare(with_csc)
+        return layout
+
+    @classmethod
+    def from_adj(cls, adj, size: Optional[Tuple[int, int]] = None,
+                 add_self_loops: bool = False, with_csc: bool = True) -> "GraphLayout":
+        r"""Builds the layout from any PyG adjacency type.
+
+        Args:
+            adj: a ``[2, E]`` ``edge_index`` tensor, a PyG ``EdgeIndex``, a
+                ``torch_sparse.SparseTensor`` or a ``torch.sparse`` COO/CSR/CSC
+                matrix. As in PyG, sparse matrices are ``adj_t``: rows are
+                destinations, columns are sources.
+            size ((int, int), optional): ``(N_src, N_dst)`` for ``edge_index``
+                inputs (sparse matrices carry their own size).
+            add_self_loops, with_csc (bool): see :meth:`from_edge_index`.
+        """
+        from torch_geometric.typing import SparseTensor
+        if isinstance(adj, SparseTensor):
+            row, col, _ = adj.coo()  # row = dst, col = src
+            size = (adj.size(1), adj.size(0))
+            return cls.from_edge_index(torch.stack([col, row]), size, add_self_loops, with_csc)
+        if isinstance(adj, Tensor) and adj.layout != torch.strided:
+            size = (adj.size(1), adj.size(0))
+            if adj.layout == torch.sparse_csr:
+                rowptr, col = adj.crow_indices(), adj.col_indices()
+                dst = torch._convert_indices_from_csr_to_coo(rowptr, col)[0]
+                ei = torch.stack([col.long(), dst.long()])
+            else:  # COO, entries as stored (PyG's propagate keeps duplicates too)
+                coo = adj if adj.layout == torch.sparse_coo else adj.to_sparse_coo()
+                ei = coo._indices().flip(0)
+            return cls.from_edge_index(ei, size, add_self_loops, with_csc)
+        if size is None and hasattr(adj, "sparse_size"):  # PyG EdgeIndex
+            s = adj.sparse_size()
+            if s[0] is not None and s[1] is not None:
+                size = (int(s[0]), int(s[1]))
+        return cls.from_edge_index(adj, size, add_self_loops, with_csc)
+
+    # ------------------------------------------------------------------ derived
+    def prepare(self, with_csc: bool = True) -> "GraphLayout":
+        """Builds now what the kernels read lazily: the CSR work items and, with
+        ``with_csc``, the CSC and its work items (paper Table 2's "preprocess")."""
+        from .ops import schedule
+        schedule.row_work(self)
+        if with_csc:
+            schedule.col_work(self)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.col.device
+
+    def _build_csc(self):
+        perm = torch.sort(self.col, stable=True).indices
+        row = self.csr_row[perm]
+        colptr = _rowptr_from_sorted(self.col[perm], self.num_src, self.col.dtype)
+        self._csc = (colptr, row, perm.to(self.col.dtype))
+
+    @property
+    def csr_row(self) -> Tensor:
+        """``[E]`` destination node of each CSR edge (for edge-parallel kernels)."""
+        r = self._cache.get("csr_row")
+        if r is None:
+            r = self.edge_index[1][self.edge_perm].to(self.col.dtype)
+            self._cache["csr_row"] = r
+        return r
+
+    @property
+    def colptr(self) -> Tensor:
+        if self._csc is None:
+            self._build_csc()
+        return self._csc[0]
+
+    @property
+    def row(self) -> Tensor:
+        if self._csc is None:
+            self._build_csc()
+        return self._csc[1]
+
+    @property
+    def perm(self) -> Tensor:
+        if self._csc is None:
+            self._build_csc()
+        return self._csc[2]
+
+    @property
+    def max_out_degree(self) -> int:
+        """Largest out-degree (over source nodes)."""
+        if "max_out_degree" not in self._cache:
+            colptr = self.colptr
+            self._cache["max_out_degree"] = (int((colptr[1:] - colptr[:-1]).max())
+                                             if self.num_src > 0 and self.num_edges else 0)
+        return self._cache["max_out_degree"]
+
+    def in_degree(self) -> Tensor:
+        """``[N_dst]`` in-degree of each destination node."""
+        return (self.rowptr[1:] - self.rowptr[:-1]).long()
+
+    def to_input_order(self, edge_values: Tensor) -> Tensor:
+        """Reorders ``[E, ...]`` per-edge values from CSR order to input edge order."""
+        out = torch.empty_like(edge_values)
+        out[self.edge_perm] = edge_values
+        return out
+
+    # ------------------------------------------------------------------ moves
+    def to(self, device, *args, **kwargs) -> "GraphLayout":
+        """Moves every tensor (PyG's ``Data.to`` calls this for stored layouts)."""
+        if isinstance(device, torch.dtype):  # Data.to(dtype) must not touch indices
+            return self
+        device = torch.device(device)
+        here = self.device
+        if device.type == here.type and (device.index is None or device.index == here.index):
+            return self
+        new = GraphLayout(self.rowptr.to(device), self.col.to(device), self.edge_perm.to(device),
+                          self.edge_index.to(device), self.num_src, self.num_dst,
+                          self.max_in_degree, self.self_loops)
+        if self._csc is not None:
+            new._csc = tuple(t.to(device) for t in self._csc)
+        for key, val in self._cache.items():  # work items, csr_row, degree statistics
+            new._cache[key] = (tuple(t.to(device) if isinstance(t, Tensor) else t for t in val)
+                               if isinstance(val, tuple) else
+                               val.to(device) if isinstance(val, Tensor) else val)
+        return new
+
+    def cuda(self, device=None, *args, **kwargs) -> "GraphLayout":
+        return self.to(torch.device("cuda") if device is None else device)
+
+    def cpu(self) -> "GraphLayout":
+        return self.to("cpu")
+
+    def __repr__(self) -> str:
+        return (f"GraphLayout(num_src={self.num_src}, num_dst={self.num_dst}, "
+                f"num_edges={self.num_edges}, max_in_degree={self.max_in_degree}, "
+                f"mean_in_degree={self.mean_in_degree:.2f}, self_loops={self.self_loops}, "
+                f"index={self.col.dtype}, device={self.device})")
+
+
+_ATTR = "_dfgnn_layouts"
+
+
+def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = None,
+               add_self_loops: bool = False) -> GraphLayout:
+    r"""Returns the :class:`GraphLayout` of ``adj``, building it at most once.
+
+    The layout is cached on the adjacency object itself (``edge_index`` tensor,
+    ``EdgeIndex``, ``SparseTensor`` or ``torch.sparse`` matrix), keyed by size and
+    self-loop handling, and invalidated if the tensor is modified in place. So
+    every layer of a model that receives the same ``edge_index`` (one batch) shares
+    one build, and a full graph kept on the GPU is converted once for the whole
+    training run. :class:`pyg_dfgnn.transforms.CacheLayout` fills the same cache
+    ahead of time.
+
+    Raises:
+        RuntimeError: inside a ``torch.compile`` region when no layout is cached
+            yet (building one needs data-dependent sizes).
+    """
+    key = (None if size is None else (int(size[0]), int(size[1])), bool(add_self_loops))
+    compiling = torch.compiler.is_compiling()
+    # Under torch.compile the version counter is symbolic: trust the cache (a graph
+    # is compiled per edge_index object anyway).
+    version = None if compiling else getattr(adj, "_version", None)
+    cache = getattr(adj, _ATTR, None)
+    if cache is not None:
+        hit = cache.get(key)
+        if hit is not None and (compiling or hit[0] == version):
+            return hit[1]
+    if compiling:
+        raise RuntimeError("pyg_dfgnn: build the graph layout before torch.compile traces a "
+                           "fused layer: apply pyg_dfgnn.transforms.CacheLayout to the data, or "
+                           "call the model once eagerly on the same edge_index")
+    lay = GraphLayout.from_adj(adj, size, add_self_loops)
+    if cache is None:
+        cache = {}
+        try:
+            setattr(adj, _ATTR, cache)
+        except (AttributeError, TypeError):  # an object that takes no attributes: no caching
+            return lay
+    cache[key] = (version, lay)
+    return lay
+
+
+def attach_layout(adj, layout: GraphLayout, size=None, add_self_loops: bool = False) -> None:
+    """Stores ``layout`` in ``adj``'s cache (used by :class:`~pyg_dfgnn.transforms.CacheLayout`)."""
+    key = (None if size is None else (int(size[0]), int(size[1])), bool(add_self_loops))
+    if getattr(adj, _ATTR, None) is None:
+        setattr(adj, _ATTR, {})
+    getattr(adj, _ATTR)[key] = (getattr(adj, "_version", None), layout)

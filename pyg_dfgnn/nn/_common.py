@@ -1,0 +1,93 @@
+"""Shared helpers of the fused conv layers: when to run the fused op, and the
+graph size the layout is built for."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import is_torch_sparse_tensor
+
+from ..ops.schedule import STRATEGIES
+
+# MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
+_HOOK_DICTS = (
+    "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
+    "_message_forward_pre_hooks", "_message_forward_hooks",
+    "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
+    "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
+    "_edge_update_forward_pre_hooks", "_edge_update_forward_hooks",
+)
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    return strategy
+
+
+def propagate_is_customised(conv) -> bool:
+    r"""Whether ``conv`` is configured so that only PyG's ``propagate`` computes
+    what the user asked for: a ``flow`` other than ``source_to_target``, an
+    aggregation other than ``"add"``, explain mode (edge masks) or registered
+    message-passing hooks."""
+    if getattr(conv, "flow", "source_to_target") != "source_to_target":
+        return True
+    aggr = getattr(conv, "aggr", "add")
+    if not (isinstance(aggr, str) and aggr in ("add", "sum")):
+        return True
+    if getattr(conv, "_explain", None) or getattr(conv, "_edge_mask", None) is not None:
+        return True
+    return any(len(getattr(conv, name, ())) > 0 for name in _HOOK_DICTS)
+
+
+def is_sparse_tensor(adj) -> bool:
+    """``torch_sparse.SparseTensor`` (the placeholder class when it is not installed)."""
+    return isinstance(adj, SparseTensor)
+
+
+def adjacency_supported(adj, need_input_edge_order: bool) -> bool:
+    r"""Whether :func:`~pyg_dfgnn.layout.get_layout` sees the same edges, in the
+    same order where that matters (``need_input_edge_order``: attention weights are
+    returned), as PyG's ``propagate``.
+
+    * ``[2, E]`` tensors and ``EdgeIndex``: always.
+    * ``SparseTensor``: always (row-major COO order, as ``set_value(layout='coo')``).
+    * ``torch.sparse`` CSR: always; coalesced COO: always (row-major order);
+      uncoalesced COO: never (PyG keeps duplicate entries as separate edges,
+      the layout coalesces them); other layouts (CSC, BSR): never (PyG's
+      ``propagate`` rejects them, so the layer lets PyG raise).
+    """
+    if is_sparse_tensor(adj):
+        return True
+    if not isinstance(adj, Tensor):
+        return False
+    if is_torch_sparse_tensor(adj):
+        if adj.layout == torch.sparse_csr:
+            return True
+        if adj.layout == torch.sparse_coo:
+            return adj.is_coalesced()
+        return False  # CSC/BSR: PyG's propagate rejects them; let it raise
+    if adj.layout != torch.strided:
+        return False
+    return (adj.dim() == 2 and adj.size(0) == 2 and not adj.dtype.is_floating_point
+            and adj.dtype != torch.bool)
+
+
+def edge_index_size(adj, num_src: int, num_dst: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
+    r"""``(ok, size)``: the ``(N_src, N_dst)`` to build the layout for.
+
+    Sparse matrices carry their own size (``size=None``). For ``[2, E]`` tensors
+    it is ``(num_src, num_dst)``, as PyG infers it from the node features. A PyG
+    ``EdgeIndex`` whose ``sparse_size`` disagrees with the features gives
+    ``ok=False``: PyG raises for it, so the layer defers to PyG's forward.
+    """
+    if is_sparse_tensor(adj) or is_torch_sparse_tensor(adj):
+        return True, None
+    if hasattr(adj, "sparse_size"):  # EdgeIndex
+        s = adj.sparse_size()
+        if (s[0] is not None and int(s[0]) != num_src) or (s[1] is not None
+                                                          and int(s[1]) != num_dst):
+            return False, None
+    return True, (int(num_src), int(num_dst))

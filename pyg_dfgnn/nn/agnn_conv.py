@@ -1,0 +1,82 @@
+"""Fused :class:`~torch_geometric.nn.conv.AGNNConv`."""
+from __future__ import annotations
+
+from torch import Tensor
+from torch_geometric.nn.conv import AGNNConv
+from torch_geometric.typing import Adj
+
+from ..layout import get_layout
+from ..ops import agnn_attention
+from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
+                      propagate_is_customised)
+
+
+class FusedAGNNConv(AGNNConv):
+    r"""Drop-in :class:`torch_geometric.nn.conv.AGNNConv` whose cosine attention
+    (SDDMM :math:`\beta \cos(\mathbf{x}_i, \mathbf{x}_j)` -> edge softmax -> SpMM)
+    runs as one fused op, :func:`pyg_dfgnn.ops.agnn_attention` (DF-GNN paper
+    §3–4; cosine scores are dot-product scores on normalised features, so SMMF/PMF
+    are chosen as for the Graph Transformer, §4.2).
+
+    .. math::
+        \mathbf{X}^{\prime} = \mathbf{P} \mathbf{X}, \qquad
+        P_{i,j} = \frac{\exp( \beta \cdot \cos(\mathbf{x}_i, \mathbf{x}_j))}
+        {\sum_{k \in \mathcal{N}(i)\cup \{ i \}} \exp( \beta \cdot
+        \cos(\mathbf{x}_i, \mathbf{x}_k))}
+
+    Constructor arguments, the parameter (or buffer) ``beta`` and ``state_dict`` are
+    those of :class:`~torch_geometric.nn.conv.AGNNConv`. With
+    ``add_self_loops=True`` the loops are added once, when the cached
+    :class:`~pyg_dfgnn.layout.GraphLayout` is built.
+
+    Args:
+        requires_grad (bool, optional), add_self_loops (bool, optional), **kwargs:
+            as in ``AGNNConv``.
+        strategy (str, optional): ``"auto"``, ``"smmf"`` or ``"pmf"``; see
+            :class:`FusedTransformerConv`. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F)`, edge indices
+          :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a sparse
+          ``adj_t`` (``SparseTensor`` or ``torch.sparse``)
+        - **output:** node features :math:`(|\mathcal{V}|, F)`
+
+    Falls back to PyG's own ``forward`` (same results, unfused) for a
+    ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
+    uncoalesced ``torch.sparse`` COO matrix, features that are not 2-D, an
+    ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
+    ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode
+    or registered message-passing hooks.
+    """
+
+    def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, *,
+                 strategy: str = "auto", **kwargs):
+        super().__init__(requires_grad=requires_grad, add_self_loops=add_self_loops, **kwargs)
+        self.strategy = check_strategy(strategy)
+
+    def _fusable(self, x, edge_index) -> bool:
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            return False
+        if propagate_is_customised(self):
+            return False
+        if self.add_self_loops and is_sparse_tensor(edge_index):
+            return False
+        return adjacency_supported(edge_index, False)
+
+    def forward(self, x: Tensor, edge_index: Adj) -> Tensor:
+        r"""Runs the forward pass (same signature and results as
+        :meth:`torch_geometric.nn.conv.AGNNConv.forward`).
+
+        Args:
+            x (torch.Tensor): node features ``[N, F]``.
+            edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
+                the graph.
+        """
+        if not self._fusable(x, edge_index):
+            return super().forward(x, edge_index)
+        n = x.size(self.node_dim)
+        ok, size = edge_index_size(edge_index, n, n)
+        if not ok:
+            return super().forward(x, edge_index)
+        layout = get_layout(edge_index, size=size, add_self_loops=self.add_self_loops)
+        return agnn_attention(layout, x, x, self.beta, strategy=self.strategy)

@@ -1,0 +1,209 @@
+"""Fused :class:`~torch_geometric.nn.conv.GATConv`."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+from torch import Tensor
+from torch_geometric.nn.conv import GATConv
+from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
+from torch_geometric.utils import is_torch_sparse_tensor
+from torch_geometric.utils.sparse import set_sparse_value
+
+from ..layout import get_layout
+from ..ops import gat_attention
+from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
+                      propagate_is_customised)
+
+
+class FusedGATConv(GATConv):
+    r"""Drop-in :class:`torch_geometric.nn.conv.GATConv` whose attention (additive
+    SDDMM :math:`\mathrm{LeakyReLU}(\mathbf{a}_s^\top \mathbf{\Theta}_s \mathbf{x}_i +
+    \mathbf{a}_t^\top \mathbf{\Theta}_t \mathbf{x}_j)` -> edge softmax -> SpMM) runs as
+    one fused op, :func:`pyg_dfgnn.ops.gat_attention` (DF-GNN paper §3–4; additive
+    scores always use SMMF, §4.2 and Appendix C).
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \alpha_{i,j}\mathbf{\Theta}_t\mathbf{x}_{j}, \qquad
+        \alpha_{i,j} = \mathrm{softmax}_j\left(\mathrm{LeakyReLU}\left(
+        \mathbf{a}^{\top}_{s} \mathbf{\Theta}_{s}\mathbf{x}_i
+        + \mathbf{a}^{\top}_{t} \mathbf{\Theta}_{t}\mathbf{x}_j \right)\right)
+
+    Constructor arguments, parameters (``lin`` or ``lin_src``/``lin_dst``,
+    ``att_src``, ``att_dst``, ``res``, ``bias``), initialisation and ``state_dict``
+    are those of :class:`~torch_geometric.nn.conv.GATConv`; only :meth:`forward`
+    differs, in speed and memory.
+
+    With ``add_self_loops=True`` the self-loops (existing loops removed, one loop per
+    node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does) are added **once**,
+    when the graph's :class:`~pyg_dfgnn.layout.GraphLayout` is built and cached on
+    the ``edge_index`` object, not in every forward.
+
+    Args:
+        in_channels (int or tuple), out_channels (int), heads (int, optional),
+        concat (bool, optional), negative_slope (float, optional),
+        dropout (float, optional), add_self_loops (bool, optional),
+        edge_dim (int, optional), fill_value (float or Tensor or str, optional),
+        bias (bool, optional), residual (bool, optional), **kwargs:
+            as in ``GATConv``.
+        strategy (str, optional): ``"auto"``, ``"smmf"`` or ``"pmf"``; see
+            :class:`FusedTransformerConv`. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite,
+          edge indices :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a
+          sparse ``adj_t`` (``SparseTensor`` or ``torch.sparse``),
+          edge features :math:`(|\mathcal{E}|, D)` *(optional, see below)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`
+          (:math:`(|\mathcal{V}_t|, F_{out})` if ``concat=False``). With
+          ``return_attention_weights=True``, additionally ``(edge_index, alpha)``:
+          the edges used (self-loops included, as a plain ``[2, E']`` tensor) and
+          :math:`(|\mathcal{E}'|, H)` weights; for ``torch.sparse`` input
+          ``(adj, alpha)``, for ``SparseTensor`` the adjacency holding ``alpha``.
+
+    Falls back to PyG's own ``forward`` (same results, unfused) when:
+
+    * edge features are used (``edge_dim`` set or ``edge_attr`` given);
+    * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
+    * ``return_attention_weights=True`` with a ``torch.sparse`` input and
+      ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
+    * an uncoalesced ``torch.sparse`` COO input (PyG keeps duplicate entries as
+      separate edges) or a ``torch.sparse`` layout other than COO/CSR (PyG raises);
+    * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
+      returns the weights *after* dropout, the fused op those before it;
+    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
+    * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
+      mode, registered message-passing hooks, or inputs PyG rejects (non-2-D
+      features).
+
+    Differences from PyG: the returned attention weights are detached from the
+    autograd graph; with ``add_self_loops=True`` and an ``EdgeIndex`` input the
+    returned ``edge_index`` is a plain tensor (same values).
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
+                 *args, strategy: str = "auto", **kwargs):
+        super().__init__(in_channels, out_channels, *args, **kwargs)
+        self.strategy = check_strategy(strategy)
+
+    def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
+        if edge_attr is not None or self.lin_edge is not None or self.edge_dim is not None:
+            return False
+        if propagate_is_customised(self):
+            return False
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                return False
+        elif isinstance(x, (tuple, list)) and len(x) == 2:
+            if not isinstance(x[0], Tensor) or x[0].dim() != 2:
+                return False
+            if x[1] is not None and (not isinstance(x[1], Tensor) or x[1].dim() != 2):
+                return False
+        else:
+            return False
+        want_alpha = bool(return_attention_weights)
+        if want_alpha and self.training and self.dropout > 0:
+            return False
+        if self.add_self_loops and is_sparse_tensor(edge_index):
+            return False
+        if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
+            return False
+        return adjacency_supported(edge_index, want_alpha)
+
+    def forward(  # noqa: F811
+        self,
+        x: Union[Tensor, OptPairTensor],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        size: Size = None,
+        return_attention_weights: Optional[bool] = None,
+    ):
+        r"""Runs the forward pass (same signature and results as
+        :meth:`torch_geometric.nn.conv.GATConv.forward`).
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features
+                (the destination features may be ``None``).
+            edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
+                the graph.
+            edge_attr (torch.Tensor, optional): edge features (runs PyG's path).
+            size ((int, int), optional): ``(N_src, N_dst)``.
+            return_attention_weights (bool, optional): if ``True``, also return
+                ``(edge_index, alpha)``.
+        """
+        if not self._fusable(x, edge_index, edge_attr, return_attention_weights):
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+
+        H, C = self.heads, self.out_channels
+        x_src_in = x if isinstance(x, Tensor) else x[0]
+        x_dst_in = x if isinstance(x, Tensor) else x[1]
+        num_src = x_src_in.size(0)
+        num_dst = x_dst_in.size(0) if x_dst_in is not None else num_src
+        if size is not None:
+            num_src = size[0] if size[0] is not None else num_src
+            num_dst = size[1] if size[1] is not None else num_dst
+        ok, lsize = edge_index_size(edge_index, num_src, num_dst)
+        if not ok:
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+
+        # Feature transforms, exactly as GATConv.forward:
+        res: Optional[Tensor] = None
+        if isinstance(x, Tensor):
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = x_dst = self.lin(x).view(-1, H, C)
+            else:
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            x_src, x_dst = x
+            if x_dst is not None and self.res is not None:
+                res = self.res(x_dst)
+            if self.lin is not None:
+                x_src = self.lin(x_src).view(-1, H, C)
+                if x_dst is not None:
+                    x_dst = self.lin(x_dst).view(-1, H, C)
+            else:
+                x_src = self.lin_src(x_src).view(-1, H, C)
+                if x_dst is not None:
+                    x_dst = self.lin_dst(x_dst).view(-1, H, C)
+
+        # Node-level attention terms; the edge-level sum, LeakyReLU, softmax,
+        # dropout and aggregation are fused:
+        alpha_src = (x_src * self.att_src).sum(dim=-1)
+        if x_dst is None:  # PyG then uses alpha_j alone, over N_dst = N_src rows
+            alpha_dst = alpha_src.new_zeros(num_dst, H)
+        else:
+            alpha_dst = (x_dst * self.att_dst).sum(-1)
+
+        layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
+        want_alpha = bool(return_attention_weights)
+        out = gat_attention(layout, alpha_src, alpha_dst, x_src,
+                            negative_slope=self.negative_slope, dropout=self.dropout,
+                            training=self.training, return_attention=want_alpha,
+                            strategy=self.strategy)
+        alpha = None
+        if want_alpha:
+            out, alpha = out
+
+        if self.concat:
+            out = out.reshape(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+
+        if res is not None:
+            out = out + res
+
+        if self.bias is not None:
+            out = out + self.bias
+
+        if want_alpha:
+            if is_sparse_tensor(edge_index):
+                return out, edge_index.set_value(alpha, layout='coo')
+            if is_torch_sparse_tensor(edge_index):  # no self-loops here (see _fusable)
+                return out, (set_sparse_value(edge_index, alpha), alpha)
+            used = layout.edge_index if self.add_self_loops else edge_index
+            return out, (used, alpha)
+        return out

@@ -1,0 +1,159 @@
+"""Fused :class:`~torch_geometric.nn.conv.TransformerConv`."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.conv import TransformerConv
+from torch_geometric.typing import Adj, OptTensor, PairTensor
+
+from ..layout import get_layout
+from ..ops import gt_attention
+from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
+                      propagate_is_customised)
+
+
+class FusedTransformerConv(TransformerConv):
+    r"""Drop-in :class:`torch_geometric.nn.conv.TransformerConv` whose attention
+    (SDDMM :math:`\mathbf{q}_i^\top \mathbf{k}_j / \sqrt{d}` -> edge softmax ->
+    SpMM :math:`\sum_j \alpha_{i,j} \mathbf{v}_j`) runs as one fused op,
+    :func:`pyg_dfgnn.ops.gt_attention` (DF-GNN paper §3–4: SMMF or PMF, chosen per
+    call by the rule of §4.2; fused backward of §4.3).
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
+        \sum_{j \in \mathcal{N}(i)} \alpha_{i,j} \mathbf{W}_2 \mathbf{x}_{j},
+        \qquad
+        \alpha_{i,j} = \textrm{softmax} \left(
+        \frac{(\mathbf{W}_3\mathbf{x}_i)^{\top} (\mathbf{W}_4\mathbf{x}_j)}
+        {\sqrt{d}} \right)
+
+    Constructor arguments, parameters, initialisation and ``state_dict`` are those
+    of :class:`~torch_geometric.nn.conv.TransformerConv` (``load_state_dict`` of a
+    native layer's state works both ways); only :meth:`forward` differs, and only in
+    speed and memory: the ``[E, H, C]`` messages are never materialised.
+
+    The graph's :class:`~pyg_dfgnn.layout.GraphLayout` (CSR by destination, CSC for
+    the backward) is built on the first call and cached on the ``edge_index`` /
+    adjacency object, so the layers of a model share it (or build it ahead of time
+    with :class:`pyg_dfgnn.transforms.CacheLayout`).
+
+    Args:
+        in_channels (int or tuple): as in ``TransformerConv``.
+        out_channels (int): size of each head's output.
+        heads (int, optional), concat (bool, optional), beta (bool, optional),
+        dropout (float, optional), edge_dim (int, optional), bias (bool, optional),
+        root_weight (bool, optional), **kwargs: as in ``TransformerConv``.
+        strategy (str, optional): fusion method of the CUDA kernels:
+            ``"auto"`` (paper §4.2 rule on the device's shared memory and the
+            graph's largest in-degree), ``"smmf"`` (shared-memory maximisation
+            fusion, node-parallel) or ``"pmf"`` (parallelism maximisation fusion,
+            edge-parallel SDDMM). Ignored on CPU. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite,
+          edge indices :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a
+          sparse ``adj_t`` (``SparseTensor`` or ``torch.sparse`` COO/CSR),
+          edge features :math:`(|\mathcal{E}|, D)` *(optional, see below)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`
+          (or :math:`(|\mathcal{V}_t|, F_{out})` if ``concat=False``); with
+          ``return_attention_weights`` set to a bool, additionally
+          ``(edge_index, alpha)`` with ``alpha`` :math:`(|\mathcal{E}|, H)` in the
+          input edge order, or a ``SparseTensor`` holding ``alpha``, exactly as PyG.
+
+    Falls back to PyG's own ``forward`` (same results, unfused) when:
+
+    * edge features are used (``edge_dim`` set or ``edge_attr`` given);
+    * the adjacency is an uncoalesced ``torch.sparse`` COO matrix (PyG keeps its
+      duplicate entries as separate edges) or a ``torch.sparse`` layout other than
+      COO/CSR (PyG raises for it);
+    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features (PyG raises);
+    * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
+      mode, or registered message-passing hooks;
+    * training with ``dropout >= 1``, or inputs that are not plain tensors.
+
+    Differences from PyG: the returned attention weights are detached from the
+    autograd graph (PyG's carry gradients).
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
+                 *args, strategy: str = "auto", **kwargs):
+        super().__init__(in_channels, out_channels, *args, **kwargs)
+        self.strategy = check_strategy(strategy)
+
+    def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
+        if edge_attr is not None or self.lin_edge is not None:
+            return False
+        if propagate_is_customised(self):
+            return False
+        if self.training and self.dropout >= 1.0:
+            return False
+        xs = (x, x) if isinstance(x, Tensor) else x
+        if not (isinstance(xs, (tuple, list)) and len(xs) == 2
+                and all(isinstance(t, Tensor) for t in xs)):
+            return False
+        return adjacency_supported(edge_index, isinstance(return_attention_weights, bool))
+
+    def forward(  # noqa: F811
+        self,
+        x: Union[Tensor, PairTensor],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        return_attention_weights: Optional[bool] = None,
+    ):
+        r"""Runs the forward pass (same signature and results as
+        :meth:`torch_geometric.nn.conv.TransformerConv.forward`).
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features.
+            edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
+                the graph.
+            edge_attr (torch.Tensor, optional): edge features (runs PyG's path).
+            return_attention_weights (bool, optional): when set to a bool (even
+                ``False``, as in PyG), also return ``(edge_index, alpha)``.
+        """
+        if not self._fusable(x, edge_index, edge_attr, return_attention_weights):
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+
+        H, C = self.heads, self.out_channels
+        if isinstance(x, Tensor):
+            x = (x, x)
+        ok, size = edge_index_size(edge_index, x[0].size(0), x[1].size(0))
+        if not ok:
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+
+        query = self.lin_query(x[1]).view(-1, H, C)
+        key = self.lin_key(x[0]).view(-1, H, C)
+        value = self.lin_value(x[0]).view(-1, H, C)
+
+        layout = get_layout(edge_index, size=size, add_self_loops=False)
+        want_alpha = isinstance(return_attention_weights, bool)
+        res = gt_attention(layout, query, key, value, scale=1.0 / math.sqrt(C),
+                           dropout=self.dropout if self.training else 0.0,
+                           training=self.training, return_attention=want_alpha,
+                           strategy=self.strategy)
+        out, alpha = res if want_alpha else (res, None)
+
+        if self.concat:
+            out = out.reshape(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+
+        if self.root_weight:
+            x_r = self.lin_skip(x[1])
+            if self.lin_beta is not None:
+                beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1))
+                beta = beta.sigmoid()
+                out = beta * x_r + (1 - beta) * out
+            else:
+                out = out + x_r
+
+        if want_alpha:
+            if is_sparse_tensor(edge_index):
+                return out, edge_index.set_value(alpha, layout='coo')
+            return out, (edge_index, alpha)
+        return out
+

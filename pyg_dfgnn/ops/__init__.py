@@ -1,0 +1,202 @@
+r"""Fused attention ops: SDDMM -> edge softmax -> SpMM in one call.
+
+Each op takes a :class:`~pyg_dfgnn.layout.GraphLayout` and dense per-node
+tensors. On CUDA tensors, with the extension built and a supported head size,
+it runs the fused kernels (``torch.ops.dfgnn``) with the fusion method chosen by
+:mod:`pyg_dfgnn.ops.schedule` (SMMF or PMF, paper §4.2); otherwise it runs
+:mod:`pyg_dfgnn.ops.reference`. Both compute the same function.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._ext import HAS_EXTENSION
+from . import reference, schedule
+from .schedule import choose_strategy, kernel_supports
+
+if HAS_EXTENSION:
+    from . import _custom  # noqa: F401  (fake + autograd registrations)
+
+__all__ = ["gt_attention", "agnn_attention", "gat_attention", "fused_attention",
+           "uses_kernels", "reference", "schedule", "choose_strategy", "kernel_supports"]
+
+OpResult = Union[Tensor, Tuple[Tensor, Tensor]]
+
+
+def _check_features(layout, q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"{who}: q, k, v must be [N, H, C], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.size(0) != layout.num_dst:
+        raise ValueError(f"{who}: q has {q.size(0)} rows but the graph has {layout.num_dst} "
+                         "destination nodes")
+    if k.size(0) != layout.num_src or v.size(0) != layout.num_src:
+        raise ValueError(f"{who}: k and v must have {layout.num_src} rows (source nodes), got "
+                         f"{k.size(0)} and {v.size(0)}")
+    if q.shape[1:] != k.shape[1:] or k.shape[1:] != v.shape[1:]:
+        raise ValueError(f"{who}: q, k, v must share [H, C], got {tuple(q.shape[1:])}, "
+                         f"{tuple(k.shape[1:])}, {tuple(v.shape[1:])}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{who}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device != layout.device:
+        raise ValueError(f"{who}: the features are on {q.device} but the layout is on "
+                         f"{layout.device}; move the graph with .to()")
+
+
+def uses_kernels(layout, x: Tensor) -> bool:
+    """Whether a call with features like ``x`` ``[N, H, C]`` runs the fused CUDA kernels."""
+    return (HAS_EXTENSION and x.is_cuda and layout.col.dtype == torch.int32
+            and kernel_supports(x.size(-1), x.dtype))
+
+
+def _seed() -> int:
+    # Drawn from torch's CPU generator, so torch.manual_seed makes dropout reproducible.
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
+               seed: int = 0, pmf: bool = False, need_attn: bool = False,
+               need_grad: bool = True) -> tuple:
+    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout (work items and,
+    when ``need_grad``, the CSC the backward walks)."""
+    chunk = schedule.CHUNK
+    rw = schedule.row_work(layout, chunk)
+    if need_grad:
+        cw = schedule.col_work(layout, chunk)
+        csc = (layout.colptr, layout.row, layout.perm, cw[0], cw[1], cw[2])
+    else:
+        csc = (None, None, None, None, None, 0)
+    return (q, k, v, layout.rowptr, layout.col, *rw, layout.csr_row if pmf else None, *csc, chunk,
+            float(scale), float(dropout), int(seed), bool(pmf), bool(need_attn))
+
+
+def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
+                 dropout: float = 0.0, training: bool = True, return_attention: bool = False,
+                 strategy: str = "auto", score: str = "dot") -> OpResult:
+    r"""Fused scaled dot-product attention over in-edges (Graph Transformer):
+
+    .. math::
+        \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j
+        \left(\mathrm{scale}\; \mathbf{q}_i^\top \mathbf{k}_j\right) \mathbf{v}_j
+
+    per head (paper eq. 1-2; SMMF/PMF of §3-4, backward of §4.3).
+
+    Args:
+        layout (GraphLayout): the graph (``N_src`` sources, ``N_dst`` destinations).
+        q (Tensor): ``[N_dst, H, C]`` queries, float32 / float16 / bfloat16.
+        k, v (Tensor): ``[N_src, H, C]`` keys and values, same dtype.
+        scale (float, optional): score scale, ``1 / sqrt(C)`` by default.
+        dropout (float): dropout probability on the attention weights (in-kernel,
+            counter-based RNG seeded from torch's generator).
+        training (bool): dropout is applied only when ``True``.
+        return_attention (bool): also return the softmax weights (before dropout)
+            ``[E, H]`` in the layout's input edge order (not differentiable on the
+            fused-kernel path).
+        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
+        score (str): ``"dot"`` or ``"cosine"``; only used for the schedule.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]`` (dtype of ``q``), or ``(out, alpha)``.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, bad ``strategy``, or
+            ``dropout`` outside ``[0, 1)``.
+    """
+    _check_features(layout, q, k, v, "gt_attention")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"gt_attention: dropout must be in [0, 1), got {dropout}")
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    p = float(dropout) if training else 0.0
+    strat = choose_strategy(layout.max_in_degree, score, q.element_size(), strategy)
+    if uses_kernels(layout, q):
+        need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                 or v.requires_grad)
+        args = gt_op_args(layout, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
+                          _seed() if p > 0 else 0, strat == "pmf", return_attention, need_grad)
+        out, _lse, attn = torch.ops.dfgnn.gt_fwd(*args)
+    else:
+        out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
+                                            training=p > 0)
+    if return_attention:
+        # Kernel path: the weights are an output without a gradient; reference path: as PyG.
+        return out, layout.to_input_order(attn.to(q.dtype))
+    return out
+
+
+def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[Tensor, float],
+                   return_attention: bool = False, strategy: str = "auto") -> OpResult:
+    r"""Fused cosine attention (AGNN, ``AGNNConv``):
+
+    .. math::
+        \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j
+        \left(\beta \cos(\mathbf{x}_i, \mathbf{x}_j)\right) \mathbf{x}_j
+
+    computed as a dot-product SDDMM on L2-normalised features (scale 1, ``beta``
+    folded into the queries), so gradients reach ``beta`` and ``x`` through the
+    normalisation and the aggregation.
+
+    Args:
+        x_src (Tensor): ``[N_src, C]`` (or ``[N_src, H, C]``) source features.
+        x_dst (Tensor, optional): destination features, ``x_src`` if ``None``.
+        beta (Tensor or float): temperature, a scalar.
+        return_attention (bool), strategy (str): as in :func:`gt_attention`.
+
+    Returns:
+        ``out`` shaped like ``x_dst``, or ``(out, alpha [E, H])``.
+    """
+    x_dst = x_src if x_dst is None else x_dst
+    squeeze = x_src.dim() == 2
+    xs = x_src.unsqueeze(1) if squeeze else x_src
+    xd = x_dst.unsqueeze(1) if squeeze else x_dst
+    k = F.normalize(xs, p=2.0, dim=-1)
+    q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1)
+    q = q * beta
+    res = gt_attention(layout, q, k, xs, scale=1.0, return_attention=return_attention,
+                       strategy=strategy, score="cosine")
+    out = res[0] if return_attention else res
+    out = out.squeeze(1) if squeeze else out
+    return (out, res[1]) if return_attention else out
+
+
+def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float = 0.2,
+                  dropout: float = 0.0, training: bool = True, return_attention: bool = False,
+                  strategy: str = "auto") -> OpResult:
+    r"""Additive attention (GAT, ``GATConv``):
+
+    .. math::
+        \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j\left(
+        \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
+
+    Args:
+        a_src (Tensor): ``[N_src, H]``; a_dst (Tensor): ``[N_dst, H]``.
+        x (Tensor): ``[N_src, H, C]`` transformed source features.
+        negative_slope (float), dropout (float), training (bool),
+        return_attention (bool), strategy (str): as in :func:`gt_attention`.
+
+    Runs the reference implementation until the additive kernels land.
+    """
+    choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)
+    p = float(dropout) if training else 0.0
+    out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
+                                             negative_slope, p, training=p > 0)
+    if return_attention:
+        return out, layout.to_input_order(attn)
+    return out
+
+
+def fused_attention(layout, score: str = "dot", **kwargs) -> OpResult:
+    r"""One entry for the three score functions of the paper (§5.1):
+    ``"dot"`` -> :func:`gt_attention`, ``"cosine"`` -> :func:`agnn_attention`,
+    ``"additive"`` -> :func:`gat_attention`; ``kwargs`` go to that function."""
+    if score == "dot":
+        return gt_attention(layout, **kwargs)
+    if score == "cosine":
+        return agnn_attention(layout, **kwargs)
+    if score == "additive":
+        return gat_attention(layout, **kwargs)
+    raise ValueError(f"score must be 'dot', 'cosine' or 'additive', got {score!r}")

@@ -1,0 +1,62 @@
+"""``register_fake`` and ``register_autograd`` for the C++ ``torch.ops.dfgnn`` ops.
+
+The fake (meta) implementations let ``torch.compile`` trace through the fused
+ops; the autograd formulas call the fused backward kernels (paper §4.3).
+Only imported when the extension loaded.
+"""
+from __future__ import annotations
+
+import torch
+
+_FLOAT = torch.float32
+
+
+@torch.library.register_fake("dfgnn::csr_rowptr")
+def _csr_rowptr_fake(index, num_rows):
+    return index.new_empty(num_rows + 1, dtype=torch.int32)
+
+
+@torch.library.register_fake("dfgnn::gt_fwd")
+def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
+                 perm, col_items, col_combine, col_slots, chunk, scale, dropout, seed, pmf,
+                 need_attn):
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.size(0), q.size(1)), dtype=_FLOAT)
+    attn = q.new_empty((col.size(0), q.size(1)) if need_attn else (0,), dtype=_FLOAT)
+    return out, lse, attn
+
+
+@torch.library.register_fake("dfgnn::gt_bwd")
+def _gt_bwd_fake(grad_out, q, k, v, out, lse, rowptr, col, row_items, row_combine, row_slots,
+                 colptr, row, perm, col_items, col_combine, col_slots, chunk, scale, dropout,
+                 seed):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_N_FWD_INPUTS = 21
+
+
+def _gt_setup_context(ctx, inputs, output):
+    (q, k, v, rowptr, col, row_items, row_combine, row_slots, _csr_row, colptr, row, perm,
+     col_items, col_combine, col_slots, chunk, scale, dropout, seed, _pmf, _need_attn) = inputs
+    out, lse, _attn = output
+    ctx.save_for_backward(q, k, v, out, lse, rowptr, col, row_items, row_combine, colptr, row,
+                          perm, col_items, col_combine)
+    ctx.args = (row_slots, col_slots, chunk, scale, dropout, seed)
+
+
+def _gt_backward(ctx, grad_out, _grad_lse, _grad_attn):
+    (q, k, v, out, lse, rowptr, col, row_items, row_combine, colptr, row, perm, col_items,
+     col_combine) = ctx.saved_tensors
+    row_slots, col_slots, chunk, scale, dropout, seed = ctx.args
+    if colptr is None or col_items is None:
+        raise RuntimeError("dfgnn::gt_fwd was called without the CSC layout (colptr, row, perm, "
+                           "col_items, col_combine), so it cannot be differentiated")
+    dq, dk, dv = torch.ops.dfgnn.gt_bwd(grad_out.contiguous(), q, k, v, out, lse, rowptr, col,
+                                        row_items, row_combine, row_slots, colptr, row, perm,
+                                        col_items, col_combine, col_slots, chunk, scale, dropout,
+                                        seed)
+    return (dq, dk, dv) + (None,) * (_N_FWD_INPUTS - 3)
+
+
+torch.library.register_autograd("dfgnn::gt_fwd", _gt_backward, setup_context=_gt_setup_context)

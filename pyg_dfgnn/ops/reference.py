@@ -1,0 +1,121 @@
+r"""Pure-PyTorch attention over the in-edges of each destination node.
+
+The CPU path of every fused op and the oracle of every test. All functions take
+the graph in CSR-by-destination form (``rowptr`` ``[N_dst + 1]``, ``col`` ``[E]`` =
+source of each edge, see :class:`pyg_dfgnn.layout.GraphLayout`) and run
+
+1. SDDMM: a score per edge and head ``s_ij`` ``[E, H]``;
+2. edge softmax over the in-edges of each destination (paper Appendix A, eq. 2),
+   with segment reductions over ``rowptr`` (deterministic on CPU and GPU);
+3. optional attention dropout on the normalised weights;
+4. SpMM: ``out_i = sum_j alpha_ij v_j`` (segment sum, deterministic).
+
+They materialise ``[E, H, C]`` intermediates, which is what the fused kernels
+avoid; here clarity wins. Nodes with no in-edge get zeros, as in PyG.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.utils import segment, softmax
+
+
+def _csr_dst(rowptr: Tensor, num_edges: int) -> Tensor:
+    """Destination node of each CSR edge."""
+    deg = rowptr[1:] - rowptr[:-1]
+    return torch.repeat_interleave(torch.arange(deg.numel(), device=rowptr.device), deg.long(),
+                                   output_size=num_edges)
+
+
+def edge_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
+    r"""Softmax of ``scores`` ``[E, H]`` (CSR order) over each destination's
+    in-edges (paper eq. 2), via PyG's segment-based :func:`~torch_geometric.utils.softmax`."""
+    return softmax(scores, ptr=rowptr.long(), dim=0)
+
+
+def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tensor:
+    r"""SpMM ``out_i = sum_j alpha_ij value_j``: ``alpha`` ``[E, H]``, ``value``
+    ``[N_src, H, C]`` -> ``[N_dst, H, C]``."""
+    msg = value[col.long()] * alpha.unsqueeze(-1)
+    if msg.numel() == 0:
+        return value.new_zeros(rowptr.numel() - 1, value.size(1), value.size(2))
+    return segment(msg, rowptr.long(), reduce="sum")
+
+
+def _finish(rowptr, col, scores, value, dropout, training):
+    alpha = edge_softmax(scores, rowptr)
+    a = F.dropout(alpha, p=dropout, training=training) if dropout > 0 else alpha
+    return aggregate(rowptr, col, a, value), alpha
+
+
+def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                  scale: Optional[float] = None, dropout: float = 0.0,
+                  training: bool = False) -> Tuple[Tensor, Tensor]:
+    r"""Scaled dot-product attention (Graph Transformer, ``TransformerConv``):
+    :math:`s_{ij} = \mathrm{scale}\; q_i \cdot k_j`.
+
+    Args:
+        rowptr (Tensor): ``[N_dst + 1]`` CSR row pointer (int32/int64).
+        col (Tensor): ``[E]`` source node of each edge, CSR order.
+        q (Tensor): ``[N_dst, H, C]`` queries.
+        k, v (Tensor): ``[N_src, H, C]`` keys and values.
+        scale (float, optional): score scale, default ``1 / sqrt(C)``.
+        dropout (float): dropout probability on the attention weights.
+        training (bool): apply dropout only when ``True``.
+
+    Returns:
+        ``(out [N_dst, H, C], alpha [E, H])``; ``alpha`` is the softmax before dropout
+        (what PyG returns with ``return_attention_weights``).
+    """
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    dst = _csr_dst(rowptr, col.numel())
+    scores = (q[dst] * k[col.long()]).sum(-1) * scale
+    return _finish(rowptr, col, scores, v, dropout, training)
+
+
+def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, beta: Tensor,
+                     dropout: float = 0.0, training: bool = False) -> Tuple[Tensor, Tensor]:
+    r"""Cosine attention (AGNN, ``AGNNConv``):
+    :math:`s_{ij} = \beta \cos(x_i, x_j)`, aggregating the *unnormalised* ``x_j``.
+
+    Args:
+        x_dst (Tensor): ``[N_dst, C]`` or ``[N_dst, H, C]``.
+        x_src (Tensor): ``[N_src, C]`` or ``[N_src, H, C]``.
+        beta (Tensor or float): the learnable temperature (scalar).
+
+    Returns:
+        ``(out, alpha [E, H])`` with ``out`` shaped like ``x_dst``.
+    """
+    squeeze = x_src.dim() == 2
+    if squeeze:
+        x_dst, x_src = x_dst.unsqueeze(1), x_src.unsqueeze(1)
+    xn_dst = F.normalize(x_dst, p=2.0, dim=-1)
+    xn_src = F.normalize(x_src, p=2.0, dim=-1)
+    dst = _csr_dst(rowptr, col.numel())
+    scores = beta * (xn_dst[dst] * xn_src[col.long()]).sum(-1)
+    out, alpha = _finish(rowptr, col, scores, x_src, dropout, training)
+    return (out.squeeze(1) if squeeze else out), alpha
+
+
+def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor, v: Tensor,
+                       negative_slope: float = 0.2, dropout: float = 0.0,
+                       training: bool = False) -> Tuple[Tensor, Tensor]:
+    r"""Additive attention (GAT, ``GATConv``):
+    :math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})`.
+
+    Args:
+        a_dst (Tensor): ``[N_dst, H]`` per-destination terms :math:`a_{dst}^\top W x_i`.
+        a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
+        v (Tensor): ``[N_src, H, C]`` transformed source features :math:`W x_j`.
+        negative_slope (float): LeakyReLU slope.
+
+    Returns:
+        ``(out [N_dst, H, C], alpha [E, H])``.
+    """
+    dst = _csr_dst(rowptr, col.numel())
+    scores = F.leaky_relu(a_dst[dst] + a_src[col.long()], negative_slope)
+    return _finish(rowptr, col, scores, v, dropout, training)

@@ -1,0 +1,110 @@
+"""Shared helpers and fixtures of the pyg_dfgnn tests.
+
+Helpers are plain functions (``from conftest import random_graph, rel_err``) so
+that parametrised tests can call them with their own sizes.
+"""
+from __future__ import annotations
+
+import warnings
+import zlib
+from typing import Optional
+
+import pytest
+import torch
+from torch import Tensor
+
+import pyg_dfgnn
+
+warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
+
+
+# ----------------------------------------------------------------------------- markers
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``@pytest.mark.cuda`` need a GPU and the compiled extension."""
+    if pyg_dfgnn.has_cuda_kernels():
+        return
+    reason = "needs a CUDA GPU and the compiled extension pyg_dfgnn._C"
+    if not pyg_dfgnn.HAS_EXTENSION:
+        reason += f" (load error: {pyg_dfgnn.load_error()})"
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+# ----------------------------------------------------------------------------- helpers
+def rel_err(a: Tensor, b: Tensor) -> float:
+    r"""``||a - b|| / ||b||`` in float64 (absolute error when ``b`` is zero).
+
+    Fails (returns ``inf``) on a shape mismatch or a NaN/Inf in either tensor, so a
+    test that compares two broken results cannot pass."""
+    if a.shape != b.shape:
+        return float("inf")
+    a = a.detach().to(torch.float64)
+    b = b.detach().to(torch.float64)
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("inf")
+    den = b.norm()
+    num = (a - b).norm()
+    return float(num / den) if den > 0 else float(num)
+
+
+def random_graph(num_src: int, num_dst: Optional[int] = None, num_edges: int = 60,
+                 num_isolated: int = 2, num_duplicates: int = 5, num_self_loops: int = 0,
+                 generator: Optional[torch.Generator] = None) -> Tensor:
+    r"""A random ``[2, E]`` int64 ``edge_index`` (src, dst) in shuffled order with
+
+    * ``num_isolated`` destination nodes that have no in-edge,
+    * ``num_duplicates`` repeated edges,
+    * ``num_self_loops`` self-loops ``(i, i)`` (square part of the graph only).
+
+    The total number of edges is ``num_edges + num_duplicates + num_self_loops``.
+    """
+    num_dst = num_src if num_dst is None else num_dst
+    g = generator
+    isolated = torch.randperm(num_dst, generator=g)[:num_isolated]
+    mask = torch.ones(num_dst, dtype=torch.bool)
+    mask[isolated] = False
+    allowed_dst = mask.nonzero().flatten()
+    assert allowed_dst.numel() > 0
+    src = torch.randint(0, num_src, (num_edges,), generator=g)
+    dst = allowed_dst[torch.randint(0, allowed_dst.numel(), (num_edges,), generator=g)]
+    ei = torch.stack([src, dst])
+    if num_duplicates:
+        pick = torch.randint(0, num_edges, (num_duplicates,), generator=g)
+        ei = torch.cat([ei, ei[:, pick]], 1)
+    if num_self_loops:
+        n = min(num_src, num_dst)
+        cand = torch.tensor([i for i in range(n) if bool(mask[i])], dtype=torch.long)
+        loops = cand[torch.randint(0, cand.numel(), (num_self_loops,), generator=g)]
+        ei = torch.cat([ei, torch.stack([loops, loops])], 1)
+    perm = torch.randperm(ei.size(1), generator=g)
+    return ei[:, perm].contiguous()
+
+
+def isolated_dst(edge_index: Tensor, num_dst: int) -> Tensor:
+    """Destination nodes without in-edges."""
+    deg = torch.bincount(edge_index[1], minlength=num_dst)
+    return (deg == 0).nonzero().flatten()
+
+
+def has_duplicates(edge_index: Tensor) -> bool:
+    return torch.unique(edge_index, dim=1).size(1) < edge_index.size(1)
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True)
+def seed(request):
+    """Seeds torch's generator per test, from the test's id: every test draws its
+    own inputs, reproducibly (``torch.manual_seed``)."""
+    s = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(s)
+    return s
+
+
+@pytest.fixture
+def build_count():
+    """``build_count()`` = GraphLayout builds since the test started."""
+    import pyg_dfgnn.layout as L
+    start = L.BUILD_COUNT
+    return lambda: L.BUILD_COUNT - start

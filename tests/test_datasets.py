@@ -1,0 +1,127 @@
+"""Offline dataset loaders: sizes from ../shared/data/README.md, and no writes into
+the shared data folder."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch_geometric.utils import degree
+
+from pyg_dfgnn import datasets
+
+pytestmark = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
+                                reason="offline data folder (../shared/data) not found")
+
+
+def _snapshot(root: Path):
+    """Every file and folder under root, with size and mtime of files."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        out[dirpath] = None
+        for f in filenames:
+            st = os.stat(os.path.join(dirpath, f))
+            out[os.path.join(dirpath, f)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _max_in_degree(data) -> int:
+    return int(degree(data.edge_index[1], data.num_nodes).max())
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return datasets.planetoid("Cora")
+
+
+def test_cora(cora):
+    assert cora.num_nodes == 2708
+    assert cora.edge_index.shape == (2, 10556)
+    assert cora.x.shape == (2708, 1433)
+    assert int(cora.y.max()) + 1 == 7
+    assert [int(cora[f"{s}_mask"].sum()) for s in ("train", "val", "test")] == [140, 500, 1000]
+    assert _max_in_degree(cora) == 168
+    assert not cora.has_self_loops() and cora.is_undirected()
+
+
+def test_citeseer():
+    data = datasets.load("CiteSeer")
+    assert data.num_nodes == 3327
+    assert data.edge_index.shape == (2, 9104)
+    assert data.x.shape == (3327, 3703)
+    assert [int(data[f"{s}_mask"].sum()) for s in ("train", "val", "test")] == [120, 500, 1000]
+    assert _max_in_degree(data) == 99
+
+
+def test_planetoid_transform_and_errors(cora):
+    import torch_geometric.transforms as T
+    data = datasets.planetoid("cora", transform=T.NormalizeFeatures())
+    assert torch.allclose(data.x.sum(-1)[cora.x.sum(-1) > 0], torch.ones(1))
+    with pytest.raises(ValueError, match="pubmed_graph"):
+        datasets.planetoid("PubMed")
+    with pytest.raises(ValueError, match="unknown"):
+        datasets.planetoid("Amazon")
+
+
+def test_pubmed_graph():
+    data = datasets.pubmed_graph(num_features=16, seed=1)
+    assert data.num_nodes == 19717
+    assert data.edge_index.shape == (2, 88648)
+    assert data.x.shape == (19717, 16)
+    assert torch.bincount(data.y).tolist() == [4103, 7739, 7875]
+    assert [int(data[f"{s}_mask"].sum()) for s in ("train", "val", "test")] == [60, 500, 1000]
+    assert _max_in_degree(data) == 171
+    again = datasets.pubmed_graph(num_features=16, seed=1)
+    assert torch.equal(data.x, again.x)  # seeded features
+
+
+def test_mutag():
+    ds = datasets.tu_dataset("MUTAG")
+    assert len(ds) == 188
+    assert ds.num_features == 7 and ds.num_classes == 2
+    assert sum(g.num_nodes for g in ds) == 3371
+    assert sum(g.num_edges for g in ds) == 7442
+
+
+def test_musae_github():
+    data = datasets.musae_github()
+    assert data.num_nodes == 37700
+    assert data.edge_index.shape == (2, 578006)
+    assert _max_in_degree(data) == 9458
+    assert data.y.shape == (37700,) and int(data.y.max()) == 1
+    assert data.x is None  # git.json is not staged
+
+
+def test_load_dispatch():
+    assert {"cora", "citeseer", "pubmed", "mutag", "enzymes", "proteins", "github"} <= set(
+        datasets.available())
+    assert datasets.load("musae_github").num_nodes == 37700
+    with pytest.raises(ValueError, match="available"):
+        datasets.load("no-such-graph")
+
+
+def test_missing_env_dir_fails_loudly(monkeypatch, tmp_path):
+    monkeypatch.setenv(datasets.ENV_DATA, str(tmp_path / "nowhere"))
+    monkeypatch.setattr(datasets, "_COPIES", {})
+    with pytest.raises(FileNotFoundError):
+        datasets.planetoid("Cora")  # no silent download
+
+
+def test_loaders_never_write_into_the_data_folder(monkeypatch):
+    root = datasets.data_dir()
+    before = _snapshot(root)
+    # Fresh per-process state, so the copies are made (and processed) again here.
+    monkeypatch.setattr(datasets, "_COPIES", {})
+    monkeypatch.setattr(datasets, "_TMP_ROOT", None)
+    datasets.planetoid("Cora")
+    datasets.planetoid("CiteSeer")
+    datasets.tu_dataset("MUTAG")
+    datasets.pubmed_graph(num_features=4)
+    datasets.musae("chameleon")
+    # PyG processed the private copies, not the originals.
+    copy = datasets._COPIES[("Planetoid", "Cora")]
+    assert (copy / "processed").is_dir()
+    assert not str(copy).startswith(str(root))
+    assert not (root / "Planetoid" / "Cora" / "processed").exists()
+    assert _snapshot(root) == before

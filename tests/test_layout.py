@@ -1,0 +1,259 @@
+"""GraphLayout: CSR/CSC construction from every PyG adjacency type, self-loops,
+validation, caching and CacheLayout."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.data import Data
+from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_coo_tensor,
+                                   to_torch_csc_tensor, to_torch_csr_tensor)
+
+from conftest import random_graph
+from pyg_dfgnn.layout import GraphLayout, get_layout
+from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+from pyg_dfgnn.transforms import CacheLayout
+
+
+# ----------------------------------------------------------------------------- checks
+def check_csr(lay: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int):
+    """The CSR semantics every kernel relies on, against the given input edges."""
+    src, dst = edge_index
+    E = src.numel()
+    assert lay.num_src == num_src and lay.num_dst == num_dst and lay.num_edges == E
+    assert lay.rowptr.shape == (num_dst + 1,) and lay.col.shape == (E,)
+    assert lay.edge_perm.dtype == torch.long
+    # edge_perm is a permutation of the input edges
+    assert torch.equal(torch.sort(lay.edge_perm).values, torch.arange(E))
+    # col[i] is the source of the input edge edge_perm[i]; rows are sorted by dst
+    assert torch.equal(lay.col.long(), src[lay.edge_perm])
+    dst_csr = dst[lay.edge_perm]
+    assert (dst_csr[1:] >= dst_csr[:-1]).all()
+    counts = torch.bincount(dst, minlength=num_dst)
+    expect = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    assert torch.equal(lay.rowptr.long(), expect)
+    assert lay.max_in_degree == (int(counts.max()) if E else 0)
+    assert lay.mean_in_degree == pytest.approx(E / max(num_dst, 1))
+    assert torch.equal(lay.in_degree(), counts)
+    assert torch.equal(lay.csr_row.long(), dst_csr)
+
+
+def check_csc(lay: GraphLayout):
+    """For every CSC position p: CSR edge perm[p] has source = the CSC column of p
+    and destination = row[p]; colptr counts the out-degrees."""
+    E = lay.num_edges
+    colptr, row, perm = lay.colptr.long(), lay.row.long(), lay.perm.long()
+    assert colptr.shape == (lay.num_src + 1,) and row.shape == (E,) and perm.shape == (E,)
+    assert torch.equal(torch.sort(perm).values, torch.arange(E))
+    csc_col = torch.repeat_interleave(torch.arange(lay.num_src), colptr[1:] - colptr[:-1])
+    assert torch.equal(lay.col.long()[perm], csc_col)
+    assert torch.equal(lay.csr_row.long()[perm], row)
+    out_deg = torch.bincount(lay.col.long(), minlength=lay.num_src)
+    assert torch.equal(colptr[1:] - colptr[:-1], out_deg)
+    assert lay.max_out_degree == (int(out_deg.max()) if E else 0)
+
+
+def edge_set(ei: Tensor):
+    return sorted(map(tuple, ei.as_subclass(Tensor).t().tolist()))
+
+
+# ----------------------------------------------------------------------------- construction
+@pytest.mark.parametrize("ns,nd", [(15, 15), (12, 7), (5, 9)])
+def test_from_edge_index(ns, nd):
+    ei = random_graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=5)
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    check_csr(lay, ei, ns, nd)
+    check_csc(lay)
+    assert torch.equal(lay.edge_index, ei)
+    assert not lay.self_loops
+    assert lay.col.dtype == torch.int32 and lay.rowptr.dtype == torch.int32
+    # stable: within a row, edges keep their input order
+    for r in range(nd):
+        seg = lay.edge_perm[int(lay.rowptr[r]):int(lay.rowptr[r + 1])]
+        assert (seg[1:] > seg[:-1]).all()
+
+
+def test_inferred_size_and_int32_input():
+    ei = random_graph(10, num_edges=30, num_isolated=0)
+    lay = GraphLayout.from_edge_index(ei.int())
+    n = int(ei.max()) + 1
+    check_csr(lay, ei, n, n)
+
+
+def test_every_adjacency_type_gives_the_same_layout():
+    ns, nd = 13, 9
+    ei = random_graph(ns, nd, num_edges=45, num_duplicates=0)
+    ei = torch.unique(ei, dim=1)  # torch.sparse coalesces duplicates
+    ei = ei[:, torch.randperm(ei.size(1))]
+    adj_t_size = (nd, ns)
+    inputs = {
+        "edge_index": ei,
+        "EdgeIndex": EdgeIndex(ei, sparse_size=(ns, nd)),
+        "sparse_coo": to_torch_coo_tensor(ei.flip(0), size=adj_t_size),
+        "sparse_csr": to_torch_csr_tensor(ei.flip(0), size=adj_t_size),
+        "sparse_csc": to_torch_csc_tensor(ei.flip(0), size=adj_t_size),
+    }
+    ref = GraphLayout.from_edge_index(ei, (ns, nd))
+    for name, adj in inputs.items():
+        size = (ns, nd) if name == "edge_index" else None
+        lay = GraphLayout.from_adj(adj, size)
+        assert (lay.num_src, lay.num_dst) == (ns, nd), name
+        check_csr(lay, lay.edge_index, ns, nd)
+        check_csc(lay)
+        assert edge_set(lay.edge_index) == edge_set(ei), name
+        assert torch.equal(lay.rowptr, ref.rowptr), name
+        # same edges per row (the order inside a row follows the input order)
+        for r in range(nd):
+            s, e = int(ref.rowptr[r]), int(ref.rowptr[r + 1])
+            assert sorted(lay.col[s:e].tolist()) == sorted(ref.col[s:e].tolist()), (name, r)
+
+
+def test_sparse_tensor_input():
+    torch_sparse = pytest.importorskip("torch_sparse")
+    ns, nd = 11, 8
+    ei = torch.unique(random_graph(ns, nd, num_edges=30), dim=1)
+    adj = torch_sparse.SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(nd, ns))
+    lay = GraphLayout.from_adj(adj)
+    check_csr(lay, lay.edge_index, ns, nd)
+    assert edge_set(lay.edge_index) == edge_set(ei)
+    row, col, _ = adj.coo()  # attention weights come back in adj's COO order
+    assert torch.equal(lay.edge_index, torch.stack([col, row]))
+
+
+@pytest.mark.parametrize("ns,nd", [(14, 14), (12, 7), (6, 10)])
+def test_self_loop_variant_matches_pyg(ns, nd):
+    ei = random_graph(ns, nd, num_edges=40, num_self_loops=4)
+    lay = GraphLayout.from_edge_index(ei, (ns, nd), add_self_loops=True)
+    expect, _ = remove_self_loops(ei)
+    expect, _ = add_self_loops(expect, num_nodes=min(ns, nd))
+    assert torch.equal(lay.edge_index, expect)
+    assert lay.self_loops
+    check_csr(lay, expect, ns, nd)
+    check_csc(lay)
+    loops = lay.edge_index[0] == lay.edge_index[1]
+    assert int(loops.sum()) == min(ns, nd)
+
+
+def test_empty_graph():
+    lay = GraphLayout.from_edge_index(torch.empty(2, 0, dtype=torch.long), (4, 3))
+    check_csr(lay, torch.empty(2, 0, dtype=torch.long), 4, 3)
+    check_csc(lay)
+    assert lay.max_in_degree == 0
+
+
+# ----------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("bad,size", [
+    (torch.tensor([[0, 1, 5], [1, 2, 0]]), (5, 5)),      # src == N_src
+    (torch.tensor([[0, 1, 2], [1, 2, 4]]), (5, 4)),      # dst == N_dst (bipartite)
+    (torch.tensor([[0, -1, 2], [1, 2, 0]]), (5, 5)),     # negative
+])
+def test_out_of_range_indices_raise(bad, size):
+    with pytest.raises(ValueError, match="out of range"):
+        GraphLayout.from_edge_index(bad, size)
+
+
+@pytest.mark.parametrize("bad", [
+    torch.tensor([0, 1, 2]),
+    torch.tensor([[0, 1], [1, 2], [2, 0]]),
+    torch.zeros(2, 3, 1, dtype=torch.long),
+])
+def test_bad_shape_raises(bad):
+    with pytest.raises(ValueError, match=r"\[2, E\]"):
+        GraphLayout.from_edge_index(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool])
+def test_non_integer_edge_index_raises(dtype):
+    with pytest.raises(ValueError, match="integer"):
+        GraphLayout.from_edge_index(torch.tensor([[0, 1], [1, 0]]).to(dtype))
+
+
+# ----------------------------------------------------------------------------- caching
+def test_get_layout_caches_and_invalidates(build_count):
+    ei = random_graph(12, num_edges=40)
+    a = get_layout(ei, (12, 12))
+    assert build_count() == 1
+    assert get_layout(ei, (12, 12)) is a
+    inferred = get_layout(ei)  # an unspecified size is its own cache entry
+    assert inferred is not a and get_layout(ei) is inferred and build_count() == 2
+    b = get_layout(ei, (12, 12), add_self_loops=True)
+    assert b is not a and b.self_loops and not a.self_loops
+    assert get_layout(ei, (12, 12), add_self_loops=True) is b
+    c = get_layout(ei, (12, 20))  # another size is another layout
+    assert c is not a and c.num_dst == 20
+    assert build_count() == 4
+    # an in-place modification bumps the tensor version: rebuilt
+    old_src = int(ei[0, 0])
+    ei[0, 0] = (old_src + 1) % 12
+    d = get_layout(ei, (12, 12))
+    assert d is not a and build_count() == 5
+    check_csr(d, ei, 12, 12)
+    # a copy of the tensor is a different object: its own cache
+    e = get_layout(ei.clone(), (12, 12))
+    assert e is not d and build_count() == 6
+
+
+@pytest.mark.parametrize("kind", ["EdgeIndex", "csr", "coo"])
+def test_get_layout_caches_on_other_adjacency_types(kind, build_count):
+    ei = torch.unique(random_graph(10, num_edges=30), dim=1).contiguous()
+    adj = {"EdgeIndex": lambda: EdgeIndex(ei, sparse_size=(10, 10)),
+           "csr": lambda: to_torch_csr_tensor(ei.flip(0), size=(10, 10)),
+           "coo": lambda: to_torch_coo_tensor(ei.flip(0), size=(10, 10))}[kind]()
+    size = (10, 10) if kind == "EdgeIndex" else None
+    a = get_layout(adj, size)
+    assert get_layout(adj, size) is a
+    assert build_count() == 1
+
+
+def test_to_device():
+    ei = random_graph(10, num_edges=30)
+    lay = GraphLayout.from_edge_index(ei, (10, 10))
+    lay.colptr  # noqa: B018  (build CSC)
+    assert lay.to("cpu") is lay
+    assert lay.cpu() is lay
+    assert lay.to(torch.float16) is lay  # a dtype cast never touches indices
+    moved = lay.to("meta")  # a real move, without a GPU
+    assert isinstance(moved, GraphLayout) and moved is not lay
+    assert moved.device.type == "meta" and moved.rowptr.device.type == "meta"
+    assert moved.col.dtype == lay.col.dtype and moved._csc is not None
+    assert (moved.num_src, moved.num_dst, moved.num_edges, moved.max_in_degree) == \
+        (lay.num_src, lay.num_dst, lay.num_edges, lay.max_in_degree)
+    assert "GraphLayout(" in repr(lay)
+
+
+# ----------------------------------------------------------------------------- CacheLayout
+def test_cache_layout_transform(build_count):
+    n = 14
+    data = Data(x=torch.randn(n, 8), edge_index=random_graph(n, num_edges=50, num_self_loops=2))
+    data = CacheLayout()(data)
+    assert isinstance(data.dfgnn_layout, GraphLayout)
+    assert not data.dfgnn_layout.self_loops
+    check_csr(data.dfgnn_layout, data.edge_index, n, n)
+    assert data.dfgnn_layout._csc is not None  # CSC built ahead for the backward
+    built = build_count()
+    assert built == 2  # with and without self-loops
+    for conv in (FusedTransformerConv(8, 4, heads=2), FusedGATConv(8, 4, heads=2),
+                 FusedGATConv(8, 4, add_self_loops=False), FusedAGNNConv()):
+        conv(data.x, data.edge_index).sum().backward()
+    assert build_count() == built
+    assert get_layout(data.edge_index, (n, n)) is data.dfgnn_layout
+
+
+def test_cache_layout_single_variant(build_count):
+    data = Data(x=torch.randn(9, 8), edge_index=random_graph(9, num_edges=20))
+    data = CacheLayout(self_loops=(True,), with_csc=False)(data)
+    assert data.dfgnn_layout.self_loops and build_count() == 1
+    FusedGATConv(8, 4)(data.x, data.edge_index)
+    assert build_count() == 1
+    FusedTransformerConv(8, 4)(data.x, data.edge_index)  # the other variant: one build
+    assert build_count() == 2
+
+
+def test_data_to_moves_stored_layout():
+    data = CacheLayout()(Data(x=torch.randn(10, 4), edge_index=random_graph(10, num_edges=30)))
+    same = data.to("cpu")
+    assert isinstance(same.dfgnn_layout, GraphLayout)
+    moved = data.clone().to("meta")
+    assert isinstance(moved.dfgnn_layout, GraphLayout)
+    assert moved.dfgnn_layout.device.type == "meta"
