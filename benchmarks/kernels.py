@@ -150,6 +150,23 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
     return res
 
 
+def chunk_sweep(graphs, chunks):
+    """Fused fwd / fwd+bwd time per work-item chunk (tunes schedule.choose_chunk)."""
+    from pyg_dfgnn.ops import schedule
+    rows = []
+    for name, (ei, n, kind) in graphs.items():
+        for chunk in chunks + [None]:
+            schedule.CHUNK_OVERRIDE = chunk
+            r = run_case(name, ei, n, kind, 1, 128, torch.float32, ["fused-auto"])
+            m = r["methods"]["fused-auto"]
+            lay_chunk = chunk if chunk else "auto"
+            rows.append({"graph": name, "chunk": lay_chunk, **m})
+            print(f"{name:<13} chunk={str(lay_chunk):>5}  fwd {m.get('fwd_ms', float('nan')):.3f} ms"
+                  f"  fwd+bwd {m.get('fwd_bwd_ms', float('nan')):.3f} ms")
+    schedule.CHUNK_OVERRIDE = None
+    return rows
+
+
 def fmt_table(rows):
     lines = []
     hdr = (f"{'graph':<13}{'H×C':>7}{'dtype':>9}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}{'pmf':>8}"
@@ -183,6 +200,7 @@ def main(argv=None):
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
+    ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.py: no CUDA device: the kernel benchmark could not run")
@@ -195,6 +213,11 @@ def main(argv=None):
     graphs = load_graphs(args.quick)
     if args.graphs:
         graphs = {k: v for k, v in graphs.items() if k in args.graphs.split(",")}
+    if args.chunk_sweep:
+        rows = chunk_sweep(graphs, [int(c) for c in args.chunk_sweep.split(",")])
+        with open(args.out, "w") as f:
+            json.dump({"info": info, "chunk_sweep": rows}, f, indent=1)
+        return 0
     base = ["fused-auto", "fused-smmf", "fused-pmf", "pyg"] + ([] if args.no_sparse else ["sparse"])
     cases = []
     for name, (ei, n, kind) in graphs.items():

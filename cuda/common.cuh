@@ -152,6 +152,64 @@ bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
   return false;
 }
 
+// Edges whose k / v rows a lane loads before the first use (all loads of a step
+// are independent). 4 x 16 bytes per operand: 8 measured slower on the H100
+// (more registers, fewer resident warps; benchmarks/NOTES.md).
+template <int VEC, int NV> constexpr int edges_in_flight() {
+  return VEC * NV <= 8 ? 4 : (VEC * NV <= 16 ? 2 : 1);
+}
+
+// A row slice kept as loaded (16-byte packets, or one element on the scalar path)
+// until the arithmetic needs it: widening to fp32 at load time doubled the
+// registers of the fp16/bf16 kernels and halved their occupancy.
+template <typename T, int VEC> struct Packed {
+  using type = typename std::conditional<VEC == 1, T, uint4>::type;
+};
+
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void load_packed(const T* __restrict__ row, int gl, int nvec,
+                                            typename Packed<T, VEC>::type (&x)[NV]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if constexpr (VEC == 1) {
+      x[r] = t < nvec ? __ldg(row + t) : from_float<T>(0.f);
+    } else {
+      x[r] = t < nvec ? __ldg(reinterpret_cast<const uint4*>(row + (int64_t)t * VEC))
+                      : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float packed_elem(const typename Packed<T, VEC>::type& x, int c) {
+  if constexpr (VEC == 1) {
+    return to_float(x);
+  } else {
+    return to_float(reinterpret_cast<const T*>(&x)[c]);
+  }
+}
+
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ float dot_packed(const float (&a)[NV][VEC],
+                                            const typename Packed<T, VEC>::type (&b)[NV]) {
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) s = fmaf(a[r][c], packed_elem<T, VEC>(b[r], c), s);
+  return s;
+}
+
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void axpy_packed(float a, const typename Packed<T, VEC>::type (&x)[NV],
+                                            float (&y)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) y[r][c] = fmaf(a, packed_elem<T, VEC>(x[r], c), y[r][c]);
+}
+
 // Loads lane `gl`'s slice of one C-long row: vectors gl, gl + G, ... (< nvec).
 template <typename T, int VEC, int G, int NV>
 __device__ __forceinline__ void load_row(const T* __restrict__ row, int gl, int nvec,

@@ -18,7 +18,6 @@
 namespace dfgnn {
 namespace {
 
-template <int NV> constexpr int bwd_unroll() { return NV == 1 ? 4 : (NV == 2 ? 2 : 1); }
 
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
@@ -28,7 +27,7 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
                  const int* __restrict__ items, int chunk, T* __restrict__ dq,
                  float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
                  int C, float scale, float scale2, float p, uint64_t seed) {
-  constexpr int U = bwd_unroll<NV>();
+  constexpr int U = edges_in_flight<VEC, NV>();
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -53,22 +52,24 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   const float L = lse2[i * H + h];
 
   for (int e0 = beg; e0 < end; e0 += U) {
+    using P = typename Packed<T, VEC>::type;
     int j[U];
-    float kf[U][NV][VEC], vf[U][NV][VEC], s[U], dp[U];
+    P kf[U][NV], vf[U][NV];
+    float s[U], dp[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (j[u] >= 0) {
         const int64_t off = (int64_t)j[u] * HC + (int64_t)h * C;
-        load_row<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
-        load_row<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
+        load_packed<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
+        load_packed<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      s[u] = j[u] >= 0 ? dot_frag(qf, kf[u]) : 0.f;
-      dp[u] = j[u] >= 0 ? dot_frag(gf, vf[u]) : 0.f;
+      s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
+      dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -81,7 +82,7 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
         const float pe = exp2f(s[u] - L);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        axpy_frag(pe * (z * dp[u] - D), kf[u], acc);
+        axpy_packed<T, VEC, NV>(pe * (z * dp[u] - D), kf[u], acc);
       }
     }
   }
@@ -102,7 +103,7 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
                   const int* __restrict__ items, int chunk, T* __restrict__ dk,
                   T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
                   int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed) {
-  constexpr int U = bwd_unroll<NV>();
+  constexpr int U = edges_in_flight<VEC, NV>();
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -124,22 +125,24 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
   const int beg = items[item * 3 + 1], end = min(beg + chunk, colptr[j + 1]);
 
   for (int e0 = beg; e0 < end; e0 += U) {
+    using P = typename Packed<T, VEC>::type;
     int i[U];
-    float qf[U][NV][VEC], gf[U][NV][VEC], s[U], dp[U];
+    P qf[U][NV], gf[U][NV];
+    float s[U], dp[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) i[u] = (e0 + u < end) ? __ldg(row + e0 + u) : -1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
         const int64_t off = (int64_t)i[u] * HC + (int64_t)h * C;
-        load_row<T, VEC, G, NV>(q + off, gl, nvec, qf[u]);
-        load_row<T, VEC, G, NV>(dout + off, gl, nvec, gf[u]);
+        load_packed<T, VEC, G, NV>(q + off, gl, nvec, qf[u]);
+        load_packed<T, VEC, G, NV>(dout + off, gl, nvec, gf[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      s[u] = i[u] >= 0 ? dot_frag(qf[u], kf) : 0.f;
-      dp[u] = i[u] >= 0 ? dot_frag(gf[u], vf) : 0.f;
+      s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
+      dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -153,8 +156,8 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
         const float pe = exp2f(s[u] - __ldg(lse2 + ih));
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
-        axpy_frag(pe * z, gf[u], dv_acc);
-        axpy_frag(pe * (z * dp[u] - __ldg(dsum + ih)), qf[u], dk_acc);
+        axpy_packed<T, VEC, NV>(pe * z, gf[u], dv_acc);
+        axpy_packed<T, VEC, NV>(pe * (z * dp[u] - __ldg(dsum + ih)), qf[u], dk_acc);
       }
     }
   }

@@ -21,17 +21,22 @@
 namespace dfgnn {
 namespace {
 
-template <int NV> constexpr int unroll_for() { return NV == 1 ? 4 : (NV == 2 ? 2 : 1); }
+
+// The fp32 C = 128 path fits 64 registers without spilling (ptxas -v): capping
+// it there lets 4 blocks (32 warps) share an SM. Every other shape spilled
+// under that cap and keeps its registers.
+template <int VEC, int G, int NV, bool DROPOUT>
+constexpr int smmf_min_blocks() { return (VEC == 4 && G == 32 && NV == 1 && !DROPOUT) ? 4 : 1; }
 
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, smmf_min_blocks<VEC, G, NV, DROPOUT>())
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const int* __restrict__ rowptr, const int* __restrict__ col,
                    const int* __restrict__ items, int chunk, T* __restrict__ out,
                    float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
                    float p, uint64_t seed) {
-  constexpr int U = unroll_for<NV>();
+  constexpr int U = edges_in_flight<VEC, NV>();
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -52,20 +57,22 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   const int beg = items[item * 3 + 1], end = min(beg + chunk, rowptr[i + 1]);
 
   for (int e0 = beg; e0 < end; e0 += U) {
+    using P = typename Packed<T, VEC>::type;
     int j[U];
-    float kf[U][NV][VEC], vf[U][NV][VEC], s[U];
+    P kf[U][NV], vf[U][NV];
+    float s[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (j[u] >= 0) {
         const int64_t off = (int64_t)j[u] * HC + (int64_t)h * C;
-        load_row<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
-        load_row<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
+        load_packed<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
+        load_packed<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_frag(qf, kf[u]) : 0.f;
+    for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = group_sum<G>(s[u], mask);
     float mc = m;
@@ -82,7 +89,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
         l += pe;
         float w = pe;
         if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        axpy_frag(w, vf[u], acc);
+        axpy_packed<T, VEC, NV>(w, vf[u], acc);
         if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = s[u];
       }
     }
@@ -187,7 +194,7 @@ gt_softmax_spmm_kernel(const T* __restrict__ v, const float* __restrict__ score,
                        float* __restrict__ partial, float* __restrict__ lse2,
                        float* __restrict__ attn, int64_t n_units, int H, int C, float p,
                        uint64_t seed) {
-  constexpr int U = unroll_for<NV>();
+  constexpr int U = edges_in_flight<VEC, NV>();
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -212,14 +219,16 @@ gt_softmax_spmm_kernel(const T* __restrict__ v, const float* __restrict__ score,
   float acc[NV][VEC];
   zero_frag(acc);
   for (int e0 = start; e0 < end; e0 += U) {
+    using P = typename Packed<T, VEC>::type;
     int j[U];
-    float vf[U][NV][VEC], w[U];
+    P vf[U][NV];
+    float w[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (j[u] >= 0) {
-        load_row<T, VEC, G, NV>(v + (int64_t)j[u] * HC + (int64_t)h * C, gl, nvec, vf[u]);
+        load_packed<T, VEC, G, NV>(v + (int64_t)j[u] * HC + (int64_t)h * C, gl, nvec, vf[u]);
         w[u] = exp2f(score[(int64_t)(e0 + u) * H + h] - L);
       }
     }
@@ -229,7 +238,7 @@ gt_softmax_spmm_kernel(const T* __restrict__ v, const float* __restrict__ score,
         if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = w[u];
         float ww = w[u];
         if constexpr (DROPOUT) ww *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        axpy_frag(ww, vf[u], acc);
+        axpy_packed<T, VEC, NV>(ww, vf[u], acc);
       }
     }
   }

@@ -168,9 +168,10 @@ class GraphLayout:
         """Builds now what the kernels read lazily: the CSR work items and, with
         ``with_csc``, the CSC and its work items (paper Table 2's "preprocess")."""
         from .ops import schedule
-        schedule.row_work(self)
+        chunk = schedule.choose_chunk(self)
+        schedule.row_work(self, chunk)
         if with_csc:
-            schedule.col_work(self)
+            schedule.col_work(self, chunk)
         return self
 
     @property

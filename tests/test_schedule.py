@@ -7,7 +7,7 @@ import torch
 from conftest import random_graph
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import schedule
-from pyg_dfgnn.ops.schedule import (MAX_ROW_BYTES, MAX_SCALAR_C, PMF_MIN_DEGREE,
+from pyg_dfgnn.ops.schedule import (MAX_ROW_BYTES, MAX_SCALAR_C,
                                     choose_strategy, col_work, kernel_supports, row_work,
                                     split_work)
 
@@ -15,11 +15,10 @@ from pyg_dfgnn.ops.schedule import (MAX_ROW_BYTES, MAX_SCALAR_C, PMF_MIN_DEGREE,
 # ----------------------------------------------------------------------------- choose_strategy
 @pytest.mark.parametrize("score", ["dot", "cosine"])
 @pytest.mark.parametrize("elem_size", [4, 2])
-def test_auto_dot_scores_follow_shared_memory_rule(score, elem_size):
+def test_paper_rule_follows_shared_memory(score, elem_size):
     capacity = 2048
     threshold = capacity // elem_size  # paper: max deg >= capacity / bytes per element
-    assert threshold < PMF_MIN_DEGREE
-    kw = dict(score=score, elem_size=elem_size, capacity=capacity)
+    kw = dict(score=score, elem_size=elem_size, capacity=capacity, rule="paper")
     assert choose_strategy(threshold - 1, **kw) == "smmf"
     assert choose_strategy(threshold, **kw) == "pmf"
     assert choose_strategy(10 * threshold, **kw) == "pmf"
@@ -28,31 +27,39 @@ def test_auto_dot_scores_follow_shared_memory_rule(score, elem_size):
     if elem_size == 2:
         fp32_threshold = capacity // 4
         assert choose_strategy(fp32_threshold, score=score, elem_size=4,
-                               capacity=capacity) == "pmf"
+                               capacity=capacity, rule="paper") == "pmf"
         assert choose_strategy(fp32_threshold, **kw) == "smmf"
 
 
-@pytest.mark.parametrize("score", ["dot", "cosine"])
-def test_auto_dot_scores_min_degree_cap(score):
-    big = 10 ** 9  # shared-memory rule never triggers
-    assert choose_strategy(PMF_MIN_DEGREE - 1, score, 4, capacity=big) == "smmf"
-    assert choose_strategy(PMF_MIN_DEGREE, score, 4, capacity=big) == "pmf"
-    assert choose_strategy(99, score, 4, capacity=big, min_degree=100) == "smmf"
-    assert choose_strategy(100, score, 4, capacity=big, min_degree=100) == "pmf"
-
-
-def test_auto_default_capacity_is_the_device_rule():
+def test_paper_rule_default_capacity_is_the_device():
     cap = schedule.shared_memory_per_block()
     assert cap > 0
-    deg = min(cap // 4, PMF_MIN_DEGREE)
-    assert choose_strategy(deg, "dot", 4) == "pmf"
-    assert choose_strategy(deg - 1, "dot", 4) == "smmf"
+    assert choose_strategy(cap // 4, "dot", 4, rule="paper") == "pmf"
+    assert choose_strategy(cap // 4 - 1, "dot", 4, rule="paper") == "smmf"
+
+
+@pytest.mark.parametrize("score", ["dot", "cosine", "additive"])
+def test_measured_rule_is_smmf_and_default(score, monkeypatch):
+    assert schedule.RULE == "measured"
+    for deg in (0, 5, 10 ** 5, 10 ** 7):
+        assert choose_strategy(deg, score, 4, capacity=16) == "smmf"
+    monkeypatch.setattr(schedule, "RULE", "paper")
+    expect = "smmf" if score == "additive" else "pmf"
+    assert choose_strategy(10 ** 7, score, 4, capacity=16) == expect
 
 
 def test_additive_always_smmf():
-    for deg in (0, 5, PMF_MIN_DEGREE, 10 ** 7):
-        assert choose_strategy(deg, "additive", 4, capacity=16) == "smmf"
-        assert choose_strategy(deg, "additive", 2, capacity=16, min_degree=1) == "smmf"
+    for deg in (0, 5, 10 ** 7):
+        for rule in ("measured", "paper"):
+            assert choose_strategy(deg, "additive", 4, capacity=16, rule=rule) == "smmf"
+
+
+def test_choose_chunk_default_and_override(monkeypatch):
+    small = GraphLayout.from_edge_index(random_graph(50, num_edges=100), (50, 50))
+    assert schedule.choose_chunk(small) == schedule.DEFAULT_CHUNK
+    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 48)
+    assert schedule.choose_chunk(small) == 48
+    assert schedule.row_work(small, 48)[0][:, 1].tolist() == small.rowptr[:-1].tolist()
 
 
 @pytest.mark.parametrize("forced", ["smmf", "pmf"])
@@ -71,6 +78,8 @@ def test_invalid_strategy_or_score():
         choose_strategy(10, "softmax", 4)
     with pytest.raises(ValueError, match="score"):
         choose_strategy(10, "sigmoid", 4, "pmf")
+    with pytest.raises(ValueError, match="rule"):
+        choose_strategy(10, "dot", 4, rule="fastest")
 
 
 # ----------------------------------------------------------------------------- kernel_supports
@@ -187,7 +196,7 @@ def test_work_is_cached_per_chunk():
     assert b is not a and b[0].size(0) < a[0].size(0)
     c = col_work(lay, 4)
     assert col_work(lay, 4) is c and c is not a
-    assert row_work(lay)[0].size(0) >= lay.num_dst  # default CHUNK
+    assert row_work(lay, schedule.choose_chunk(lay))[0].size(0) >= lay.num_dst
 
 
 def test_work_without_split_rows():

@@ -64,7 +64,7 @@ def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: f
                need_grad: bool = True) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout (work items and,
     when ``need_grad``, the CSC the backward walks)."""
-    chunk = schedule.CHUNK
+    chunk = schedule.choose_chunk(layout)
     rw = schedule.row_work(layout, chunk)
     if need_grad:
         cw = schedule.col_work(layout, chunk)
@@ -118,7 +118,10 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
                                                  or v.requires_grad)
         args = gt_op_args(layout, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
                           _seed() if p > 0 else 0, strat == "pmf", return_attention, need_grad)
-        out, _lse, attn = torch.ops.dfgnn.gt_fwd(*args)
+        if need_grad:
+            out, _lse, attn = _custom.GTAttentionFunction.apply(*args)
+        else:
+            out, _lse, attn = torch.ops.dfgnn.gt_fwd(*args)
     else:
         out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
                                             training=p > 0)

@@ -3,6 +3,12 @@
 The fake (meta) implementations let ``torch.compile`` trace through the fused
 ops; the autograd formulas call the fused backward kernels (paper §4.3).
 Only imported when the extension loaded.
+
+:class:`GTAttentionFunction` applies the same formulas as a plain
+``torch.autograd.Function``: :func:`pyg_dfgnn.ops.gt_attention` calls the op
+through it, because the generic ``register_autograd`` wrapper costs about
+0.4 ms of Python per call (measured on the H100 machine, benchmarks/NOTES.md),
+ten times the kernel time of a Cora-sized layer.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ def _gt_setup_context(ctx, inputs, output):
     ctx.args = (row_slots, col_slots, chunk, scale, dropout, seed)
 
 
-def _gt_backward(ctx, grad_out, _grad_lse, _grad_attn):
+def _gt_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
     (q, k, v, out, lse, rowptr, col, row_items, row_combine, colptr, row, perm, col_items,
      col_combine) = ctx.saved_tensors
     row_slots, col_slots, chunk, scale, dropout, seed = ctx.args
@@ -60,3 +66,25 @@ def _gt_backward(ctx, grad_out, _grad_lse, _grad_attn):
 
 
 torch.library.register_autograd("dfgnn::gt_fwd", _gt_backward, setup_context=_gt_setup_context)
+
+
+class GTAttentionFunction(torch.autograd.Function):
+    """``dfgnn::gt_fwd`` with the fused backward; takes the op's arguments."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        if torch.compiler.is_compiling():
+            out, lse, attn = torch.ops.dfgnn.gt_fwd(*args)
+        else:  # skip the generic register_autograd hop: this Function is the autograd
+            with torch._C._AutoDispatchBelowAutograd():
+                out, lse, attn = torch.ops.dfgnn.gt_fwd(*args)
+        _gt_setup_context(ctx, args, (out, lse, attn))
+        ctx.mark_non_differentiable(lse, attn)
+        ctx.set_materialize_grads(False)
+        return out, lse, attn
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_attn):
+        if grad_out is None:
+            return (None,) * _N_FWD_INPUTS
+        return _gt_backward(ctx, grad_out)

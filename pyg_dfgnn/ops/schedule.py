@@ -1,17 +1,19 @@
-r"""SMMF vs PMF: which fusion method a call uses (paper §4.2).
+r"""SMMF vs PMF: which fusion method a call uses (paper §4.2), and how the
+node-parallel kernels split their rows into work items.
 
 The paper's rule: a graph whose largest in-degree satisfies
 ``max_v |N(v)| >= shared_memory_capacity / bytes_per_element`` and a dot-product
 score (GT, AGNN) moves the bottleneck from launch overhead to an unbalanced
 SDDMM, so **PMF** (edge-parallel SDDMM + fused softmax/SpMM) is used; otherwise
-**SMMF** (one fused node-parallel kernel). Additive scores (GAT) are cheap per
-edge, so they stay on SMMF (paper Fig. 12).
+**SMMF** (one fused node-parallel kernel). Additive scores (GAT) stay on SMMF.
 
-Our SMMF kernel keeps scores in registers (online softmax), so it never runs out
-of shared memory; what a super node costs it is one lane group walking the whole
-row while the rest of the GPU idles. ``capacity`` therefore defaults to the
-paper's rule on this device's shared memory per block, and the threshold
-:data:`PMF_MIN_DEGREE` (measured, see ``benchmarks/NOTES.md``) caps it.
+Our SMMF kernel keeps scores in registers (online softmax) and splits long rows
+into work items of at most ``chunk`` edges (:func:`split_work`), so it never runs
+out of shared memory and a super node is spread over many lane groups. Measured
+on the H100 (``benchmarks/NOTES.md``), it beats PMF on every graph, super-node
+graphs included (Reddit-like: 2.06 ms vs 3.68 ms forward), so ``"auto"`` uses
+the measured rule (:data:`RULE` ``= "measured"``: SMMF). ``RULE = "paper"``
+restores the paper's rule; ``strategy="pmf"`` forces PMF per call.
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ import torch
 from torch import Tensor
 
 #: Edges per work item of the node-parallel kernels (SMMF forward, PMF softmax +
-#: SpMM, both backward kernels): a longer row is split over several lane groups.
-CHUNK = 256
-#: In-degree from which "auto" picks PMF for dot-product scores, whatever the
-#: shared-memory rule says (tuned on the H100, benchmarks/NOTES.md).
-PMF_MIN_DEGREE = 2048
+#: SpMM, both backward kernels); see :func:`choose_chunk`.
+DEFAULT_CHUNK = 128
+#: Forces the chunk (benchmarks sweep it); ``None``: :func:`choose_chunk` decides.
+CHUNK_OVERRIDE = None
+#: How "auto" decides: "measured" (SMMF everywhere, see the module docstring) or
+#: "paper" (paper §4.2: PMF for dot-product scores when a row exceeds shared memory).
+RULE = "measured"
 #: Largest head size (bytes per head row) the vectorised kernels hold in registers.
 MAX_ROW_BYTES = 128 * 16
 #: Largest head size of the scalar (any C) kernels.
@@ -62,7 +66,7 @@ def shared_memory_per_block(device_index: Optional[int] = None) -> int:
 
 def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
                     strategy: str = "auto", capacity: Optional[int] = None,
-                    min_degree: Optional[int] = None) -> str:
+                    rule: Optional[str] = None) -> str:
     r"""Picks ``"smmf"`` or ``"pmf"`` (paper §4.2).
 
     Args:
@@ -70,26 +74,26 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         score (str): ``"dot"`` (GT), ``"cosine"`` (AGNN) or ``"additive"`` (GAT).
         elem_size (int): bytes per feature element (4 fp32, 2 fp16/bf16).
         strategy (str): ``"auto"``, or ``"smmf"`` / ``"pmf"`` to force one.
-        capacity (int, optional): shared memory per block in bytes; the current
-            device's by default.
-        min_degree (int, optional): in-degree from which dot scores use PMF
-            regardless of ``capacity``; :data:`PMF_MIN_DEGREE` by default.
+        capacity (int, optional): shared memory per block in bytes, for the paper
+            rule; the current device's by default.
+        rule (str, optional): ``"measured"`` or ``"paper"``; :data:`RULE` by default.
 
     Raises:
-        ValueError: unknown ``strategy`` or ``score``.
+        ValueError: unknown ``strategy``, ``score`` or ``rule``.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if score not in ("dot", "cosine", "additive"):
         raise ValueError(f"score must be 'dot', 'cosine' or 'additive', got {score!r}")
+    rule = RULE if rule is None else rule
+    if rule not in ("measured", "paper"):
+        raise ValueError(f"rule must be 'measured' or 'paper', got {rule!r}")
     if strategy != "auto":
         return strategy
-    if score == "additive":
+    if rule == "measured" or score == "additive":
         return "smmf"
     capacity = shared_memory_per_block() if capacity is None else capacity
-    min_degree = PMF_MIN_DEGREE if min_degree is None else min_degree
-    super_node = max_in_degree >= capacity // max(elem_size, 1) or max_in_degree >= min_degree
-    return "pmf" if super_node else "smmf"
+    return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
 
 
 def split_work(ptr: Tensor, chunk: int) -> Tuple[Tensor, Tensor, int]:
@@ -128,7 +132,23 @@ def split_work(ptr: Tensor, chunk: int) -> Tuple[Tensor, Tensor, int]:
     return items, combine.to(torch.int32).contiguous(), int(slots_per_row.sum())
 
 
-def row_work(layout, chunk: int = CHUNK) -> Tuple[Tensor, Tensor, int]:
+def choose_chunk(layout) -> int:
+    r"""Edges per work item for ``layout``.
+
+    A lane group walks its item a few edges per memory round trip, so a long item
+    is a long latency chain; each extra item of a split row costs an fp32 partial
+    row and the rows' combine launch. Swept on the H100 over 32-256 (Cora,
+    PubMed, MNIST, PATTERN, COCO-SP, GitHub, Reddit-like; ``benchmarks/NOTES.md``):
+    128 was best or within 10 % of best everywhere for forward + backward, and
+    the degree-adaptive variants tried lost on the small graphs (more combine
+    launches) or on Reddit-like (longer chains).
+    """
+    if CHUNK_OVERRIDE is not None:
+        return int(CHUNK_OVERRIDE)
+    return DEFAULT_CHUNK
+
+
+def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSR (destinations), cached on the layout."""
     key = ("row_work", chunk)
     if key not in layout._cache:
@@ -136,7 +156,7 @@ def row_work(layout, chunk: int = CHUNK) -> Tuple[Tensor, Tensor, int]:
     return layout._cache[key]
 
 
-def col_work(layout, chunk: int = CHUNK) -> Tuple[Tensor, Tensor, int]:
+def col_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSC (sources, for dK / dV), cached on the layout."""
     key = ("col_work", chunk)
     if key not in layout._cache:
