@@ -289,4 +289,55 @@ __device__ __forceinline__ void store_partial(float* __restrict__ row, int gl, i
   }
 }
 
+// The work item a lane group owns (schedule.split_work): one (row, head) pair
+// and at most `chunk` of the row's edges. Units are item * H + head, so the
+// groups of one warp take the heads of the same row.
+struct GroupItem {
+  int gl;                  // lane within the group
+  unsigned mask;           // the group's shuffle mask
+  int64_t row;             // destination (CSR walk) or source (CSC walk) node
+  int h;                   // head
+  int slot;                // partial slot of a split row, or -1
+  int beg, end;            // the item's edges
+  int row_beg, row_end;    // the whole row's edges
+};
+
+template <int G>
+__device__ __forceinline__ bool group_item(const int* __restrict__ items,
+                                           const int* __restrict__ ptr, int chunk,
+                                           int64_t n_units, int H, GroupItem& g) {
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+  if (unit >= n_units) return false;
+  g.gl = threadIdx.x & (G - 1);
+  g.mask = group_mask<G>();
+  const int64_t item = unit / H;
+  g.h = (int)(unit - item * H);
+  g.row = items[item * 3];
+  g.beg = items[item * 3 + 1];
+  g.slot = items[item * 3 + 2];
+  g.row_beg = ptr[g.row];
+  g.row_end = ptr[g.row + 1];
+  g.end = min(g.beg + chunk, g.row_end);
+  return true;
+}
+
+// Neighbours of the next U edges (-1 past `end`) and two rows of each (k and v,
+// or q and dO), every load issued before any is used.
+template <typename T, int VEC, int G, int NV, int U>
+__device__ __forceinline__ void load_edge_rows(
+    const int* __restrict__ nbr, int e0, int end, const T* __restrict__ a,
+    const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
+    typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(nbr + e0 + u) : -1;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (j[u] >= 0) {
+      const int64_t off = (int64_t)j[u] * HC + head_off;
+      load_packed<T, VEC, G, NV>(a + off, gl, nvec, ra[u]);
+      load_packed<T, VEC, G, NV>(b + off, gl, nvec, rb[u]);
+    }
+  }
+}
+
 }  // namespace dfgnn

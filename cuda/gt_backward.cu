@@ -28,14 +28,12 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
                  float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
                  int C, float scale, float scale2, float p, uint64_t seed) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-  if (unit >= n_units) return;
-  const int gl = threadIdx.x & (G - 1);
-  const unsigned mask = group_mask<G>();
-  const int64_t item = unit / H;
-  const int h = (int)(unit - item * H);
-  const int64_t i = items[item * 3];
-  const int slot = items[item * 3 + 2];
+  using P = typename Packed<T, VEC>::type;
+  GroupItem g;
+  if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
+  const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
+  const unsigned mask = g.mask;
+  const int64_t i = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_i = i * HC + (int64_t)h * C;
@@ -46,26 +44,15 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   load_row<T, VEC, G, NV>(out + off_i, gl, nvec, acc);  // acc holds O_i for a moment
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
   const float D = group_sum<G>(dot_frag(gf, acc), mask);  // each item recomputes it (cheap)
-  const int beg = items[item * 3 + 1], end = min(beg + chunk, rowptr[i + 1]);
-  if (gl == 0 && beg == rowptr[i]) dsum[i * H + h] = D;
+  if (gl == 0 && beg == g.row_beg) dsum[i * H + h] = D;
   zero_frag(acc);
   const float L = lse2[i * H + h];
 
   for (int e0 = beg; e0 < end; e0 += U) {
-    using P = typename Packed<T, VEC>::type;
     int j[U];
     P kf[U][NV], vf[U][NV];
     float s[U], dp[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
-        const int64_t off = (int64_t)j[u] * HC + (int64_t)h * C;
-        load_packed<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
-        load_packed<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
-      }
-    }
+    load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
@@ -104,14 +91,12 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
                   T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
                   int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-  if (unit >= n_units) return;
-  const int gl = threadIdx.x & (G - 1);
-  const unsigned mask = group_mask<G>();
-  const int64_t item = unit / H;
-  const int h = (int)(unit - item * H);
-  const int64_t j = items[item * 3];
-  const int slot = items[item * 3 + 2];
+  using P = typename Packed<T, VEC>::type;
+  GroupItem g;
+  if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
+  const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
+  const unsigned mask = g.mask;
+  const int64_t j = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_j = j * HC + (int64_t)h * C;
@@ -122,23 +107,11 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
   load_row<T, VEC, G, NV>(v + off_j, gl, nvec, vf);
   zero_frag(dk_acc);
   zero_frag(dv_acc);
-  const int beg = items[item * 3 + 1], end = min(beg + chunk, colptr[j + 1]);
-
   for (int e0 = beg; e0 < end; e0 += U) {
-    using P = typename Packed<T, VEC>::type;
     int i[U];
     P qf[U][NV], gf[U][NV];
     float s[U], dp[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) i[u] = (e0 + u < end) ? __ldg(row + e0 + u) : -1;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (i[u] >= 0) {
-        const int64_t off = (int64_t)i[u] * HC + (int64_t)h * C;
-        load_packed<T, VEC, G, NV>(q + off, gl, nvec, qf[u]);
-        load_packed<T, VEC, G, NV>(dout + off, gl, nvec, gf[u]);
-      }
-    }
+    load_edge_rows<T, VEC, G, NV, U>(row, e0, end, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;

@@ -21,15 +21,8 @@
 namespace dfgnn {
 namespace {
 
-
-// The fp32 C = 128 path fits 64 registers without spilling (ptxas -v): capping
-// it there lets 4 blocks (32 warps) share an SM. Every other shape spilled
-// under that cap and keeps its registers.
-template <int VEC, int G, int NV, bool DROPOUT>
-constexpr int smmf_min_blocks() { return (VEC == 4 && G == 32 && NV == 1 && !DROPOUT) ? 4 : 1; }
-
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256, smmf_min_blocks<VEC, G, NV, DROPOUT>())
+__global__ void __launch_bounds__(256)
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const int* __restrict__ rowptr, const int* __restrict__ col,
                    const int* __restrict__ items, int chunk, T* __restrict__ out,
@@ -37,14 +30,12 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
                    float p, uint64_t seed) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-  if (unit >= n_units) return;
-  const int gl = threadIdx.x & (G - 1);
-  const unsigned mask = group_mask<G>();
-  const int64_t item = unit / H;
-  const int h = (int)(unit - item * H);
-  const int64_t i = items[item * 3];
-  const int slot = items[item * 3 + 2];
+  using P = typename Packed<T, VEC>::type;
+  GroupItem g;
+  if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
+  const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
+  const unsigned mask = g.mask;
+  const int64_t i = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
 
@@ -54,23 +45,12 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   float acc[NV][VEC];
   zero_frag(acc);
   float m = kNegInf, l = 0.f;
-  const int beg = items[item * 3 + 1], end = min(beg + chunk, rowptr[i + 1]);
 
   for (int e0 = beg; e0 < end; e0 += U) {
-    using P = typename Packed<T, VEC>::type;
     int j[U];
     P kf[U][NV], vf[U][NV];
     float s[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
-        const int64_t off = (int64_t)j[u] * HC + (int64_t)h * C;
-        load_packed<T, VEC, G, NV>(k + off, gl, nvec, kf[u]);
-        load_packed<T, VEC, G, NV>(v + off, gl, nvec, vf[u]);
-      }
-    }
+    load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
 #pragma unroll
@@ -195,15 +175,12 @@ gt_softmax_spmm_kernel(const T* __restrict__ v, const float* __restrict__ score,
                        float* __restrict__ attn, int64_t n_units, int H, int C, float p,
                        uint64_t seed) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-  if (unit >= n_units) return;
-  const int gl = threadIdx.x & (G - 1);
-  const unsigned mask = group_mask<G>();
-  const int64_t item = unit / H;
-  const int h = (int)(unit - item * H);
-  const int row = items[item * 3], start = items[item * 3 + 1], slot = items[item * 3 + 2];
-  const int rb = rowptr[row], re = rowptr[row + 1];
-  const int end = min(start + chunk, re);
+  GroupItem g;
+  if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
+  const int gl = g.gl, h = g.h, slot = g.slot, start = g.beg, end = g.end;
+  const int rb = g.row_beg, re = g.row_end;
+  const int64_t row = g.row;
+  const unsigned mask = g.mask;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
 
