@@ -14,7 +14,11 @@ forward against the compulsory bytes (q, k, v, out, rowptr, col, each once).
 Writes JSON (``--out``) and prints a table. A method that fails (out of memory,
 unsupported op) is recorded with its error, not silently dropped.
 
-Usage: ``python benchmarks/kernels.py [--quick] [--out results.json]``
+GAT (additive) and AGNN (cosine) rows compare the fused op with native
+``GATConv`` (``edge_updater`` + ``propagate``) and ``AGNNConv.propagate`` on the same
+per-node tensors (``score_rows`` in the JSON).
+
+Usage: ``python benchmarks/kernels.py [--quick] [--models gt,gat,agnn] [--out results.json]``
 """
 from __future__ import annotations
 
@@ -167,6 +171,78 @@ def chunk_sweep(graphs, chunks):
     return rows
 
 
+def run_score_case(model, name, ei, n, kind, H, C, dtype):
+    """GAT (additive) or AGNN (cosine): fused op vs native PyG message passing on the
+    same per-node tensors; same fields as :func:`run_case`."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import AGNNConv, GATConv
+    torch.manual_seed(0)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    g = torch.randn(n, H, C, device=DEV, dtype=dtype)
+    if model == "gat":
+        a_src = torch.randn(n, H, device=DEV, dtype=dtype, requires_grad=True)
+        a_dst = torch.randn(n, H, device=DEV, dtype=dtype, requires_grad=True)
+        conv = GATConv(H * C, C, heads=H, add_self_loops=False).to(DEV).to(dtype)
+        fns = {"fused-auto": lambda: ops.gat_attention(lay, a_src, a_dst, x),
+               "pyg": lambda: conv.propagate(ei, x=(x, x), alpha=conv.edge_updater(
+                   ei, alpha=(a_src, a_dst), edge_attr=None, size=None), size=None)}
+        leaves = (a_src, a_dst, x)
+    else:
+        beta = torch.ones((), device=DEV, dtype=dtype, requires_grad=True)
+        conv = AGNNConv(add_self_loops=False).to(DEV).to(dtype)
+        x2 = x.view(n, H * C)
+        fns = {"fused-auto": lambda: ops.agnn_attention(lay, x2, None, beta),
+               "pyg": lambda: conv.propagate(ei, x=x2, x_norm=F.normalize(x2, p=2.0, dim=-1))}
+        g = g.view(n, H * C)
+        leaves = (x, beta)
+    res = {"graph": name, "kind": kind, "model": model, "nodes": n, "edges": lay.num_edges,
+           "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
+           "auto": "smmf", "methods": {}}
+    for m, f in fns.items():
+        r = {}
+        try:
+            with torch.no_grad():
+                r["fwd_ms"] = bench(f)
+
+            def fb():
+                torch.autograd.backward(f(), g)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fb()
+            torch.cuda.synchronize()
+            r["peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            r["fwd_bwd_ms"] = bench(fb)
+        except Exception as e:  # noqa: BLE001  (recorded, not dropped)
+            r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            torch.cuda.empty_cache()
+        for t in leaves:
+            t.grad = None
+        res["methods"][m] = r
+    return res
+
+
+def fmt_score_table(rows):
+    lines = [f"{'model':<6}{'graph':<13}{'H×C':>7} | {'fused fwd':>9}{'pyg fwd':>9}{'×pyg':>7} | "
+             f"{'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7} | {'memMB f/p':>14}"]
+    for r in rows:
+        m = r["methods"]
+        f, p = m.get("fused-auto", {}), m.get("pyg", {})
+
+        def v(d, k):
+            return f"{d[k]:.3f}" if k in d else ("err" if "error" in d else "-")
+
+        def ratio(k):
+            return f"{p[k] / f[k]:.1f}" if k in p and k in f else "-"
+        lines.append(f"{r['model']:<6}{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7} | "
+                     f"{v(f, 'fwd_ms'):>9}{v(p, 'fwd_ms'):>9}{ratio('fwd_ms'):>7} | "
+                     f"{v(f, 'fwd_bwd_ms'):>9}{v(p, 'fwd_bwd_ms'):>9}{ratio('fwd_bwd_ms'):>7} | "
+                     f"{f.get('peak_MB', float('nan')):.0f}/{p.get('peak_MB', float('nan')):.0f}")
+    return "\n".join(lines)
+
+
 def fmt_table(rows):
     lines = []
     hdr = (f"{'graph':<13}{'H×C':>7}{'dtype':>9}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}{'pmf':>8}"
@@ -201,6 +277,7 @@ def main(argv=None):
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
     ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
+    ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.py: no CUDA device: the kernel benchmark could not run")
@@ -218,17 +295,30 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump({"info": info, "chunk_sweep": rows}, f, indent=1)
         return 0
+    models = args.models.split(",")
     base = ["fused-auto", "fused-smmf", "fused-pmf", "pyg"] + ([] if args.no_sparse else ["sparse"])
     cases = []
     for name, (ei, n, kind) in graphs.items():
-        cases.append((name, ei, n, kind, 1, 128, torch.float32, base))
-        cases.append((name, ei, n, kind, 4, 32, torch.float32, ["fused-auto", "fused-smmf", "fused-pmf", "pyg"]))
-        cases.append((name, ei, n, kind, 1, 128, torch.bfloat16, ["fused-auto", "pyg"]))
-    rows = []
-    for c in tqdm(cases, desc="kernels", file=sys.stderr):
-        rows.append(run_case(*c))
+        if "gt" in models:
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32, base)))
+            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32,
+                                 ["fused-auto", "fused-smmf", "fused-pmf", "pyg"])))
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16, ["fused-auto", "pyg"])))
+        if "gat" in models:
+            cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32)))
+            cases.append(("gat", (name, ei, n, kind, 4, 32, torch.float32)))
+        if "agnn" in models:
+            cases.append(("agnn", (name, ei, n, kind, 1, 128, torch.float32)))
+    rows, score_rows = [], []
+    for model, c in tqdm(cases, desc="kernels", file=sys.stderr):
+        if model == "gt":
+            rows.append(run_case(*c))
+        else:
+            score_rows.append(run_score_case(model, *c))
         with open(args.out, "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
+            json.dump({"info": info, "rows": rows, "score_rows": score_rows}, f, indent=1)
+    if score_rows:
+        print(fmt_score_table(score_rows))
     print(fmt_table(rows))
     return 0
 

@@ -139,6 +139,73 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
                           chunk, scale, dropout, seed);
 }
 
+void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
+               const at::Tensor& rowptr, const at::Tensor& col) {
+  TORCH_CHECK(x.is_cuda(), "dfgnn: x must be a CUDA tensor, got device ", x.device());
+  auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+              "dfgnn: x must be float32, float16 or bfloat16, got ", st);
+  check_cuda(x, "x", x);
+  TORCH_CHECK(x.dim() == 3, "dfgnn: x must be [N_src, H, C], got shape ", shape(x.sizes()));
+  for (auto [t, name, n] : {std::make_tuple(&a_dst, "a_dst", rowptr.numel() - 1),
+                            std::make_tuple(&a_src, "a_src", x.size(0))}) {
+    check_cuda(*t, name, x);
+    TORCH_CHECK(t->scalar_type() == st, "dfgnn: ", name, " has dtype ", t->scalar_type(),
+                " but x has ", st);
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == n && t->size(1) == x.size(1), "dfgnn: ", name,
+                " must be [", num(n), ", ", num(x.size(1)), "], got ", shape(t->sizes()));
+  }
+  check_index(rowptr, "rowptr", -1, x);
+  check_index(col, "col", -1, x);
+  TORCH_CHECK(rowptr.numel() >= 1, "dfgnn: rowptr must have N_dst + 1 entries");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& row_items,
+    const at::Tensor& row_combine, int64_t row_slots, const c10::optional<at::Tensor>& /*colptr*/,
+    const c10::optional<at::Tensor>& /*row*/, const c10::optional<at::Tensor>& /*perm*/,
+    const c10::optional<at::Tensor>& /*col_items*/,
+    const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
+    double negative_slope, double dropout, int64_t seed, bool need_attn) {
+  check_gat(a_dst, a_src, x, rowptr, col);
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gat_fwd: dropout must be in [0, 1), got ",
+              std::to_string(dropout));
+  TORCH_CHECK(chunk > 0, "dfgnn::gat_fwd: chunk must be > 0, got ", num(chunk));
+  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
+  return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, chunk, negative_slope, dropout, seed,
+                          need_attn);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
+    const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& rowptr,
+    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
+    int64_t row_slots, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const at::Tensor& col_items, const at::Tensor& col_combine, int64_t col_slots, int64_t chunk,
+    double negative_slope, double dropout, int64_t seed) {
+  check_gat(a_dst, a_src, x, rowptr, col);
+  for (auto [t, name] : {std::make_pair(&out, "out"), std::make_pair(&grad_out, "grad_out")}) {
+    check_cuda(*t, name, x);
+    TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->dim() == 3 &&
+                    t->size(0) == a_dst.size(0) && t->size(1) == x.size(1) &&
+                    t->size(2) == x.size(2),
+                "dfgnn::gat_bwd: ", name, " must be [N_dst, H, C] with x's dtype, got ",
+                shape(t->sizes()));
+  }
+  check_cuda(lse, "lse", x);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == a_dst.size(0),
+              "dfgnn::gat_bwd: lse must be float32 [N_dst, H]");
+  check_index(colptr, "colptr", x.size(0) + 1, x);
+  check_index(row, "row", col.numel(), x);
+  check_index(perm, "perm", col.numel(), x);
+  TORCH_CHECK(chunk > 0, "dfgnn::gat_bwd: chunk must be > 0, got ", num(chunk));
+  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
+  Work cw = make_work(col_items, col_combine, col_slots, "col", x);
+  return gat_backward_cuda(grad_out, a_dst, a_src, x, out, lse, rowptr, col, rw, colptr, row, perm,
+                           cw, chunk, negative_slope, dropout, seed);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dfgnn, m) {
@@ -156,12 +223,26 @@ TORCH_LIBRARY(dfgnn, m) {
       "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
       "int col_slots, int chunk, float scale, float dropout, int seed) "
       "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor rowptr, Tensor col, "
+      "Tensor row_items, Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, "
+      "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
+      "float negative_slope, float dropout, int seed, bool need_attn) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gat_bwd(Tensor grad_out, Tensor a_dst, Tensor a_src, Tensor x, Tensor out, Tensor lse, "
+      "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "
+      "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
+      "int col_slots, int chunk, float negative_slope, float dropout, int seed) "
+      "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
   m.impl("csr_rowptr", &csr_rowptr);
   m.impl("gt_fwd", &gt_fwd);
   m.impl("gt_bwd", &gt_bwd);
+  m.impl("gat_fwd", &gat_fwd);
+  m.impl("gat_bwd", &gat_bwd);
 }
 
 }  // namespace dfgnn

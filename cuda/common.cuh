@@ -88,6 +88,10 @@ template <int G> __device__ __forceinline__ float group_max(float x, unsigned ma
   return x;
 }
 
+// LeakyReLU of GAT's additive score and its derivative (at the pre-activation).
+__device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }
+__device__ __forceinline__ float leaky_grad(float x, float slope) { return x > 0.f ? 1.f : slope; }
+
 // ---------------------------------------------------------------- dropout
 // Counter-based: keep(seed, e * H + h) depends only on the seed and the CSR edge
 // position, so the backward (CSR or CSC walk) regenerates the forward's mask.

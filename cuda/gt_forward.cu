@@ -96,51 +96,6 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   }
 }
 
-// Merges the partial (max, sum, unnormalised acc) of a split row's items:
-// M = max m_s, L = sum l_s 2^(m_s - M), out = sum acc_s 2^(m_s - M) / L.
-// One thread per output element; the slots are read in a fixed order.
-template <typename T>
-__global__ void smmf_combine_kernel(const float* __restrict__ partial,
-                                    const float* __restrict__ partial_ml,
-                                    const int* __restrict__ combine, T* __restrict__ out,
-                                    float* __restrict__ lse2, int64_t n_rows, int H, int C) {
-  const int64_t HC = (int64_t)H * C;
-  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= n_rows * HC) return;
-  const int64_t r = idx / HC, f = idx - r * HC;
-  const int h = (int)(f / C);
-  const int row = combine[r * 3], first = combine[r * 3 + 1], n = combine[r * 3 + 2];
-  float M = kNegInf;
-  for (int t = 0; t < n; ++t) M = fmaxf(M, partial_ml[((int64_t)(first + t) * H + h) * 2]);
-  float L = 0.f, acc = 0.f;
-  for (int t = 0; t < n; ++t) {
-    const int64_t s = first + t;
-    const float w = exp2f(partial_ml[(s * H + h) * 2] - M);  // empty item: m = -inf -> 0
-    L += partial_ml[(s * H + h) * 2 + 1] * w;
-    acc += partial[s * HC + f] * w;
-  }
-  out[(int64_t)row * HC + f] = from_float<T>(L > 0.f ? acc / L : 0.f);
-  if (f == (int64_t)h * C) lse2[(int64_t)row * H + h] = L > 0.f ? M + log2f(L) : kNegInf;
-}
-
-// Attention weights of split rows: raw base-2 scores -> softmax, once lse2 is final.
-__global__ void normalize_attn_kernel(const int* __restrict__ combine,
-                                      const int* __restrict__ rowptr,
-                                      const float* __restrict__ lse2, float* __restrict__ attn,
-                                      int64_t n_rows, int H) {
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  if (unit >= n_rows * H) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = unit / H;
-  const int h = (int)(unit - r * H);
-  const int row = combine[r * 3];
-  const float L = lse2[(int64_t)row * H + h];
-  for (int e = rowptr[row] + lane; e < rowptr[row + 1]; e += 32) {
-    const int64_t a = (int64_t)e * H + h;
-    attn[a] = exp2f(attn[a] - L);
-  }
-}
-
 // PMF step 1: edge-parallel SDDMM, one group per (edge, head), CSR order.
 template <typename T, int VEC, int G, int NV>
 __global__ void __launch_bounds__(256)
@@ -270,16 +225,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
             n_units, H, C, scale2, p, (uint64_t)seed);
         check_launch();
         if (n_split > 0) {
-          smmf_combine_kernel<T><<<ceil_div(n_split * H * C, kThreads), kThreads, 0, stream>>>(
-              partial.data_ptr<float>(), partial_ml.data_ptr<float>(), rw.combine.data_ptr<int>(),
-              op, lse2.data_ptr<float>(), n_split, H, C);
-          check_launch();
-          if (need_attn) {
-            normalize_attn_kernel<<<ceil_div(n_split * H * 32, kThreads), kThreads, 0, stream>>>(
-                rw.combine.data_ptr<int>(), rowptr.data_ptr<int>(), lse2.data_ptr<float>(), attn_p,
-                n_split, H);
-            check_launch();
-          }
+          merge_softmax_partials(partial, partial_ml, rw.combine, out, lse2);
+          if (need_attn) normalize_split_attn(rw.combine, rowptr, lse2, attn);
         }
         return;
       }

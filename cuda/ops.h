@@ -12,6 +12,15 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 // combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...].
 void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out);
 
+// Split rows of an online-softmax kernel: merges each item's (max, sum,
+// unnormalised acc) partial into out [N, H, C] and lse2 [N, H].
+void merge_softmax_partials(const at::Tensor& partial, const at::Tensor& partial_ml,
+                            const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2);
+
+// Attention weights of split rows: raw base-2 scores -> softmax once lse2 is final.
+void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
+                          const at::Tensor& lse2, at::Tensor& attn);
+
 // Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.ops.schedule.split_work):
 // items [I, 3] = (row, first edge, partial slot or -1), at most `chunk` edges each;
 // combine [R, 3] = (row, first slot, n slots) for the R rows split over several items.
@@ -31,5 +40,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
+    const at::Tensor& col, const Work& rw, int64_t chunk, double negative_slope, double dropout,
+    int64_t seed, bool need_attn);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr,
+    const at::Tensor& col, const Work& rw, const at::Tensor& colptr, const at::Tensor& row,
+    const at::Tensor& perm, const Work& cw, int64_t chunk, double negative_slope, double dropout,
+    int64_t seed);
 
 }  // namespace dfgnn

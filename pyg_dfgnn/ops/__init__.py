@@ -59,11 +59,9 @@ def _seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
-def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
-               seed: int = 0, pmf: bool = False, need_attn: bool = False,
-               need_grad: bool = True) -> tuple:
-    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout (work items and,
-    when ``need_grad``, the CSC the backward walks)."""
+def _work_args(layout, need_grad: bool) -> tuple:
+    """Work items of the layout's CSR and, when ``need_grad``, its CSC (the backward
+    walks it): the arguments every fused op takes after ``rowptr, col``."""
     chunk = schedule.choose_chunk(layout)
     rw = schedule.row_work(layout, chunk)
     if need_grad:
@@ -71,8 +69,25 @@ def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: f
         csc = (layout.colptr, layout.row, layout.perm, cw[0], cw[1], cw[2])
     else:
         csc = (None, None, None, None, None, 0)
+    return rw, csc, chunk
+
+
+def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
+               seed: int = 0, pmf: bool = False, need_attn: bool = False,
+               need_grad: bool = True) -> tuple:
+    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout."""
+    rw, csc, chunk = _work_args(layout, need_grad)
     return (q, k, v, layout.rowptr, layout.col, *rw, layout.csr_row if pmf else None, *csc, chunk,
             float(scale), float(dropout), int(seed), bool(pmf), bool(need_attn))
+
+
+def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
+                dropout: float = 0.0, seed: int = 0, need_attn: bool = False,
+                need_grad: bool = True) -> tuple:
+    """The argument tuple of ``torch.ops.dfgnn.gat_fwd`` for a layout."""
+    rw, csc, chunk = _work_args(layout, need_grad)
+    return (a_dst, a_src, x, layout.rowptr, layout.col, *rw, *csc, chunk, float(negative_slope),
+            float(dropout), int(seed), bool(need_attn))
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -169,26 +184,60 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
 def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float = 0.2,
                   dropout: float = 0.0, training: bool = True, return_attention: bool = False,
                   strategy: str = "auto") -> OpResult:
-    r"""Additive attention (GAT, ``GATConv``):
+    r"""Fused additive attention (GAT, ``GATConv``):
 
     .. math::
         \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j\left(
         \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
 
-    Args:
-        a_src (Tensor): ``[N_src, H]``; a_dst (Tensor): ``[N_dst, H]``.
-        x (Tensor): ``[N_src, H, C]`` transformed source features.
-        negative_slope (float), dropout (float), training (bool),
-        return_attention (bool), strategy (str): as in :func:`gt_attention`.
+    per head, with in-kernel attention dropout; the backward returns gradients for
+    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). Additive scores always run SMMF
+    (paper §4.2, Fig. 12): ``strategy="pmf"`` is accepted and runs SMMF too.
 
-    Runs the reference implementation until the additive kernels land.
+    Args:
+        a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
+        a_dst (Tensor): ``[N_dst, H]`` per-destination terms.
+        x (Tensor): ``[N_src, H, C]`` transformed source features, same dtype.
+        negative_slope (float): LeakyReLU slope.
+        dropout (float), training (bool), return_attention (bool), strategy (str):
+            as in :func:`gt_attention`.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]``, or ``(out, alpha [E, H])`` in input edge order.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
     """
     choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)
+    if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
+        raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
+                         f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
+                         f"{tuple(a_dst.shape)}")
+    if x.size(0) != layout.num_src:
+        raise ValueError(f"gat_attention: x has {x.size(0)} rows but the graph has "
+                         f"{layout.num_src} source nodes")
+    if not (x.dtype == a_src.dtype == a_dst.dtype):
+        raise ValueError("gat_attention: a_src, a_dst and x must share a dtype")
+    if x.device != layout.device:
+        raise ValueError(f"gat_attention: the features are on {x.device} but the layout is on "
+                         f"{layout.device}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"gat_attention: dropout must be in [0, 1), got {dropout}")
     p = float(dropout) if training else 0.0
-    out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
-                                             negative_slope, p, training=p > 0)
+    if uses_kernels(layout, x):
+        need_grad = torch.is_grad_enabled() and (x.requires_grad or a_src.requires_grad
+                                                 or a_dst.requires_grad)
+        args = gat_op_args(layout, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
+                           negative_slope, p, _seed() if p > 0 else 0, return_attention, need_grad)
+        if need_grad:
+            out, _lse, attn = _custom.GATAttentionFunction.apply(*args)
+        else:
+            out, _lse, attn = torch.ops.dfgnn.gat_fwd(*args)
+    else:
+        out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
+                                                 negative_slope, p, training=p > 0)
     if return_attention:
-        return out, layout.to_input_order(attn)
+        return out, layout.to_input_order(attn.to(x.dtype))
     return out
 
 

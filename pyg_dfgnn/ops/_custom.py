@@ -88,3 +88,73 @@ class GTAttentionFunction(torch.autograd.Function):
         if grad_out is None:
             return (None,) * _N_FWD_INPUTS
         return _gt_backward(ctx, grad_out)
+
+
+# ----------------------------------------------------------------------------- GAT
+@torch.library.register_fake("dfgnn::gat_fwd")
+def _gat_fwd_fake(a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, colptr, row,
+                  perm, col_items, col_combine, col_slots, chunk, negative_slope, dropout, seed,
+                  need_attn):
+    out = x.new_empty((a_dst.size(0), x.size(1), x.size(2)))
+    lse = x.new_empty((a_dst.size(0), x.size(1)), dtype=_FLOAT)
+    attn = x.new_empty((col.size(0), x.size(1)) if need_attn else (0,), dtype=_FLOAT)
+    return out, lse, attn
+
+
+@torch.library.register_fake("dfgnn::gat_bwd")
+def _gat_bwd_fake(grad_out, a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine,
+                  row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk,
+                  negative_slope, dropout, seed):
+    return torch.empty_like(a_dst), torch.empty_like(a_src), torch.empty_like(x)
+
+
+_N_GAT_INPUTS = 19
+
+
+def _gat_setup_context(ctx, inputs, output):
+    (a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, colptr, row, perm,
+     col_items, col_combine, col_slots, chunk, negative_slope, dropout, seed, _need_attn) = inputs
+    out, lse, _attn = output
+    ctx.save_for_backward(a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine, colptr,
+                          row, perm, col_items, col_combine)
+    ctx.args = (row_slots, col_slots, chunk, negative_slope, dropout, seed)
+
+
+def _gat_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
+    (a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine, colptr, row, perm,
+     col_items, col_combine) = ctx.saved_tensors
+    row_slots, col_slots, chunk, negative_slope, dropout, seed = ctx.args
+    if colptr is None or col_items is None:
+        raise RuntimeError("dfgnn::gat_fwd was called without the CSC layout, so it cannot be "
+                           "differentiated")
+    da_dst, da_src, dx = torch.ops.dfgnn.gat_bwd(
+        grad_out.contiguous(), a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine,
+        row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk, negative_slope,
+        dropout, seed)
+    return (da_dst, da_src, dx) + (None,) * (_N_GAT_INPUTS - 3)
+
+
+torch.library.register_autograd("dfgnn::gat_fwd", _gat_backward, setup_context=_gat_setup_context)
+
+
+class GATAttentionFunction(torch.autograd.Function):
+    """``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        if torch.compiler.is_compiling():
+            out, lse, attn = torch.ops.dfgnn.gat_fwd(*args)
+        else:  # skip the generic register_autograd hop: this Function is the autograd
+            with torch._C._AutoDispatchBelowAutograd():
+                out, lse, attn = torch.ops.dfgnn.gat_fwd(*args)
+        _gat_setup_context(ctx, args, (out, lse, attn))
+        ctx.mark_non_differentiable(lse, attn)
+        ctx.set_materialize_grads(False)
+        return out, lse, attn
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_attn):
+        if grad_out is None:
+            return (None,) * _N_GAT_INPUTS
+        return _gat_backward(ctx, grad_out)
+
