@@ -5,8 +5,10 @@ Commands:
 * ``train``: train a 2-layer attention GNN (TransformerConv, GATConv or
   AGNNConv) on Cora with PyG's native convs and with the fused ones, and compare
   accuracy and epoch time (:mod:`pyg_dfgnn.train`, same as ``examples/train.py``).
-* ``bench``: run the kernel benchmarks (``benchmarks/kernels.py`` of a source
-  checkout).
+* ``bench``: run a benchmark script of a source checkout: ``bench kernels``
+  (``benchmarks/kernels.py``, the default), ``bench e2e`` (``benchmarks/e2e.py``,
+  end-to-end training steps, native PyG vs. fused) or ``bench plot``
+  (``benchmarks/plot.py``, PNG charts of their JSON).
 * ``info``: versions, whether the CUDA extension is loaded, and the GPU.
 """
 from __future__ import annotations
@@ -18,12 +20,23 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 PROG = "python -m pyg_dfgnn"
-BENCH_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH_SCRIPT = BENCH_DIR / "kernels.py"  # the default benchmark
 
 _COMMANDS = {
     "train": "train an attention GNN on Cora, native PyG convs vs. fused pyg_dfgnn convs",
-    "bench": "run the fused-kernel benchmarks (benchmarks/kernels.py, needs a source checkout)",
+    "bench": "run a benchmark: kernels (default), e2e (training steps) or plot (PNG charts); "
+             "needs a source checkout",
     "info": "show versions, whether the CUDA kernels are available, and the device",
+}
+
+#: ``bench`` sub-benchmarks: name -> (script, one-line description).
+_BENCHES = {
+    "kernels": ("kernels.py", "fused attention op vs. native PyG message passing, forward and "
+                              "forward+backward per graph (GPU only)"),
+    "e2e": ("e2e.py", "end-to-end training step (preprocess / forward / backward / optimizer), "
+                      "GT, GAT and AGNN models, native PyG vs. fused, plus loss and accuracy"),
+    "plot": ("plot.py", "PNG bar charts of the kernels / e2e JSON results (matplotlib)"),
 }
 
 
@@ -32,16 +45,38 @@ def _train(argv: Sequence[str]) -> int:
     return cli(list(argv), prog=f"{PROG} train")
 
 
+def _bench_help() -> str:
+    lines = [f"usage: {PROG} bench [kernels|e2e|plot] [options of the script]", "",
+             "Runs a benchmark script of the source checkout (benchmarks/). Without a name, "
+             "'kernels' runs.", "", "benchmarks:"]
+    lines += [f"  {k:<8} {desc}" for k, (_, desc) in _BENCHES.items()]
+    lines += ["", "examples:",
+              f"  {PROG} bench --quick                     # kernels, small graphs",
+              f"  {PROG} bench e2e --quick --out e2e.json  # training steps, CPU-friendly",
+              f"  {PROG} bench plot --kernels kernels.json --e2e e2e.json --out-dir plots",
+              "", f"Run '{PROG} bench <name> --help' for the options of a benchmark."]
+    return "\n".join(lines)
+
+
 def _bench(argv: Sequence[str]) -> int:
-    if not BENCH_SCRIPT.is_file():
-        print(f"{PROG} bench: no benchmark script at {BENCH_SCRIPT}.\n"
+    argv = list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(_bench_help())
+        return 0
+    if argv and argv[0] in _BENCHES:
+        name = argv.pop(0)
+    else:
+        name = "kernels"
+    script = BENCH_SCRIPT if name == "kernels" else BENCH_DIR / _BENCHES[name][0]
+    if not script.is_file():
+        print(f"{PROG} bench: no benchmark script at {script}.\n"
               "The benchmarks ship with the source repository, not with the installed "
               "package: run this from a source checkout (pip install -e .).", file=sys.stderr)
         return 2
     old_argv = sys.argv
-    sys.argv = [str(BENCH_SCRIPT), *argv]
+    sys.argv = [str(script), *argv]
     try:
-        runpy.run_path(str(BENCH_SCRIPT), run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:  # the script's own sys.exit(...)
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -428,12 +428,18 @@ def load(name: str, **kwargs):
             ``mutag``, ``enzymes``, ``proteins`` (:func:`tu_dataset`),
             ``github``, ``squirrel``, ``chameleon`` (:func:`musae`), ``actor``,
             ``cornell``, ``texas``, ``wisconsin``. ``musae_github`` and
-            ``wikipedia-squirrel`` style aliases work too.
+            ``wikipedia-squirrel`` style aliases work too. Generated (seeded,
+            :mod:`pyg_dfgnn.generators`): ``pattern``, ``cluster``
+            (:func:`sbm_dataset`), ``mnist``, ``cifar10``, ``coco_sp``,
+            ``pascalvoc_sp`` (:func:`knn_dataset`, synthetic labels); these take
+            ``num_graphs`` (default 1,000) and ``seed`` (default 0).
         **kwargs: passed on to the loader.
 
     Returns:
         A :class:`~torch_geometric.data.Data` for node-level datasets, a
-        :class:`~torch_geometric.datasets.TUDataset` for the TU datasets.
+        :class:`~torch_geometric.datasets.TUDataset` for the TU datasets, a list
+        of :class:`~torch_geometric.data.Data` (for
+        :class:`torch_geometric.loader.DataLoader`) for the generated ones.
     """
     key = name.lower().replace("-", "").replace("_", "")
     for prefix in ("musae", "wikipedia", "planetoid", "tu"):
@@ -444,3 +450,32 @@ def load(name: str, **kwargs):
     if key not in _LOADERS:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(available())}")
     return _LOADERS[key](**kwargs)
+
+
+# ------------------------------------------------------ synthetic generators
+# Seeded stand-ins for the datasets that are not available offline (SBM PATTERN /
+# CLUSTER, MNIST / CIFAR10 superpixels, COCO-SP / PascalVOC-SP region graphs,
+# super-node graphs): see pyg_dfgnn.generators.
+from .generators import (describe, knn_batch, knn_dataset, power_law_graph,  # noqa: E402
+                         sbm_batch, sbm_dataset)
+
+__all__ += ["sbm_batch", "sbm_dataset", "knn_batch", "knn_dataset", "power_law_graph",
+            "describe"]
+
+
+def _synthetic(fn, kind):
+    def load_synthetic(num_graphs: int = 1000, seed: int = 0, **kw):
+        return fn(kind, num_graphs=num_graphs, seed=seed, **kw)
+    load_synthetic.__doc__ = (f"``{fn.__name__}({kind!r}, num_graphs=1000, seed=0)``: a list "
+                              "of generated Data graphs.")
+    return load_synthetic
+
+
+_LOADERS.update({
+    "pattern": _synthetic(sbm_dataset, "pattern"),
+    "cluster": _synthetic(sbm_dataset, "cluster"),
+    "mnist": _synthetic(knn_dataset, "mnist"),
+    "cifar10": _synthetic(knn_dataset, "cifar10"),
+    "cocosp": _synthetic(knn_dataset, "coco_sp"),
+    "pascalvocsp": _synthetic(knn_dataset, "pascalvoc_sp"),
+})

@@ -135,7 +135,7 @@ def _sbm(kind: str, num_graphs: int, g: torch.Generator
     for s in range(0, B, _SBM_CHUNK):
         gids = by_size[s:s + _SBM_CHUNK]
         nb = gids.numel()
-        nt, ns, mm = n_tot[gids], n_sbm[gids], m[gids]
+        nt, mm = n_tot[gids], m[gids]
         nmax = int(nt.max())
         idx = torch.arange(nmax)
         cum = torch.cumsum(sizes[gids], 1)                             # [nb, C]
@@ -291,7 +291,7 @@ KNN_PARAMS: Dict[str, KNNParams] = {
 # MNIST: nodes = 75 - floor(Exp(scale)) (clipped at 40): most digits fill the 75
 # SLIC segments; mean 75 - 1 / (exp(1 / scale) - 1) = 70.6 as published.
 _MNIST_EXP_SCALE = 1.0 / math.log1p(1.0 / 4.4)
-_KNN_CHUNK_NODES = 1 << 16  # nodes per vectorised block of the superpixel kNN
+_KNN_CHUNK_NODES = 1 << 18  # nodes per vectorised block (the output depends on it)
 
 
 def _knn_params(kind: str) -> KNNParams:
@@ -361,11 +361,26 @@ def _knn_region(sizes: Tensor, k: int, g: torch.Generator) -> Tuple[Tensor, Tens
     ``ceil(sqrt(n))``-wide grid, uniform inside the cell); each node is linked to
     its ``k`` nearest centroids among the 24 surrounding cells and the graph is
     symmetrised. ``k = 5`` gives an average degree of about 5.7 and a maximum of
-    about 10, like COCO-SP / PascalVOC-SP (5.65). Returns ``(edge_index, pos)``
-    with ``pos`` scaled to [0, 1)^2."""
-    N = int(sizes.sum())
-    if N == 0:
+    about 11, like COCO-SP / PascalVOC-SP (5.65). Returns ``(edge_index, pos)``
+    with ``pos`` scaled to [0, 1)^2; edges grouped by graph."""
+    B = sizes.numel()
+    if B == 0 or int(sizes.sum()) == 0:
         return torch.empty(2, 0, dtype=torch.long), torch.empty(0, 2)
+    ei_parts, pos_parts = [], []
+    step = max(1, _KNN_CHUNK_NODES // max(int(sizes.max()), 1))
+    node0 = 0
+    for s in range(0, B, step):
+        sz = sizes[s:s + step]
+        ei, pos = _knn_region_block(sz, k, g)
+        ei_parts.append(ei + node0)
+        pos_parts.append(pos)
+        node0 += int(sz.sum())
+    return torch.cat(ei_parts, 1), torch.cat(pos_parts)
+
+
+def _knn_region_block(sizes: Tensor, k: int, g: torch.Generator) -> Tuple[Tensor, Tensor]:
+    """:func:`_knn_region` for one block of graphs (local node ids)."""
+    N = int(sizes.sum())
     B = sizes.numel()
     batch = torch.repeat_interleave(torch.arange(B), sizes)
     offsets = torch.cumsum(sizes, 0) - sizes
@@ -390,8 +405,7 @@ def _knn_region(sizes: Tensor, k: int, g: torch.Generator) -> Tuple[Tensor, Tens
     dist, sel = d.topk(min(k, len(_WIN)), dim=1, largest=False)
     src_i, slot = torch.isfinite(dist).nonzero(as_tuple=True)
     dst = cand[src_i, sel[src_i, slot]].long()
-    und = torch.stack([torch.minimum(src_i, dst), torch.maximum(src_i, dst)])
-    key = torch.unique(und[0] * N + und[1])                            # sorted: grouped by graph
+    key = torch.unique(torch.minimum(src_i, dst) * N + torch.maximum(src_i, dst))  # sorted
     a, b = key // N, key % N
     # Both directions, grouped by graph: graph g's (a, b) edges, then its (b, a) edges.
     K = key.numel()
@@ -399,9 +413,10 @@ def _knn_region(sizes: Tensor, k: int, g: torch.Generator) -> Tuple[Tensor, Tens
     cnt = torch.bincount(ug, minlength=B)
     start = torch.cumsum(cnt, 0) - cnt
     fwd = start[ug] + torch.arange(K)          # = 2 * start + position inside the graph
+    rev = fwd + cnt[ug]
     ei = torch.empty(2, 2 * K, dtype=torch.long)
     ei[0, fwd], ei[1, fwd] = a, b
-    ei[0, fwd + cnt[ug]], ei[1, fwd + cnt[ug]] = b, a
+    ei[0, rev], ei[1, rev] = b, a
     return ei, pos
 
 
@@ -431,7 +446,7 @@ def knn_batch(kind: str, num_graphs: int = 1024, seed: int = 0) -> Tuple[Tensor,
             out-edges per node: 8 x nodes edges), ``"cifar10"`` (85-150 nodes,
             k = 8), ``"coco_sp"`` / ``"pascalvoc_sp"`` (about 477 / 479 nodes,
             sparse planar-like region graphs: symmetrised 5-NN on a jittered
-            grid, average degree about 5.7, maximum about 10).
+            grid, average degree about 5.7, maximum about 11).
         num_graphs (int): number of graphs.
         seed (int): random seed.
 

@@ -1,0 +1,646 @@
+r"""End-to-end training benchmark: native PyG layers vs. the fused pyg_dfgnn layers
+(the layout of the DF-GNN paper's Table 2).
+
+For each dataset x model, the same model is built twice from the same seed, once
+with :mod:`torch_geometric.nn`'s ``TransformerConv`` / ``GATConv`` / ``AGNNConv``
+("native") and once with :mod:`pyg_dfgnn.nn`'s ``FusedTransformerConv`` /
+``FusedGATConv`` / ``FusedAGNNConv`` ("fused"); the fused model loads the native
+model's ``state_dict``, so both start from identical weights. Each is trained for
+a few epochs (Adam, cross-entropy) and every training step is timed in phases:
+
+* **preprocess**: building the fused layers' CSR/CSC layout of the step's graph
+  (``pyg_dfgnn.layout.get_layout``, called explicitly before the forward; the
+  layers then find it cached on ``edge_index``). A batch of graphs is a new
+  ``edge_index`` every step, so its layout is built every step; a full graph
+  keeps its ``edge_index``, so its layout is built once (first step, reported
+  as ``preprocess_first_ms``) and later steps only look it up. Native PyG needs
+  no preprocessing: 0.
+* **forward** (model + loss), **backward**, **optimizer** (``step`` +
+  ``zero_grad``),
+
+with ``torch.cuda.synchronize()`` around each phase on GPU. Reported: the median
+of each phase over the timed steps (after ``--warmup`` steps), the median step
+time, peak GPU memory, and per-epoch loss / accuracy (so the speedup is shown on
+a model that learns; both implementations compute the same function).
+
+Models (hidden size 128 by default):
+
+* ``gt``: Linear encoder, ``--gt-layers`` graph-transformer layers as in Dwivedi
+  & Bresson (multi-head attention ``TransformerConv(128, 32, heads=4,
+  root_weight=False)``, output projection, residual, BatchNorm, FFN 128-256-128,
+  residual, BatchNorm), Linear classifier.
+* ``gat``: Linear encoder, ``--gat-layers`` x ``GATConv(128, 32, heads=4)`` +
+  ELU, Linear classifier.
+* ``agnn``: Linear, ReLU, ``AGNNConv(requires_grad=False)``,
+  ``AGNNConv(requires_grad=True)``, Linear (PyG's AGNN example).
+
+Datasets:
+
+* ``pattern``, ``cluster``: generated SBM graphs (:func:`pyg_dfgnn.generators.sbm_dataset`,
+  published parameters), node classification, ``--batch-size`` graphs per step
+  (1,024 as in the paper) from ``--train-graphs`` training graphs; accuracy is
+  the class-balanced accuracy of Benchmarking GNNs on ``--test-graphs`` graphs
+  generated with another seed.
+* ``cora``, ``citeseer``: Planetoid, public split, normalised features; test
+  accuracy at the epoch of best validation accuracy.
+* ``pubmed``: the real PubMed graph with **random** features
+  (:func:`pyg_dfgnn.datasets.pubmed_graph`): timing is meaningful, accuracy is not.
+
+Usage::
+
+    python benchmarks/e2e.py                      # everything, GPU
+    python benchmarks/e2e.py --quick              # tiny sizes, CPU-friendly (< 2 min)
+    python benchmarks/e2e.py --datasets pattern,cora --models gt --out e2e.json
+
+Writes JSON (``--out``, rewritten after every run) and prints one table per model.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DATASETS = ("pattern", "cluster", "cora", "citeseer", "pubmed")
+MODELS = ("gt", "gat", "agnn")
+IMPLS = ("native", "fused")
+PHASES = ("preprocess", "forward", "backward", "optimizer")
+LABELS = {"pattern": "PATTERN", "cluster": "CLUSTER", "cora": "Cora", "citeseer": "CiteSeer",
+          "pubmed": "PubMed"}
+#: Which layout the fused layers of each model read (GAT / AGNN add self-loops).
+SELF_LOOPS = {"gt": False, "gat": True, "agnn": True}
+
+
+# ----------------------------------------------------------------------- models
+def conv_classes(impl: str) -> Dict[str, type]:
+    """``{"gt": TransformerConv-like, "gat": ..., "agnn": ...}`` of ``impl``."""
+    if impl == "native":
+        from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+        return {"gt": TransformerConv, "gat": GATConv, "agnn": AGNNConv}
+    if impl == "fused":
+        from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+        return {"gt": FusedTransformerConv, "gat": FusedGATConv, "agnn": FusedAGNNConv}
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    return nn.BatchNorm1d(dim) if kind == "batch" else nn.LayerNorm(dim)
+
+
+class GTLayer(nn.Module):
+    r"""Graph-transformer layer of Dwivedi & Bresson (2021): multi-head attention
+    over the in-neighbours, output projection, residual + norm, FFN (2x width),
+    residual + norm."""
+
+    def __init__(self, conv, hidden: int, heads: int, dropout: float, norm: str, **kw):
+        super().__init__()
+        self.dropout = dropout
+        self.attn = conv(hidden, hidden // heads, heads=heads, concat=True, root_weight=False,
+                         dropout=0.0, **kw)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm1 = _norm(norm, hidden)
+        self.ffn1 = nn.Linear(hidden, 2 * hidden)
+        self.ffn2 = nn.Linear(2 * hidden, hidden)
+        self.norm2 = _norm(norm, hidden)
+
+    def forward(self, h: Tensor, edge_index: Tensor) -> Tensor:
+        a = F.dropout(self.attn(h, edge_index), self.dropout, self.training)
+        h = self.norm1(h + self.proj(a))
+        f = self.ffn2(F.dropout(F.relu(self.ffn1(h)), self.dropout, self.training))
+        return self.norm2(h + F.dropout(f, self.dropout, self.training))
+
+
+class GTNet(nn.Module):
+    def __init__(self, conv, in_channels, hidden, out_channels, heads, layers, dropout, norm,
+                 **kw):
+        super().__init__()
+        self.encoder = nn.Linear(in_channels, hidden)
+        self.layers = nn.ModuleList(GTLayer(conv, hidden, heads, dropout, norm, **kw)
+                                    for _ in range(layers))
+        self.classifier = nn.Linear(hidden, out_channels)
+
+    def forward(self, x, edge_index):
+        h = self.encoder(x)
+        for layer in self.layers:
+            h = layer(h, edge_index)
+        return self.classifier(h)
+
+
+class GATNet(nn.Module):
+    def __init__(self, conv, in_channels, hidden, out_channels, heads, layers, dropout, **kw):
+        super().__init__()
+        self.dropout = dropout
+        self.encoder = nn.Linear(in_channels, hidden)
+        self.convs = nn.ModuleList(conv(hidden, hidden // heads, heads=heads, dropout=0.0, **kw)
+                                   for _ in range(layers))
+        self.classifier = nn.Linear(hidden, out_channels)
+
+    def forward(self, x, edge_index):
+        h = F.dropout(self.encoder(x), self.dropout, self.training)
+        for conv in self.convs:
+            h = F.dropout(F.elu(conv(h, edge_index)), self.dropout, self.training)
+        return self.classifier(h)
+
+
+class AGNNNet(nn.Module):
+    def __init__(self, conv, in_channels, hidden, out_channels, dropout, **kw):
+        super().__init__()
+        self.dropout = dropout
+        self.lin1 = nn.Linear(in_channels, hidden)
+        self.prop1 = conv(requires_grad=False, **kw)
+        self.prop2 = conv(requires_grad=True, **kw)
+        self.lin2 = nn.Linear(hidden, out_channels)
+
+    def forward(self, x, edge_index):
+        h = F.relu(self.lin1(F.dropout(x, self.dropout, self.training)))
+        h = self.prop2(self.prop1(h, edge_index), edge_index)
+        return self.lin2(F.dropout(h, self.dropout, self.training))
+
+
+def build_model(model: str, impl: str, in_channels: int, out_channels: int, args,
+                dropout: float) -> nn.Module:
+    """``model`` with the conv classes of ``impl``; parameters are created in the same
+    order for both implementations."""
+    conv = conv_classes(impl)[model]
+    kw = {"strategy": args.strategy} if impl == "fused" else {}
+    if model == "gt":
+        return GTNet(conv, in_channels, args.hidden, out_channels, args.heads, args.gt_layers,
+                     dropout, args.norm, **kw)
+    if model == "gat":
+        return GATNet(conv, in_channels, args.hidden, out_channels, args.heads, args.gat_layers,
+                      dropout, **kw)
+    if model == "agnn":
+        return AGNNNet(conv, in_channels, args.hidden, out_channels, dropout, **kw)
+    raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+
+
+# --------------------------------------------------------------------- datasets
+class Step:
+    """One training step's inputs."""
+    __slots__ = ("x", "edge_index", "y", "mask")
+
+    def __init__(self, x, edge_index, y, mask=None):
+        self.x, self.edge_index, self.y, self.mask = x, edge_index, y, mask
+
+
+def balanced_accuracy(pred: Tensor, y: Tensor, num_classes: int) -> float:
+    """Mean per-class recall over the classes present (Benchmarking GNNs' SBM accuracy)."""
+    accs = []
+    for c in range(num_classes):
+        sel = y == c
+        if bool(sel.any()):
+            accs.append(float((pred[sel] == c).float().mean()))
+    return sum(accs) / max(len(accs), 1)
+
+
+class BatchDataset:
+    r"""Generated SBM graphs, pre-collated into batches of ``batch_size`` graphs
+    and kept on the device. Every step gets a fresh ``edge_index`` (a clone, made
+    outside the timed region), as a new batch from a DataLoader would be, so the
+    fused layout is built in every step."""
+    kind = "batch"
+
+    def __init__(self, name: str, args, device):
+        from torch_geometric.loader import DataLoader
+
+        from pyg_dfgnn.generators import SBM_PARAMS, sbm_dataset
+        P = SBM_PARAMS[name]
+        train = sbm_dataset(name, args.train_graphs, seed=args.seed)
+        test = sbm_dataset(name, args.test_graphs, seed=args.seed + 1)
+        gen = torch.Generator().manual_seed(args.seed)
+        self.train = [b.to(device) for b in DataLoader(train, batch_size=args.batch_size,
+                                                       shuffle=True, generator=gen)]
+        self.test = [b.to(device) for b in DataLoader(test, batch_size=args.batch_size)]
+        self.in_channels, self.num_classes = P.vocab, P.num_classes
+        self.metric = "balanced accuracy"
+        self.features = "one-hot node feature (published construction)"
+        self.nodes = statistics.fmean(b.num_nodes for b in self.train)
+        self.edges = statistics.fmean(b.edge_index.size(1) for b in self.train)
+        self.graphs_per_step = statistics.fmean(b.num_graphs for b in self.train)
+        self.steps_per_epoch = len(self.train)
+
+    def steps(self, epoch: int):
+        order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(epoch))
+        for i in order.tolist():
+            b = self.train[i]
+            yield Step(b.x, b.edge_index.clone(), b.y)
+
+    @torch.no_grad()
+    def evaluate(self, model) -> Dict[str, float]:
+        model.eval()
+        preds, ys = [], []
+        for b in self.test:
+            preds.append(model(b.x, b.edge_index).argmax(-1))
+            ys.append(b.y)
+        model.train()
+        return {"test_acc": balanced_accuracy(torch.cat(preds), torch.cat(ys), self.num_classes)}
+
+    def train_acc(self, out: Tensor, step: Step) -> float:
+        return balanced_accuracy(out.argmax(-1), step.y, self.num_classes)
+
+
+class FullDataset:
+    """A full graph (Cora, CiteSeer, PubMed) on the device; its ``edge_index`` is
+    the same tensor in every step, so the fused layout is built once."""
+    kind = "full"
+
+    def __init__(self, name: str, args, device):
+        import torch_geometric.transforms as T
+
+        from pyg_dfgnn import datasets
+        if name == "pubmed":
+            data = datasets.pubmed_graph(num_features=500, seed=args.seed)
+            self.features = "random (PubMed's feature file is not available offline)"
+        else:
+            data = datasets.planetoid(LABELS[name], transform=T.NormalizeFeatures())
+            self.features = "bag-of-words, row-normalised"
+        self.data = data.to(device)
+        self.in_channels = data.num_features
+        self.num_classes = int(data.y.max()) + 1
+        self.metric = "accuracy (test, at best validation)"
+        self.nodes, self.edges = data.num_nodes, data.edge_index.size(1)
+        self.graphs_per_step = 1
+        self.steps_per_epoch = 1
+
+    def steps(self, epoch: int):
+        d = self.data
+        yield Step(d.x, d.edge_index, d.y, d.train_mask)
+
+    @torch.no_grad()
+    def evaluate(self, model) -> Dict[str, float]:
+        model.eval()
+        d = self.data
+        out = model(d.x, d.edge_index)
+        model.train()
+        pred = out.argmax(-1)
+        res = {f"{s}_acc": float((pred[d[f'{s}_mask']] == d.y[d[f'{s}_mask']]).float().mean())
+               for s in ("val", "test")}
+        res["val_loss"] = float(F.cross_entropy(out[d.val_mask], d.y[d.val_mask]))
+        return res
+
+    def train_acc(self, out: Tensor, step: Step) -> float:
+        m = step.mask
+        return float((out[m].argmax(-1) == step.y[m]).float().mean())
+
+
+def load_dataset(name: str, args, device):
+    return BatchDataset(name, args, device) if name in ("pattern", "cluster") else \
+        FullDataset(name, args, device)
+
+
+# ---------------------------------------------------------------------- running
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seed(seed: int) -> None:
+    import random
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> Dict[str, object]:
+    r"""Trains one implementation and times every step. Returns its results."""
+    from pyg_dfgnn.layout import get_layout
+
+    _seed(args.seed)
+    model = build_model(model_name, impl, ds.in_channels, ds.num_classes, args, hp["dropout"])
+    model.load_state_dict(init_state)
+    model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    loops = SELF_LOOPS[model_name]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        mem0 = torch.cuda.memory_allocated(device)
+    _seed(args.seed + 1)  # same dropout masks for both implementations
+    times: Dict[str, List[float]] = {p: [] for p in PHASES + ("step",)}
+    losses: List[float] = []
+    epochs: List[Dict[str, float]] = []
+    first_pre = None
+    best = None
+    step_i = 0
+    for epoch in range(hp["epochs"]):
+        ep_loss, ep_acc = [], []
+        for st in ds.steps(epoch):
+            n = st.x.size(0)
+            _sync(device)
+            t0 = time.perf_counter()
+            if impl == "fused":
+                get_layout(st.edge_index, (n, n), add_self_loops=loops)
+                _sync(device)
+            t1 = time.perf_counter()
+            out = model(st.x, st.edge_index)
+            loss = F.cross_entropy(out if st.mask is None else out[st.mask],
+                                   st.y if st.mask is None else st.y[st.mask])
+            _sync(device)
+            t2 = time.perf_counter()
+            loss.backward()
+            _sync(device)
+            t3 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            t4 = time.perf_counter()
+            if first_pre is None:
+                first_pre = (t1 - t0) * 1e3
+            if step_i >= hp["warmup"]:
+                for p, dt in zip(PHASES + ("step",), (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+                    times[p].append(dt * 1e3)
+            step_i += 1
+            losses.append(loss.item())
+            ep_loss.append(losses[-1])
+            with torch.no_grad():
+                ep_acc.append(ds.train_acc(out.detach(), st))
+            del out, loss
+        ev = ds.evaluate(model)
+        rec = {"epoch": epoch + 1, "loss": statistics.fmean(ep_loss),
+               "train_acc": statistics.fmean(ep_acc), **ev}
+        epochs.append(rec)
+        if ds.kind == "full":
+            key = (ev["val_acc"], -ev["val_loss"])
+            if best is None or key > best[0]:
+                best = (key, ev["test_acc"], epoch + 1)
+    res: Dict[str, object] = {f"{p}_ms": _median(times[p]) for p in PHASES}
+    if impl == "native":
+        res["preprocess_ms"] = 0.0  # nothing to build: PyG works on edge_index directly
+    res["step_ms"] = _median(times["step"])
+    res["sum_ms"] = sum(res[f"{p}_ms"] for p in PHASES)
+    res["preprocess_first_ms"] = first_pre if impl == "fused" else 0.0
+    res["timed_steps"] = len(times["step"])
+    res["steps"] = step_i
+    res["peak_MB"] = ((torch.cuda.max_memory_allocated(device) - mem0) / 2**20
+                      if device.type == "cuda" else None)
+    res["first_loss"] = losses[0] if losses else float("nan")
+    res["first_epoch_loss"] = epochs[0]["loss"] if epochs else float("nan")
+    res["final_loss"] = losses[-1] if losses else float("nan")
+    if ds.kind == "full" and best is not None:
+        res["test_acc"], res["best_epoch"] = best[1], best[2]
+    else:
+        res["test_acc"] = epochs[-1]["test_acc"] if epochs else float("nan")
+    res["losses"] = losses
+    res["epochs"] = epochs
+    res["step_times_ms"] = times["step"]
+    del model, opt
+    return res
+
+
+def _hparams(ds, args) -> Dict[str, float]:
+    batch = ds.kind == "batch"
+    pick = (lambda v, b, f: v if v is not None else (b if batch else f))
+    return {"epochs": args.epochs if batch else args.full_epochs,
+            "lr": pick(args.lr, 1e-3, 5e-3),
+            "weight_decay": pick(args.weight_decay, 0.0, 5e-4),
+            "dropout": pick(args.dropout, 0.0, 0.5),
+            "warmup": args.warmup}
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+# ------------------------------------------------------------------------- report
+def _info(device: torch.device, args, argv) -> Dict[str, object]:
+    import torch_geometric
+
+    import pyg_dfgnn
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+    else:
+        gpu = f"CPU ({platform.processor() or platform.machine() or 'unknown'}, " \
+              f"{torch.get_num_threads()} threads)"
+    return {"gpu": gpu, "device": str(device), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "torch_geometric": torch_geometric.__version__,
+            "pyg_dfgnn": pyg_dfgnn.__version__,
+            "cuda_kernels": bool(pyg_dfgnn.has_cuda_kernels() and device.type == "cuda"),
+            "date": time.strftime("%Y-%m-%d"), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": platform.node(), "quick": bool(args.quick), "argv": list(argv)}
+
+
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def format_tables(report: Dict[str, object]) -> str:
+    r"""One table per model in the layout of the paper's Table 2: ``fused (native)``
+    per dataset."""
+    out = []
+    rows = report["rows"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mrows = [r for r in rows if r["model"] == model]
+        head = ["ms / step: fused (native)"] + [r["dataset"] for r in mrows]
+        lines = [head]
+
+        def cell(r, fn):
+            imp = r["impls"]
+            fu, na = imp.get("fused", {}), imp.get("native", {})
+            a = "err" if "error" in fu else fn(fu)
+            b = "err" if "error" in na else fn(na)
+            return f"{a} ({b})"
+
+        for p in PHASES:
+            lines.append([p.capitalize()] + [cell(r, lambda d, p=p: _f(d.get(f"{p}_ms")))
+                                             for r in mrows])
+        lines.append(["Step (median)"] + [cell(r, lambda d: _f(d.get("step_ms"))) for r in mrows])
+        lines.append(["Speedup"] + [_f(r.get("speedup", {}).get("step"), "{:.2f}x")
+                                    for r in mrows])
+        lines.append(["Peak memory MB"] + [cell(r, lambda d: _f(d.get("peak_MB"), "{:.0f}"))
+                                           for r in mrows])
+        lines.append(["Test acc"] + [cell(r, lambda d: _f(d.get("test_acc"), "{:.3f}"))
+                                     for r in mrows])
+        lines.append(["Final loss"] + [cell(r, lambda d: _f(d.get("final_loss"), "{:.3f}"))
+                                       for r in mrows])
+        widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+        out.append(f"\n{model.upper()} model, {report['info']['gpu']}, torch "
+                   f"{report['info']['torch']}, {report['info']['date']}")
+        for k, line in enumerate(lines):
+            out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+            if k == 0:
+                out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- CLI
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="benchmarks/e2e.py",
+        description="End-to-end training benchmark (DF-GNN paper Table 2): the same GT / GAT / "
+                    "AGNN model with native PyG convs and with the fused pyg_dfgnn convs, same "
+                    "initial weights; median time per training step split into preprocess "
+                    "(layout), forward, backward and optimizer, peak memory, loss and accuracy.",
+        epilog="examples:\n"
+               "  python benchmarks/e2e.py --out e2e.json\n"
+               "  python benchmarks/e2e.py --quick                  # CPU smoke run, tiny sizes\n"
+               "  python benchmarks/e2e.py --datasets pattern,cora --models gt --epochs 5\n"
+               "  python benchmarks/plot.py --e2e e2e.json --out-dir plots",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes (64 train graphs, batch 32, hidden 32, 2 layers, 2 epochs): "
+                        "a CPU smoke run in well under 2 minutes")
+    p.add_argument("--out", default="e2e.json", help="JSON output path (default: e2e.json)")
+    p.add_argument("--datasets", default=",".join(DATASETS),
+                   help=f"comma-separated subset of {','.join(DATASETS)} (default: all)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma-separated subset of gt,gat,agnn (default: all)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help="native,fused (default: both)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs on the batch datasets (default: 20; --quick: 2)")
+    p.add_argument("--full-epochs", type=int, default=None,
+                   help="epochs (= steps) on the full graphs (default: 100; --quick: 3)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps left out of the medians (default: 5; --quick: 1)")
+    p.add_argument("--train-graphs", type=int, default=None,
+                   help="generated training graphs for pattern/cluster "
+                        "(default: 2048; --quick: 64)")
+    p.add_argument("--test-graphs", type=int, default=None,
+                   help="generated test graphs (default: 1024; --quick: 32)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="graphs per step (default: 1024 as in the paper; --quick: 32)")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="hidden size (default: 128; --quick: 32)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads of GT/GAT (default: 4)")
+    p.add_argument("--gt-layers", type=int, default=None, help="GT layers (default: 4; --quick: 2)")
+    p.add_argument("--gat-layers", type=int, default=None,
+                   help="GAT layers (default: 3; --quick: 2)")
+    p.add_argument("--norm", choices=("batch", "layer"), default="batch",
+                   help="normalisation in the GT layers (default: batch)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="feature dropout (default: 0 on batch datasets, 0.5 on full graphs); "
+                        "attention dropout is always 0")
+    p.add_argument("--lr", type=float, default=None,
+                   help="Adam learning rate (default: 1e-3 batch, 5e-3 full)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="Adam weight decay (default: 0 batch, 5e-4 full)")
+    p.add_argument("--strategy", choices=("auto", "smmf", "pmf"), default="auto",
+                   help="fusion method of the fused layers (default: auto)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    args = p.parse_args(argv)
+    defaults = dict(epochs=(2, 20), full_epochs=(3, 100), warmup=(1, 5), train_graphs=(64, 2048),
+                    test_graphs=(32, 1024), batch_size=(32, 1024), hidden=(32, 128),
+                    gt_layers=(2, 4), gat_layers=(2, 3))
+    for key, (quick, full) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+    args.datasets = [d.strip().lower() for d in args.datasets.split(",") if d.strip()]
+    args.models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+    args.impls = [i.strip().lower() for i in args.impls.split(",") if i.strip()]
+    for name, vals, ok in (("--datasets", args.datasets, DATASETS),
+                           ("--models", args.models, MODELS), ("--impls", args.impls, IMPLS)):
+        bad = [v for v in vals if v not in ok]
+        if bad or not vals:
+            p.error(f"{name}: unknown {bad or 'empty list'}; choose from {','.join(ok)}")
+    if args.hidden % args.heads:
+        p.error("--hidden must be divisible by --heads")
+    if args.epochs < 1 or args.full_epochs < 1:
+        p.error("--epochs and --full-epochs must be >= 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    r"""Runs the benchmark; returns the report (also written to ``--out``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    from tqdm.auto import tqdm
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    report: Dict[str, object] = {
+        "info": _info(device, args, argv),
+        "config": {k: getattr(args, k) for k in (
+            "datasets", "models", "impls", "epochs", "full_epochs", "warmup", "train_graphs",
+            "test_graphs", "batch_size", "hidden", "heads", "gt_layers", "gat_layers", "norm",
+            "dropout", "lr", "weight_decay", "strategy", "seed")},
+        "rows": [],
+    }
+    out_path = args.out
+
+    def save():
+        if out_path:
+            d = os.path.dirname(os.path.abspath(out_path))
+            os.makedirs(d, exist_ok=True)
+            with open(out_path, "w") as f:
+                json.dump(report, f, indent=1)
+
+    runs = [(d, m, i) for d in args.datasets for m in args.models for i in args.impls]
+    bar = tqdm(total=len(runs), desc="e2e", disable=args.no_progress, file=sys.stderr,
+               dynamic_ncols=True)
+    for dname in args.datasets:
+        bar.set_description(f"e2e {LABELS[dname]}: loading")
+        ds = load_dataset(dname, args, device)
+        hp = _hparams(ds, args)
+        for model_name in args.models:
+            row = {"dataset": LABELS[dname], "key": dname, "kind": ds.kind, "model": model_name,
+                   "nodes": ds.nodes, "edges": ds.edges, "graphs_per_step": ds.graphs_per_step,
+                   "steps_per_epoch": ds.steps_per_epoch, "metric": ds.metric,
+                   "features": ds.features, "hparams": hp, "impls": {}}
+            _seed(args.seed)
+            native = build_model(model_name, "native", ds.in_channels, ds.num_classes, args,
+                                 hp["dropout"])
+            init_state = copy.deepcopy(native.state_dict())
+            del native
+            for impl in args.impls:
+                bar.set_description(f"e2e {LABELS[dname]}/{model_name}/{impl}")
+                try:
+                    row["impls"][impl] = train_impl(ds, model_name, impl, init_state, args,
+                                                    device, hp)
+                except Exception as e:  # noqa: BLE001  (recorded, not dropped)
+                    if not (_is_oom(e) or device.type == "cuda"):
+                        raise
+                    row["impls"][impl] = {"error": f"{type(e).__name__}: "
+                                                   f"{str(e).splitlines()[0][:200]}"}
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                r = row["impls"][impl]
+                if "error" not in r:
+                    bar.set_postfix(step_ms=f"{r['step_ms']:.2f}", acc=f"{r['test_acc']:.3f}")
+                bar.update(1)
+            na, fu = row["impls"].get("native", {}), row["impls"].get("fused", {})
+            if "step_ms" in na and "step_ms" in fu:
+                row["speedup"] = {
+                    "step": na["step_ms"] / fu["step_ms"],
+                    "forward": na["forward_ms"] / fu["forward_ms"],
+                    "backward": na["backward_ms"] / fu["backward_ms"],
+                    "sum": na["sum_ms"] / fu["sum_ms"],
+                }
+                if na.get("peak_MB") and fu.get("peak_MB"):
+                    row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
+            report["rows"].append(row)
+            save()
+        del ds
+    bar.close()
+    info = report["info"]
+    print(f"# e2e: {info['gpu']}, torch {info['torch']} (CUDA {info['cuda']}), "
+          f"fused kernels: {'yes' if info['cuda_kernels'] else 'no (reference path)'}, "
+          f"{info['date']}")
+    print(format_tables(report))
+    save()
+    if out_path:
+        print(f"\nresults written to {out_path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,132 @@
+"""benchmarks/plot.py: PNG charts from the committed kernel results and a small
+e2e result in benchmarks/e2e.py's format (CPU, Agg backend)."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS_JSON = ROOT / "benchmarks" / "results" / "kernels_h100.json"
+MIN_PNG_BYTES = 10 * 1024
+
+pytest.importorskip("matplotlib")
+
+
+def _load_script(name: str):
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def plot():
+    return _load_script("plot")
+
+
+def _impl(step, pre=0.0, err=False):
+    if err:
+        return {"error": "OutOfMemoryError: CUDA out of memory"}
+    fwd, bwd, opt = 0.3 * step, 0.6 * step, 0.1 * step - pre
+    return {"preprocess_ms": pre, "forward_ms": fwd, "backward_ms": bwd, "optimizer_ms": opt,
+            "step_ms": step, "sum_ms": step, "peak_MB": 100.0, "test_acc": 0.8,
+            "first_loss": 1.0, "final_loss": 0.5, "losses": [1.0, 0.5],
+            "epochs": [{"epoch": 1, "loss": 0.7, "train_acc": 0.6, "test_acc": 0.8}]}
+
+
+def synthetic_e2e():
+    """A result in benchmarks/e2e.py's format: 3 datasets x 3 models, one failed run."""
+    rows = []
+    for ds, kind, native in (("PATTERN", "batch", 120.0), ("Cora", "full", 16.0),
+                             ("PubMed", "full", 18.0)):
+        for model, f in (("gt", 4.0), ("gat", 2.5), ("agnn", 3.0)):
+            na = _impl(native)
+            fu = _impl(native / f, pre=1.5 if kind == "batch" else 0.0)
+            row = {"dataset": ds, "key": ds.lower(), "kind": kind, "model": model,
+                   "impls": {"native": na, "fused": fu},
+                   "speedup": {"step": f, "forward": f, "backward": f, "sum": f}}
+            rows.append(row)
+    rows[-1]["impls"]["native"] = _impl(0, err=True)
+    del rows[-1]["speedup"]
+    info = {"gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "torch": "2.11.0+cu130",
+            "cuda": "13.0", "date": "2026-11-22", "cuda_kernels": True, "quick": False}
+    return {"info": info, "config": {}, "rows": rows}
+
+
+def _check_png(path):
+    p = Path(path)
+    assert p.is_file() and p.suffix == ".png"
+    data = p.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > MIN_PNG_BYTES, f"{p.name} is only {len(data)} bytes"
+
+
+def test_stamp(plot):
+    info = json.loads(KERNELS_JSON.read_text())["info"]
+    s = plot.stamp(info)
+    for part in (info["gpu"], info["torch"], info["cuda"], info["date"]):
+        assert part in s
+    assert "reference path" in plot.stamp({**info, "cuda_kernels": False})
+
+
+def test_kernel_speedups_from_committed_results(plot):
+    data = json.loads(KERNELS_JSON.read_text())
+    sp = plot.kernel_speedups(data)
+    row = next(r for r in data["rows"] if r["graph"] == "PATTERN" and r["H"] == 1
+               and r["dtype"] == "float32")
+    m = row["methods"]
+    want = m["pyg"]["fwd_ms"] / m["fused-auto"]["fwd_ms"]
+    assert sp["gt"]["H=1×C=128 float32"]["PATTERN"]["fwd"] == pytest.approx(want)
+    assert len(sp["gt"]["H=1×C=128 float32"]) == len({r["graph"] for r in data["rows"]})
+    # GAT / AGNN rows (kernels.py's score_rows) get their own panels
+    extra = copy.deepcopy(data)
+    extra["score_rows"] = [dict(copy.deepcopy(row), model="gat"),
+                           dict(copy.deepcopy(row), model="agnn", H=1)]
+    assert set(plot.kernel_speedups(extra)) == {"gt", "gat", "agnn"}
+
+
+def test_plot_cli_writes_pngs(plot, tmp_path):
+    e2e = tmp_path / "e2e.json"
+    e2e.write_text(json.dumps(synthetic_e2e()))
+    out = tmp_path / "plots"
+    written = plot.main(["--kernels", str(KERNELS_JSON), "--e2e", str(e2e), "--out-dir", str(out)])
+    assert [Path(w).name for w in written] == ["kernels_speedup.png", "e2e_speedup.png",
+                                               "e2e_breakdown.png"]
+    for w in written:
+        _check_png(w)
+
+
+def test_plot_kernels_with_score_rows(plot, tmp_path):
+    data = json.loads(KERNELS_JSON.read_text())
+    data["score_rows"] = [dict(copy.deepcopy(r), model="gat") for r in data["rows"][:6]]
+    _check_png(plot.plot_kernels(data, str(tmp_path / "k.png")))
+
+
+def test_plot_cli_needs_an_input(plot, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        plot.main(["--out-dir", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def test_bench_plot_subcommand(tmp_path, capsys):
+    from pyg_dfgnn.__main__ import main
+    assert main(["bench", "plot", "--kernels", str(KERNELS_JSON), "--out-dir", str(tmp_path)]) == 0
+    _check_png(tmp_path / "kernels_speedup.png")
+    assert main(["bench", "--help"]) == 0
+    text = capsys.readouterr().out
+    for name in ("kernels", "e2e", "plot"):
+        assert name in text
+
+
+def test_bench_missing_script(monkeypatch, tmp_path, capsys):
+    import pyg_dfgnn.__main__ as cli
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path)
+    assert cli.main(["bench", "e2e", "--quick"]) == 2
+    assert "no benchmark script" in capsys.readouterr().err
+    assert sys.argv  # restored
