@@ -23,6 +23,44 @@ of each phase over the timed steps (after ``--warmup`` steps), the median step
 time, peak GPU memory, and per-epoch loss / accuracy (so the speedup is shown on
 a model that learns; both implementations compute the same function).
 
+Two modes (``--mode``; default ``both`` on CUDA, ``eager`` on CPU):
+
+* **eager** (the rows' ``impls``): the training loop is plain PyTorch eager
+  code, and the only difference between the two implementations is the import
+  of the conv class. On a small full graph (Cora, CiteSeer, PubMed) an eager step
+  is bound by the host: every dense op (Linear, BatchNorm, ELU, Adam, ...) costs
+  tens of microseconds of Python and kernel launch, whatever the GPU does, and
+  that overhead is the same for both implementations. So the eager speedup on
+  these graphs mostly measures the launch count, not the attention kernels.
+* **cudagraph** (the rows' ``cudagraph`` key; full graphs only, whose shapes
+  are static: a batch dataset has a new graph every step): both implementations
+  run the whole training step (forward, loss, backward, ``optimizer.step``) as
+  one captured CUDA graph, with PyTorch's whole-network capture recipe
+  (``torch.cuda.graph``; the step is run eagerly ``CAPTURE_WARMUP`` times on a
+  side stream first, gradients are set to ``None`` before capture so that the
+  captured backward allocates them in the graph's memory pool and refills them
+  on every replay, Adam is built with ``capturable=True``). The warm-up steps are
+  undone afterwards (initial weights reloaded in place, Adam's state zeroed), so
+  the replays train from the same weights as the eager run. What differs from
+  eager, for both implementations alike: the loss picks the training nodes with
+  ``index_select`` on indices computed once, not with a boolean mask (which
+  syncs with the host). What differs for **native** only: PyG's ``GATConv`` /
+  ``AGNNConv`` remove and re-add self-loops in every forward with boolean
+  masking, a host sync that cannot be captured, so the native model gets an
+  ``edge_index`` to which self-loops were added once, before capture
+  (``remove_self_loops`` then ``add_self_loops``, exactly what the conv does
+  itself), and is built with ``add_self_loops=False``. The fused layers add
+  self-loops once in their cached layout (built before capture with
+  ``get_layout``), so both compute the same function as in eager mode. Reported
+  per implementation: median replay time (``torch.cuda.synchronize()`` around
+  each replay, after ``--warmup`` replays, as many replays as eager steps), the
+  capture time, peak memory, losses (read from the graph's static loss after
+  every replay) and accuracy (evaluated eagerly, ``model.eval()``, no grad). A
+  failed capture is recorded as ``{"error": "capture failed: ..."}``.
+
+The optimizer is Adam, ``--adam fused`` (default on CUDA) or ``foreach``
+(default on CPU), the same for both implementations and both modes.
+
 Models (hidden size 128 by default):
 
 * ``gt``: Linear encoder, ``--gt-layers`` graph-transformer layers as in Dwivedi
@@ -38,7 +76,8 @@ Datasets:
 
 * ``pattern``, ``cluster``: generated SBM graphs (:func:`pyg_dfgnn.generators.sbm_dataset`,
   published parameters), node classification, ``--batch-size`` graphs per step
-  (1,024 as in the paper) from ``--train-graphs`` training graphs; accuracy is
+  (1,024 as in the paper) from ``--train-graphs`` training graphs (10,000: 10
+  steps per epoch, 100 Adam steps in the default 10 epochs, lr 2e-3); accuracy is
   the class-balanced accuracy of Benchmarking GNNs on ``--test-graphs`` graphs
   generated with another seed.
 * ``cora``, ``citeseer``: Planetoid, public split, normalised features; test
@@ -48,11 +87,13 @@ Datasets:
 
 Usage::
 
-    python benchmarks/e2e.py                      # everything, GPU
+    python benchmarks/e2e.py                      # everything, GPU, eager + cudagraph
     python benchmarks/e2e.py --quick              # tiny sizes, CPU-friendly (< 2 min)
     python benchmarks/e2e.py --datasets pattern,cora --models gt --out e2e.json
+    python benchmarks/e2e.py --datasets cora --mode cudagraph
 
-Writes JSON (``--out``, rewritten after every run) and prints one table per model.
+Writes JSON (``--out``, rewritten after every run) and prints one table per model
+(eager phases; CUDA-graph step time, speedup and capture time when measured).
 """
 from __future__ import annotations
 
@@ -83,6 +124,13 @@ LABELS = {"pattern": "PATTERN", "cluster": "CLUSTER", "cora": "Cora", "citeseer"
           "pubmed": "PubMed"}
 #: Which layout the fused layers of each model read (GAT / AGNN add self-loops).
 SELF_LOOPS = {"gt": False, "gat": True, "agnn": True}
+MODES = ("eager", "cudagraph")
+#: Eager training steps run on a side stream before a capture (PyTorch's recipe;
+#: they initialise Adam's state and the autograd / library workspaces). They are
+#: undone after the capture: weights reloaded, Adam's state zeroed.
+CAPTURE_WARMUP = 3
+#: What the ``cudagraph`` key of a batch-dataset row says.
+CUDAGRAPH_SKIP = "cudagraph mode applies to full graphs (static shapes)"
 
 
 # ----------------------------------------------------------------------- models
@@ -172,11 +220,13 @@ class AGNNNet(nn.Module):
 
 
 def build_model(model: str, impl: str, in_channels: int, out_channels: int, args,
-                dropout: float) -> nn.Module:
+                dropout: float, conv_kw: Optional[Dict[str, object]] = None) -> nn.Module:
     """``model`` with the conv classes of ``impl``; parameters are created in the same
-    order for both implementations."""
+    order for both implementations. ``conv_kw`` goes to every attention conv (the
+    cudagraph mode passes ``add_self_loops=False`` to native GAT / AGNN)."""
     conv = conv_classes(impl)[model]
     kw = {"strategy": args.strategy} if impl == "fused" else {}
+    kw.update(conv_kw or {})
     if model == "gt":
         return GTNet(conv, in_channels, args.hidden, out_channels, args.heads, args.gt_layers,
                      dropout, args.norm, **kw)
@@ -208,10 +258,12 @@ def balanced_accuracy(pred: Tensor, y: Tensor, num_classes: int) -> float:
 
 
 class BatchDataset:
-    r"""Generated SBM graphs, pre-collated into batches of ``batch_size`` graphs
-    and kept on the device. Every step gets a fresh ``edge_index`` (a clone, made
-    outside the timed region), as a new batch from a DataLoader would be, so the
-    fused layout is built in every step."""
+    r"""Generated SBM graphs, pre-collated into batches of ``batch_size`` graphs.
+    The training batches are kept on the device (loading is not what is timed);
+    every step gets a fresh ``edge_index`` (a clone, made outside the timed
+    region), as a new batch from a DataLoader would be, so the fused layout is
+    built in every step. The test batches stay on the host and are moved to the
+    device one at a time during evaluation, so only one of them is resident."""
     kind = "batch"
 
     def __init__(self, name: str, args, device):
@@ -224,7 +276,8 @@ class BatchDataset:
         gen = torch.Generator().manual_seed(args.seed)
         self.train = [b.to(device) for b in DataLoader(train, batch_size=args.batch_size,
                                                        shuffle=True, generator=gen)]
-        self.test = [b.to(device) for b in DataLoader(test, batch_size=args.batch_size)]
+        self.test = list(DataLoader(test, batch_size=args.batch_size))  # host; see evaluate
+        self.device = device
         self.in_channels, self.num_classes = P.vocab, P.num_classes
         self.metric = "balanced accuracy"
         self.features = "one-hot node feature (published construction)"
@@ -241,9 +294,12 @@ class BatchDataset:
 
     @torch.no_grad()
     def evaluate(self, model) -> Dict[str, float]:
+        """Balanced accuracy on the test graphs: one batch on the device at a time,
+        only its predicted labels kept."""
         model.eval()
         preds, ys = [], []
         for b in self.test:
+            b = b.to(self.device)
             preds.append(model(b.x, b.edge_index).argmax(-1))
             ys.append(b.y)
         model.train()
@@ -281,10 +337,12 @@ class FullDataset:
         yield Step(d.x, d.edge_index, d.y, d.train_mask)
 
     @torch.no_grad()
-    def evaluate(self, model) -> Dict[str, float]:
+    def evaluate(self, model, edge_index: Optional[Tensor] = None) -> Dict[str, float]:
+        """Validation / test accuracy and validation loss; ``edge_index`` replaces
+        the graph's own (the native cudagraph model reads one with self-loops)."""
         model.eval()
         d = self.data
-        out = model(d.x, d.edge_index)
+        out = model(d.x, d.edge_index if edge_index is None else edge_index)
         model.train()
         pred = out.argmax(-1)
         res = {f"{s}_acc": float((pred[d[f'{s}_mask']] == d.y[d[f'{s}_mask']]).float().mean())
@@ -318,20 +376,105 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def make_optimizer(model: nn.Module, hp, args, capturable: bool = False) -> torch.optim.Adam:
+    r"""Adam with ``--adam``'s implementation (``fused`` or ``foreach``), identical for
+    both conv implementations; ``capturable=True`` for a captured step (keeps the
+    step count on the device, so ``step`` launches no host work)."""
+    impl = {"fused": True} if args.adam == "fused" else {"foreach": True}
+    return torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
+                            capturable=capturable, **impl)
+
+
+def reset_training_state(model: nn.Module, opt: torch.optim.Optimizer, init_state) -> None:
+    r"""Undoes training steps in place: reloads ``init_state`` into the existing
+    parameter and buffer tensors (``load_state_dict`` copies; a captured graph keeps
+    pointing at them) and zeroes every tensor of Adam's state (step count, first
+    and second moments), which is exactly the state of a new Adam before its first
+    step."""
+    model.load_state_dict(init_state)
+    with torch.no_grad():
+        for state in opt.state.values():
+            for key, v in state.items():
+                if not torch.is_tensor(v):
+                    raise TypeError(f"optimizer state {key!r} is not a tensor: cannot reset "
+                                    "it in place")
+                v.zero_()
+
+
+def native_graph_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    r"""``edge_index`` with every self-loop removed and one added per node, in the
+    order PyG's ``GATConv`` / ``AGNNConv`` build it in their forward
+    (``remove_self_loops`` then ``add_self_loops``): what the native cudagraph model
+    reads, built once outside the capture."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+    ei, _ = remove_self_loops(edge_index)
+    ei, _ = add_self_loops(ei, num_nodes=num_nodes)
+    return ei
+
+
+class CaptureError(RuntimeError):
+    """``torch.cuda.graph`` capture of a training step failed."""
+
+
+def _chain(e: BaseException) -> List[str]:
+    """First line of ``e`` and of every exception it was raised from / during,
+    outermost first."""
+    lines, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).strip().splitlines()
+        lines.append(f"{type(e).__name__}: {text[0][:200] if text else ''}")
+        e = e.__cause__ or e.__context__
+    return lines
+
+
+def _timed_run_summary(ds, losses, epochs, best, times, steps, device, mem0) -> Dict[str, object]:
+    """Result keys shared by both modes (loss / accuracy / memory / step count)."""
+    res: Dict[str, object] = {"step_ms": _median(times), "timed_steps": len(times),
+                              "steps": steps}
+    res["peak_MB"] = ((torch.cuda.max_memory_allocated(device) - mem0) / 2**20
+                      if device.type == "cuda" else None)
+    res["first_loss"] = losses[0] if losses else float("nan")
+    res["first_epoch_loss"] = epochs[0]["loss"] if epochs else float("nan")
+    res["final_loss"] = losses[-1] if losses else float("nan")
+    if ds.kind == "full" and best is not None:
+        res["test_acc"], res["best_epoch"] = best[1], best[2]
+    else:
+        res["test_acc"] = epochs[-1]["test_acc"] if epochs else float("nan")
+    res["losses"] = losses
+    res["epochs"] = epochs
+    res["step_times_ms"] = times
+    return res
+
+
+def _better(ds, ev, best, epoch):
+    """Tracks the test accuracy at the best validation accuracy (full graphs)."""
+    if ds.kind != "full":
+        return best
+    key = (ev["val_acc"], -ev["val_loss"])
+    return (key, ev["test_acc"], epoch + 1) if best is None or key > best[0] else best
+
+
+def _memory_baseline(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
 def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> Dict[str, object]:
-    r"""Trains one implementation and times every step. Returns its results."""
+    r"""Eager mode: trains one implementation and times every step in phases.
+    Returns its results."""
     from pyg_dfgnn.layout import get_layout
 
     _seed(args.seed)
     model = build_model(model_name, impl, ds.in_channels, ds.num_classes, args, hp["dropout"])
     model.load_state_dict(init_state)
     model.to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = make_optimizer(model, hp, args)
     loops = SELF_LOOPS[model_name]
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        mem0 = torch.cuda.memory_allocated(device)
+    mem0 = _memory_baseline(device)
     _seed(args.seed + 1)  # same dropout masks for both implementations
     times: Dict[str, List[float]] = {p: [] for p in PHASES + ("step",)}
     losses: List[float] = []
@@ -373,34 +516,156 @@ def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> 
                 ep_acc.append(ds.train_acc(out.detach(), st))
             del out, loss
         ev = ds.evaluate(model)
-        rec = {"epoch": epoch + 1, "loss": statistics.fmean(ep_loss),
-               "train_acc": statistics.fmean(ep_acc), **ev}
-        epochs.append(rec)
-        if ds.kind == "full":
-            key = (ev["val_acc"], -ev["val_loss"])
-            if best is None or key > best[0]:
-                best = (key, ev["test_acc"], epoch + 1)
+        epochs.append({"epoch": epoch + 1, "loss": statistics.fmean(ep_loss),
+                       "train_acc": statistics.fmean(ep_acc), **ev})
+        best = _better(ds, ev, best, epoch)
     res: Dict[str, object] = {f"{p}_ms": _median(times[p]) for p in PHASES}
     if impl == "native":
         res["preprocess_ms"] = 0.0  # nothing to build: PyG works on edge_index directly
-    res["step_ms"] = _median(times["step"])
+    summary = _timed_run_summary(ds, losses, epochs, best, times["step"], step_i, device, mem0)
+    res["step_ms"] = summary.pop("step_ms")
     res["sum_ms"] = sum(res[f"{p}_ms"] for p in PHASES)
     res["preprocess_first_ms"] = first_pre if impl == "fused" else 0.0
-    res["timed_steps"] = len(times["step"])
-    res["steps"] = step_i
-    res["peak_MB"] = ((torch.cuda.max_memory_allocated(device) - mem0) / 2**20
-                      if device.type == "cuda" else None)
-    res["first_loss"] = losses[0] if losses else float("nan")
-    res["first_epoch_loss"] = epochs[0]["loss"] if epochs else float("nan")
-    res["final_loss"] = losses[-1] if losses else float("nan")
-    if ds.kind == "full" and best is not None:
-        res["test_acc"], res["best_epoch"] = best[1], best[2]
-    else:
-        res["test_acc"] = epochs[-1]["test_acc"] if epochs else float("nan")
-    res["losses"] = losses
-    res["epochs"] = epochs
-    res["step_times_ms"] = times["step"]
+    res.update(summary)
     del model, opt
+    return res
+
+
+def train_impl_cudagraph(ds, model_name: str, impl: str, init_state, args, device, hp,
+                         capture: bool = True) -> Dict[str, object]:
+    r"""Cudagraph mode (full graphs): captures one whole training step (forward,
+    loss, backward, Adam step) of ``impl`` in a CUDA graph and trains by replaying
+    it, one replay per epoch, timing each replay.
+
+    Capture follows PyTorch's whole-network recipe: the inputs are the graph's own
+    device tensors (they never change, so they are the static inputs); Adam is
+    ``capturable``; ``CAPTURE_WARMUP`` eager steps run on a side stream; gradients
+    are set to ``None`` just before capture, so the captured backward allocates
+    them in the graph's pool and each replay overwrites them (no ``zero_grad``
+    between replays). :func:`reset_training_state` then undoes the warm-up steps,
+    so the first replay starts from ``init_state`` like the eager run. Everything
+    data-dependent is done once before the capture: the fused layout
+    (``get_layout``), the native model's self-loops
+    (:func:`native_graph_edge_index`, conv built with ``add_self_loops=False``)
+    and the training-node indices of the loss.
+
+    Besides the keys of :func:`train_impl` that are not per phase, the result has
+    ``capture_ms`` (the ``torch.cuda.graph`` block: capture + instantiation),
+    ``capture_warmup_ms`` (the side-stream warm-up steps), ``setup_ms`` (once,
+    before capture: the fused layout lookup, a cache hit when the eager run built
+    it, or the native self-loop insertion), ``edges`` (of the ``edge_index`` the
+    model reads) and ``self_loops`` (where they are added).
+
+    ``capture=False`` runs the same step function eagerly (``zero_grad`` before
+    each call) in place of the replays; only used to test this bookkeeping on CPU.
+
+    Raises:
+        CaptureError: the capture failed (for example a host sync inside the step).
+    """
+    from pyg_dfgnn.layout import get_layout
+
+    if ds.kind != "full":
+        raise ValueError(CUDAGRAPH_SKIP)
+    if capture and device.type != "cuda":
+        raise ValueError("CUDA graph capture needs a CUDA device")
+    loops = SELF_LOOPS[model_name]
+    native_loops = impl == "native" and loops
+    _seed(args.seed)
+    model = build_model(model_name, impl, ds.in_channels, ds.num_classes, args, hp["dropout"],
+                        conv_kw={"add_self_loops": False} if native_loops else None)
+    model.load_state_dict(init_state)
+    model.to(device).train()
+    opt = make_optimizer(model, hp, args, capturable=capture)
+    mem0 = _memory_baseline(device)
+
+    st = next(iter(ds.steps(0)))
+    n = st.x.size(0)
+    _sync(device)
+    t0 = time.perf_counter()
+    if impl == "fused":
+        get_layout(st.edge_index, (n, n), add_self_loops=loops)
+        edge_index = st.edge_index
+    else:
+        edge_index = native_graph_edge_index(st.edge_index, n) if native_loops else st.edge_index
+    _sync(device)
+    prep_ms = (time.perf_counter() - t0) * 1e3
+    x = st.x
+    idx = None if st.mask is None else st.mask.nonzero().view(-1)
+    target = st.y if idx is None else st.y.index_select(0, idx)
+
+    def train_step():
+        out = model(x, edge_index)
+        loss = F.cross_entropy(out if idx is None else out.index_select(0, idx), target)
+        loss.backward()
+        opt.step()
+        return out, loss
+
+    _seed(args.seed + 1)
+    res: Dict[str, object] = {
+        "captured": bool(capture), "setup_ms": prep_ms, "edges": int(edge_index.size(1)),
+        "self_loops": (None if not loops else "fused layout (get_layout, before capture)"
+                       if impl == "fused" else "pre-added to edge_index before capture; "
+                                               "conv built with add_self_loops=False")}
+    static: Dict[str, Tensor] = {}
+    graph = None
+    if capture:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side):
+            for _ in range(CAPTURE_WARMUP):
+                opt.zero_grad(set_to_none=True)
+                train_step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        _sync(device)
+        res["capture_warmup_ms"] = (time.perf_counter() - t0) * 1e3
+        res["capture_warmup_steps"] = CAPTURE_WARMUP
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)  # the captured backward allocates the grads
+        main_stream = torch.cuda.current_stream(device)
+        t0 = time.perf_counter()
+        try:
+            with torch.cuda.graph(graph):
+                static["out"], static["loss"] = train_step()
+            _sync(device)
+        except Exception as e:  # noqa: BLE001  (reported per impl by the caller)
+            # a failing capture_end leaves torch.cuda.graph's capture stream current
+            torch.cuda.set_stream(main_stream)
+            raise CaptureError(_chain(e)[-1]) from e
+        res["capture_ms"] = (time.perf_counter() - t0) * 1e3
+        reset_training_state(model, opt, init_state)  # undo the warm-up steps
+
+        def run():
+            graph.replay()
+    else:
+        res["capture_ms"] = None
+
+        def run():
+            opt.zero_grad(set_to_none=True)
+            static["out"], static["loss"] = train_step()
+
+    times: List[float] = []
+    losses: List[float] = []
+    epochs: List[Dict[str, float]] = []
+    best = None
+    for epoch in range(hp["epochs"]):
+        _sync(device)
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        t1 = time.perf_counter()
+        if epoch >= hp["warmup"]:
+            times.append((t1 - t0) * 1e3)
+        losses.append(float(static["loss"].detach().item()))
+        with torch.no_grad():
+            acc = ds.train_acc(static["out"].detach(), st)
+        ev = ds.evaluate(model, edge_index=edge_index)
+        epochs.append({"epoch": epoch + 1, "loss": losses[-1], "train_acc": acc, **ev})
+        best = _better(ds, ev, best, epoch)
+    res.update(_timed_run_summary(ds, losses, epochs, best, times, hp["epochs"], device, mem0))
+    static.clear()
+    del graph, model, opt
     return res
 
 
@@ -408,7 +673,7 @@ def _hparams(ds, args) -> Dict[str, float]:
     batch = ds.kind == "batch"
     pick = (lambda v, b, f: v if v is not None else (b if batch else f))
     return {"epochs": args.epochs if batch else args.full_epochs,
-            "lr": pick(args.lr, 1e-3, 5e-3),
+            "lr": pick(args.lr, 2e-3, 5e-3),
             "weight_decay": pick(args.weight_decay, 0.0, 5e-4),
             "dropout": pick(args.dropout, 0.0, 0.5),
             "warmup": args.warmup}
@@ -440,9 +705,15 @@ def _f(v, fmt="{:.2f}") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
+def _has_eager(r) -> bool:
+    return bool(r.get("impls"))
+
+
 def format_tables(report: Dict[str, object]) -> str:
     r"""One table per model in the layout of the paper's Table 2: ``fused (native)``
-    per dataset."""
+    per dataset. Eager phases when eager results exist; then, when any row has a
+    ``cudagraph`` key, the captured step time, its speedup, capture time and test
+    accuracy (``skipped`` for batch datasets, ``err`` for a failed run)."""
     out = []
     rows = report["rows"]
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -450,25 +721,55 @@ def format_tables(report: Dict[str, object]) -> str:
         head = ["ms / step: fused (native)"] + [r["dataset"] for r in mrows]
         lines = [head]
 
-        def cell(r, fn):
-            imp = r["impls"]
-            fu, na = imp.get("fused", {}), imp.get("native", {})
+        def pair(fu, na, fn):
             a = "err" if "error" in fu else fn(fu)
             b = "err" if "error" in na else fn(na)
             return f"{a} ({b})"
 
-        for p in PHASES:
-            lines.append([p.capitalize()] + [cell(r, lambda d, p=p: _f(d.get(f"{p}_ms")))
-                                             for r in mrows])
-        lines.append(["Step (median)"] + [cell(r, lambda d: _f(d.get("step_ms"))) for r in mrows])
-        lines.append(["Speedup"] + [_f(r.get("speedup", {}).get("step"), "{:.2f}x")
-                                    for r in mrows])
-        lines.append(["Peak memory MB"] + [cell(r, lambda d: _f(d.get("peak_MB"), "{:.0f}"))
+        def cell(r, fn):
+            imp = r["impls"]
+            return pair(imp.get("fused", {}), imp.get("native", {}), fn)
+
+        def cg_cell(r, fn):
+            cg = r.get("cudagraph")
+            if cg is None:
+                return "-"
+            if "skipped" in cg:
+                return "skipped"
+            return pair(cg.get("fused", {}), cg.get("native", {}), fn)
+
+        if any(_has_eager(r) for r in mrows):
+            for p in PHASES:
+                lines.append([p.capitalize()] + [cell(r, lambda d, p=p: _f(d.get(f"{p}_ms")))
+                                                 for r in mrows])
+            lines.append(["Step (median)"] + [cell(r, lambda d: _f(d.get("step_ms")))
+                                              for r in mrows])
+            lines.append(["Speedup"] + [_f(r.get("speedup", {}).get("step"), "{:.2f}x")
+                                        for r in mrows])
+            lines.append(["Peak memory MB"] + [cell(r, lambda d: _f(d.get("peak_MB"), "{:.0f}"))
+                                               for r in mrows])
+            lines.append(["Test acc"] + [cell(r, lambda d: _f(d.get("test_acc"), "{:.3f}"))
+                                         for r in mrows])
+            lines.append(["Final loss"] + [cell(r, lambda d: _f(d.get("final_loss"), "{:.3f}"))
                                            for r in mrows])
-        lines.append(["Test acc"] + [cell(r, lambda d: _f(d.get("test_acc"), "{:.3f}"))
-                                     for r in mrows])
-        lines.append(["Final loss"] + [cell(r, lambda d: _f(d.get("final_loss"), "{:.3f}"))
-                                       for r in mrows])
+        if any("cudagraph" in r for r in mrows):
+            lines.append(["CUDA graph: step (median)"]
+                         + [cg_cell(r, lambda d: _f(d.get("step_ms"))) for r in mrows])
+
+            def cg_speedup(r):
+                sp = (r.get("cudagraph") or {}).get("speedup", {}).get("step")
+                return "skipped" if "skipped" in (r.get("cudagraph") or {}) else \
+                    _f(sp, "{:.2f}x")
+
+            lines.append(["CUDA graph: speedup"] + [cg_speedup(r) for r in mrows])
+            lines.append(["CUDA graph: capture ms"]
+                         + [cg_cell(r, lambda d: _f(d.get("capture_ms"), "{:.1f}"))
+                            for r in mrows])
+            lines.append(["CUDA graph: peak memory MB"]
+                         + [cg_cell(r, lambda d: _f(d.get("peak_MB"), "{:.0f}")) for r in mrows])
+            lines.append(["CUDA graph: test acc"]
+                         + [cg_cell(r, lambda d: _f(d.get("test_acc"), "{:.3f}"))
+                            for r in mrows])
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
         out.append(f"\n{model.upper()} model, {report['info']['gpu']}, torch "
                    f"{report['info']['torch']}, {report['info']['date']}")
@@ -476,6 +777,14 @@ def format_tables(report: Dict[str, object]) -> str:
             out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
             if k == 0:
                 out.append("  ".join("-" * w for w in widths))
+        errors = [f"  {r['dataset']} {mode}/{impl}: {group[impl]['error']}"
+                  for r in mrows for mode, group in (("eager", r.get("impls", {})),
+                                                     ("cudagraph", r.get("cudagraph") or {}))
+                  for impl in IMPLS
+                  if isinstance(group.get(impl), dict) and "error" in group[impl]]
+        if errors:
+            out.append("errors:")
+            out.extend(errors)
     return "\n".join(out)
 
 
@@ -487,10 +796,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     "AGNN model with native PyG convs and with the fused pyg_dfgnn convs, same "
                     "initial weights; median time per training step split into preprocess "
                     "(layout), forward, backward and optimizer, peak memory, loss and accuracy.",
-        epilog="examples:\n"
+        epilog="modes:\n"
+               "  eager      plain PyTorch training loop; the two runs differ only in the conv\n"
+               "             class imported. On small full graphs (Cora, CiteSeer, PubMed) the\n"
+               "             step is bound by Python / kernel-launch overhead of the dense ops,\n"
+               "             which is the same for both implementations.\n"
+               "  cudagraph  full graphs only: both implementations replay their whole training\n"
+               "             step (forward, loss, backward, Adam step) as one captured CUDA\n"
+               "             graph, which removes that overhead. Changes, for both: the loss\n"
+               "             indexes the training nodes with precomputed indices instead of a\n"
+               "             boolean mask; Adam is capturable. For native GAT / AGNN only: the\n"
+               "             self-loops the conv would add in every forward (a host sync) are\n"
+               "             added to edge_index once, before capture, and the conv is built\n"
+               "             with add_self_loops=False (the same graph and function).\n"
+               "  both       eager, then cudagraph (default on CUDA; CPU: eager only)\n"
+               "\n"
+               "examples:\n"
                "  python benchmarks/e2e.py --out e2e.json\n"
                "  python benchmarks/e2e.py --quick                  # CPU smoke run, tiny sizes\n"
                "  python benchmarks/e2e.py --datasets pattern,cora --models gt --epochs 5\n"
+               "  python benchmarks/e2e.py --datasets cora,citeseer,pubmed --mode cudagraph\n"
                "  python benchmarks/plot.py --e2e e2e.json --out-dir plots",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
@@ -504,15 +829,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="native,fused (default: both)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--mode", choices=("eager", "cudagraph", "both"), default=None,
+                   help="eager training steps, captured CUDA-graph steps (full graphs only), or "
+                        "both (default: both on CUDA, eager on CPU; cudagraph needs CUDA)")
+    p.add_argument("--adam", choices=("foreach", "fused"), default=None,
+                   help="Adam implementation, the same for both convs and both modes "
+                        "(default: fused on CUDA, foreach on CPU)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs on the batch datasets (default: 20; --quick: 2)")
+                   help="epochs on the batch datasets (default: 10, i.e. 100 steps with the "
+                        "default graphs and batch size; --quick: 2)")
     p.add_argument("--full-epochs", type=int, default=None,
                    help="epochs (= steps) on the full graphs (default: 100; --quick: 3)")
     p.add_argument("--warmup", type=int, default=None,
                    help="steps left out of the medians (default: 5; --quick: 1)")
     p.add_argument("--train-graphs", type=int, default=None,
                    help="generated training graphs for pattern/cluster "
-                        "(default: 2048; --quick: 64)")
+                        "(default: 10000; --quick: 64)")
     p.add_argument("--test-graphs", type=int, default=None,
                    help="generated test graphs (default: 1024; --quick: 32)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -529,7 +861,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="feature dropout (default: 0 on batch datasets, 0.5 on full graphs); "
                         "attention dropout is always 0")
     p.add_argument("--lr", type=float, default=None,
-                   help="Adam learning rate (default: 1e-3 batch, 5e-3 full)")
+                   help="Adam learning rate (default: 2e-3 batch, 5e-3 full)")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="Adam weight decay (default: 0 batch, 5e-4 full)")
     p.add_argument("--strategy", choices=("auto", "smmf", "pmf"), default="auto",
@@ -537,7 +869,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     args = p.parse_args(argv)
-    defaults = dict(epochs=(2, 20), full_epochs=(3, 100), warmup=(1, 5), train_graphs=(64, 2048),
+    defaults = dict(epochs=(2, 10), full_epochs=(3, 100), warmup=(1, 5), train_graphs=(64, 10000),
                     test_graphs=(32, 1024), batch_size=(32, 1024), hidden=(32, 128),
                     gt_layers=(2, 4), gat_layers=(2, 3))
     for key, (quick, full) in defaults.items():
@@ -555,7 +887,38 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--hidden must be divisible by --heads")
     if args.epochs < 1 or args.full_epochs < 1:
         p.error("--epochs and --full-epochs must be >= 1")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        cuda = torch.device(args.device).type == "cuda"
+    except RuntimeError as e:
+        p.error(f"--device: {e}")
+    if args.mode is None:
+        args.mode = "both" if cuda else "eager"
+    if args.mode != "eager" and not cuda:
+        p.error(f"--mode {args.mode}: CUDA-graph capture needs a CUDA device "
+                f"(device is {args.device}); use --mode eager")
+    if args.adam is None:
+        args.adam = "fused" if cuda else "foreach"
+    args.modes = list(MODES) if args.mode == "both" else [args.mode]
     return args
+
+
+def _guarded(fn, device: torch.device) -> Dict[str, object]:
+    r"""``fn()``, or ``{"error": ...}`` when it fails on CUDA (or runs out of memory
+    anywhere), so one failing run does not lose the others. A failed capture is
+    ``{"error": "capture failed: <root cause>", "error_chain": [...]}``."""
+    try:
+        return fn()
+    except CaptureError as e:
+        return {"error": f"capture failed: {e}", "error_chain": _chain(e.__cause__)}
+    except Exception as e:  # noqa: BLE001  (recorded, not dropped)
+        if not (_is_oom(e) or device.type == "cuda"):
+            raise
+        return {"error": _chain(e)[0]}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -564,15 +927,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(args.device)
     report: Dict[str, object] = {
         "info": _info(device, args, argv),
         "config": {k: getattr(args, k) for k in (
-            "datasets", "models", "impls", "epochs", "full_epochs", "warmup", "train_graphs",
-            "test_graphs", "batch_size", "hidden", "heads", "gt_layers", "gat_layers", "norm",
-            "dropout", "lr", "weight_decay", "strategy", "seed")},
+            "datasets", "models", "impls", "mode", "adam", "epochs", "full_epochs", "warmup",
+            "train_graphs", "test_graphs", "batch_size", "hidden", "heads", "gt_layers",
+            "gat_layers", "norm", "dropout", "lr", "weight_decay", "strategy", "seed")},
         "rows": [],
     }
+    if "cudagraph" in args.modes:
+        report["config"]["capture_warmup_steps"] = CAPTURE_WARMUP
     out_path = args.out
 
     def save():
@@ -582,9 +947,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             with open(out_path, "w") as f:
                 json.dump(report, f, indent=1)
 
-    runs = [(d, m, i) for d in args.datasets for m in args.models for i in args.impls]
-    bar = tqdm(total=len(runs), desc="e2e", disable=args.no_progress, file=sys.stderr,
+    eager = "eager" in args.modes
+    graphed = "cudagraph" in args.modes
+    per_row = len(args.impls)
+    runs = sum(per_row * (eager + (graphed and d not in ("pattern", "cluster")))
+               for d in args.datasets for _ in args.models)
+    bar = tqdm(total=runs, desc="e2e", disable=args.no_progress, file=sys.stderr,
                dynamic_ncols=True)
+
+    def progress(r):
+        if "error" not in r:
+            bar.set_postfix(step_ms=f"{r['step_ms']:.2f}", acc=f"{r['test_acc']:.3f}")
+        bar.update(1)
+
     for dname in args.datasets:
         bar.set_description(f"e2e {LABELS[dname]}: loading")
         ds = load_dataset(dname, args, device)
@@ -599,23 +974,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                                  hp["dropout"])
             init_state = copy.deepcopy(native.state_dict())
             del native
-            for impl in args.impls:
+            for impl in args.impls if eager else ():
                 bar.set_description(f"e2e {LABELS[dname]}/{model_name}/{impl}")
-                try:
-                    row["impls"][impl] = train_impl(ds, model_name, impl, init_state, args,
-                                                    device, hp)
-                except Exception as e:  # noqa: BLE001  (recorded, not dropped)
-                    if not (_is_oom(e) or device.type == "cuda"):
-                        raise
-                    row["impls"][impl] = {"error": f"{type(e).__name__}: "
-                                                   f"{str(e).splitlines()[0][:200]}"}
-                finally:
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                r = row["impls"][impl]
-                if "error" not in r:
-                    bar.set_postfix(step_ms=f"{r['step_ms']:.2f}", acc=f"{r['test_acc']:.3f}")
-                bar.update(1)
+                row["impls"][impl] = _guarded(
+                    lambda: train_impl(ds, model_name, impl, init_state, args, device, hp), device)
+                progress(row["impls"][impl])
             na, fu = row["impls"].get("native", {}), row["impls"].get("fused", {})
             if "step_ms" in na and "step_ms" in fu:
                 row["speedup"] = {
@@ -626,6 +989,24 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 }
                 if na.get("peak_MB") and fu.get("peak_MB"):
                     row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
+            if graphed and ds.kind != "full":
+                row["cudagraph"] = {"skipped": CUDAGRAPH_SKIP}
+            elif graphed:
+                cg: Dict[str, object] = {}
+                for impl in args.impls:
+                    bar.set_description(f"e2e {LABELS[dname]}/{model_name}/{impl}/cudagraph")
+                    cg[impl] = _guarded(lambda: train_impl_cudagraph(
+                        ds, model_name, impl, init_state, args, device, hp), device)
+                    progress(cg[impl])
+                gn, gf = cg.get("native", {}), cg.get("fused", {})
+                if "step_ms" in gn and "step_ms" in gf:
+                    cg["speedup"] = {"step": gn["step_ms"] / gf["step_ms"]}
+                # how much capture saves each implementation against its eager step
+                cg["vs_eager"] = {impl: row["impls"][impl]["step_ms"] / cg[impl]["step_ms"]
+                                  for impl in args.impls
+                                  if "step_ms" in row["impls"].get(impl, {})
+                                  and "step_ms" in cg[impl]}
+                row["cudagraph"] = cg
             report["rows"].append(row)
             save()
         del ds
@@ -633,7 +1014,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     info = report["info"]
     print(f"# e2e: {info['gpu']}, torch {info['torch']} (CUDA {info['cuda']}), "
           f"fused kernels: {'yes' if info['cuda_kernels'] else 'no (reference path)'}, "
-          f"{info['date']}")
+          f"Adam {args.adam}, mode {args.mode}, {info['date']}")
     print(format_tables(report))
     save()
     if out_path:

@@ -185,6 +185,8 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype):
         a_dst = torch.randn(n, H, device=DEV, dtype=dtype, requires_grad=True)
         conv = GATConv(H * C, C, heads=H, add_self_loops=False).to(DEV).to(dtype)
         fns = {"fused-auto": lambda: ops.gat_attention(lay, a_src, a_dst, x),
+               "fused-smmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="smmf"),
+               "fused-pmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="pmf"),
                "pyg": lambda: conv.propagate(ei, x=(x, x), alpha=conv.edge_updater(
                    ei, alpha=(a_src, a_dst), edge_attr=None, size=None), size=None)}
         leaves = (a_src, a_dst, x)
@@ -198,7 +200,10 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype):
         leaves = (x, beta)
     res = {"graph": name, "kind": kind, "model": model, "nodes": n, "edges": lay.num_edges,
            "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
-           "auto": "smmf", "methods": {}}
+           "auto": ops.choose_strategy(
+               lay.max_in_degree, "additive" if model == "gat" else "cosine", x.element_size(),
+               head_size=C),
+           "methods": {}}
     for m, f in fns.items():
         r = {}
         try:
@@ -225,20 +230,23 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype):
 
 
 def fmt_score_table(rows):
-    lines = [f"{'model':<6}{'graph':<13}{'H×C':>7} | {'fused fwd':>9}{'pyg fwd':>9}{'×pyg':>7} | "
-             f"{'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7} | {'memMB f/p':>14}"]
+    lines = [f"{'model':<6}{'graph':<13}{'H×C':>7}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}"
+             f"{'pmf':>8}{'pyg fwd':>9}{'×pyg':>7} | {'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7} | "
+             f"{'memMB f/p':>14}"]
     for r in rows:
         m = r["methods"]
         f, p = m.get("fused-auto", {}), m.get("pyg", {})
+        sm, pm = m.get("fused-smmf", {}), m.get("fused-pmf", {})
 
         def v(d, k):
             return f"{d[k]:.3f}" if k in d else ("err" if "error" in d else "-")
 
         def ratio(k):
             return f"{p[k] / f[k]:.1f}" if k in p and k in f else "-"
-        lines.append(f"{r['model']:<6}{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7} | "
-                     f"{v(f, 'fwd_ms'):>9}{v(p, 'fwd_ms'):>9}{ratio('fwd_ms'):>7} | "
-                     f"{v(f, 'fwd_bwd_ms'):>9}{v(p, 'fwd_bwd_ms'):>9}{ratio('fwd_bwd_ms'):>7} | "
+        lines.append(f"{r['model']:<6}{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}"
+                     f"{r['auto']:>6} | {v(f, 'fwd_ms'):>9}{v(sm, 'fwd_ms'):>8}{v(pm, 'fwd_ms'):>8}"
+                     f"{v(p, 'fwd_ms'):>9}{ratio('fwd_ms'):>7} | {v(f, 'fwd_bwd_ms'):>9}"
+                     f"{v(p, 'fwd_bwd_ms'):>9}{ratio('fwd_bwd_ms'):>7} | "
                      f"{f.get('peak_MB', float('nan')):.0f}/{p.get('peak_MB', float('nan')):.0f}")
     return "\n".join(lines)
 

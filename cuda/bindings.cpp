@@ -163,18 +163,22 @@ void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& row_items,
-    const at::Tensor& row_combine, int64_t row_slots, const c10::optional<at::Tensor>& /*colptr*/,
-    const c10::optional<at::Tensor>& /*row*/, const c10::optional<at::Tensor>& /*perm*/,
-    const c10::optional<at::Tensor>& /*col_items*/,
+    const at::Tensor& row_combine, int64_t row_slots, const c10::optional<at::Tensor>& csr_row,
+    const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
+    const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
     const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
-    double negative_slope, double dropout, int64_t seed, bool need_attn) {
+    double negative_slope, double dropout, int64_t seed, bool pmf, bool need_attn) {
   check_gat(a_dst, a_src, x, rowptr, col);
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gat_fwd: dropout must be in [0, 1), got ",
               std::to_string(dropout));
   TORCH_CHECK(chunk > 0, "dfgnn::gat_fwd: chunk must be > 0, got ", num(chunk));
   Work rw = make_work(row_items, row_combine, row_slots, "row", x);
-  return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, chunk, negative_slope, dropout, seed,
-                          need_attn);
+  if (pmf) {
+    TORCH_CHECK(csr_row.has_value(), "dfgnn::gat_fwd: pmf=True needs csr_row");
+    check_index(*csr_row, "csr_row", col.numel(), x);
+  }
+  return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, csr_row, chunk, negative_slope,
+                          dropout, seed, pmf, need_attn);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
@@ -225,9 +229,9 @@ TORCH_LIBRARY(dfgnn, m) {
       "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor rowptr, Tensor col, "
-      "Tensor row_items, Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, "
-      "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
-      "float negative_slope, float dropout, int seed, bool need_attn) "
+      "Tensor row_items, Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, "
+      "Tensor? row, Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, "
+      "int chunk, float negative_slope, float dropout, int seed, bool pmf, bool need_attn) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_bwd(Tensor grad_out, Tensor a_dst, Tensor a_src, Tensor x, Tensor out, Tensor lse, "

@@ -344,4 +344,92 @@ __device__ __forceinline__ void load_edge_rows(
   }
 }
 
+// Neighbours of the next U edges (-1 past `end`), one row of each and a scalar
+// per edge, scalar(u, j): the row loads are all issued before any is used.
+template <typename T, int VEC, int G, int NV, int U, typename F>
+__device__ __forceinline__ void load_edge_row(
+    const int* __restrict__ nbr, int e0, int end, const T* __restrict__ a, int64_t HC,
+    int64_t head_off, int gl, int nvec, int (&j)[U],
+    typename Packed<T, VEC>::type (&ra)[U][NV], float (&sc)[U], F scalar) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(nbr + e0 + u) : -1;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (j[u] >= 0) {
+      load_packed<T, VEC, G, NV>(a + (int64_t)j[u] * HC + head_off, gl, nvec, ra[u]);
+      sc[u] = scalar(u, j[u]);
+    }
+  }
+}
+
+// Online softmax + SpMM of one lane group's work item (flash-attention style):
+// a running max `m` and sum `l` in base 2 and an unnormalised accumulator, so a
+// row of any length is one pass with the scores in registers. Used by every
+// SMMF forward kernel; only the score differs between them.
+template <typename T, int VEC, int G, int NV, int U, bool DROPOUT>
+struct OnlineSoftmax {
+  using P = typename Packed<T, VEC>::type;
+  float m = kNegInf, l = 0.f;
+  float acc[NV][VEC];
+
+  __device__ __forceinline__ OnlineSoftmax() { zero_frag(acc); }
+
+  // Edges e0 .. e0 + U - 1 (j[u] < 0: past the item's end) with base-2 scores
+  // s[u] and rows x[u]; lane 0 of the group stores the raw scores in `attn`
+  // (finish() turns them into weights once the row's lse is known).
+  __device__ __forceinline__ void step(const int (&j)[U], const float (&s)[U],
+                                       const P (&x)[U][NV], int e0, int H, int h, float p,
+                                       uint64_t seed, float* __restrict__ attn, int gl) {
+    float mc = m;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (j[u] >= 0) mc = fmaxf(mc, s[u]);
+    const float corr = exp2f(m - mc);  // 0 on the first step (m = -inf)
+    l *= corr;
+    scale_frag(corr, acc);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (j[u] >= 0) {
+        const float pe = exp2f(s[u] - mc);
+        l += pe;
+        float w = pe;
+        if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
+        axpy_packed<T, VEC, NV>(w, x[u], acc);
+        if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = s[u];
+      }
+    }
+    m = mc;
+  }
+
+  // A whole row: out = acc / l, lse2 = m + log2(l), attention weights from the
+  // raw scores. Part of a split row (g.slot >= 0): the unnormalised partial and
+  // (m, l), merged later by merge_softmax_partials.
+  __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, T* __restrict__ out,
+                                         float* __restrict__ lse2, float* __restrict__ attn,
+                                         float* __restrict__ partial,
+                                         float* __restrict__ partial_ml) {
+    const int nvec = C / VEC;
+    const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
+    if (g.slot >= 0) {
+      store_partial<VEC, G, NV>(partial + (int64_t)g.slot * HC + head_off, g.gl, nvec, acc);
+      if (g.gl == 0) {
+        partial_ml[((int64_t)g.slot * H + g.h) * 2] = m;
+        partial_ml[((int64_t)g.slot * H + g.h) * 2 + 1] = l;
+      }
+      return;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    store_row<T, VEC, G, NV>(out + g.row * HC + head_off, g.gl, nvec, acc, inv);
+    const float L = l > 0.f ? m + log2f(l) : kNegInf;
+    if (g.gl == 0) lse2[g.row * H + g.h] = L;
+    if (attn != nullptr) {
+      __syncwarp(g.mask);  // raw scores written by lane 0 become visible to the group
+      for (int e = g.beg + g.gl; e < g.end; e += G) {
+        const int64_t a = (int64_t)e * H + g.h;
+        attn[a] = exp2f(attn[a] - L);
+      }
+    }
+  }
+};
+
 }  // namespace dfgnn

@@ -43,15 +43,10 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     int j[U];
     P xf[U][NV];
     float e[U], dp[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(col + e0 + u) : -1;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
-        load_packed<T, VEC, G, NV>(x + (int64_t)j[u] * HC + (int64_t)h * C, gl, nvec, xf[u]);
-        e[u] = ad + to_float(__ldg(a_src + (int64_t)j[u] * H + h));
-      }
-    }
+    load_edge_row<T, VEC, G, NV, U>(col, e0, end, x, HC, (int64_t)h * C, gl, nvec, j, xf, e,
+                                    [&](int, int jj) {
+      return ad + to_float(__ldg(a_src + (int64_t)jj * H + h));
+    });
 #pragma unroll
     for (int u = 0; u < U; ++u) dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, xf[u]) : 0.f;
 #pragma unroll
@@ -101,14 +96,17 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
     P gf[U][NV];
-    float e[U], dp[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) i[u] = (e0 + u < end) ? __ldg(row + e0 + u) : -1;
+    float e[U], dp[U], lse_i[U], d_i[U];
+    load_edge_row<T, VEC, G, NV, U>(row, e0, end, dout, HC, (int64_t)h * C, gl, nvec, i, gf, e,
+                                    [&](int, int ii) {
+      return to_float(__ldg(a_dst + (int64_t)ii * H + h)) + as;
+    });
+    // Issued with the row loads, not after the reductions (as in gt_bwd_dkv_kernel).
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
-        load_packed<T, VEC, G, NV>(dout + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec, gf[u]);
-        e[u] = to_float(__ldg(a_dst + (int64_t)i[u] * H + h)) + as;
+        lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
+        d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
       }
     }
 #pragma unroll
@@ -118,12 +116,11 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
-        const int64_t ih = (int64_t)i[u] * H + h;
-        const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - __ldg(lse2 + ih));
+        const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
         axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
-        da += pe * (z * dp[u] - __ldg(dsum + ih)) * leaky_grad(e[u], slope);
+        da += pe * (z * dp[u] - d_i[u]) * leaky_grad(e[u], slope);
       }
     }
   }

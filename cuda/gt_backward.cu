@@ -110,8 +110,17 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
     P qf[U][NV], gf[U][NV];
-    float s[U], dp[U];
+    float s[U], dp[U], lse_i[U], d_i[U];
     load_edge_rows<T, VEC, G, NV, U>(row, e0, end, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
+    // The destination's row statistics are gathers too: issue them with the row
+    // loads, not after the reductions (one more dependent L2 trip per step).
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i[u] >= 0) {
+        lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
+        d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
@@ -125,12 +134,11 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
-        const int64_t ih = (int64_t)i[u] * H + h;
-        const float pe = exp2f(s[u] - __ldg(lse2 + ih));
+        const float pe = exp2f(s[u] - lse_i[u]);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
         axpy_packed<T, VEC, NV>(pe * z, gf[u], dv_acc);
-        axpy_packed<T, VEC, NV>(pe * (z * dp[u] - __ldg(dsum + ih)), qf[u], dk_acc);
+        axpy_packed<T, VEC, NV>(pe * (z * dp[u] - d_i[u]), qf[u], dk_acc);
       }
     }
   }

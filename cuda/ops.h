@@ -30,6 +30,28 @@ struct Work {
   int64_t num_slots;
 };
 
+// PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
+// scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
+// receives the softmax weights.
+void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor& rowptr,
+                  const at::Tensor& col, const Work& rw, int64_t chunk, at::Tensor& out,
+                  at::Tensor& lse2, float* attn, double dropout, int64_t seed);
+
+// Outputs and scratch of one forward call, SMMF or PMF (softmax_spmm.cu):
+// out [N_dst, H, C] (dtype of x), lse2 [N_dst, H] and attn [E, H] (or [0]);
+// SMMF's split-row partials, or PMF's base-2 scores [E, H].
+struct ForwardCall {
+  bool pmf, need_attn;
+  at::Tensor out, lse2, attn, partial, partial_ml, score;
+  ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,
+              bool need_attn);
+  float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
+  // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
+  // x; SMMF merges the split rows' partials.
+  void finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
+              const Work& rw, int64_t chunk, double dropout, int64_t seed);
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
@@ -43,8 +65,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, int64_t chunk, double negative_slope, double dropout,
-    int64_t seed, bool need_attn);
+    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
+    int64_t chunk, double negative_slope, double dropout, int64_t seed, bool pmf,
+    bool need_attn);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,

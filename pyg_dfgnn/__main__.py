@@ -7,7 +7,8 @@ Commands:
   accuracy and epoch time (:mod:`pyg_dfgnn.train`, same as ``examples/train.py``).
 * ``bench``: run a benchmark script of a source checkout: ``bench kernels``
   (``benchmarks/kernels.py``, the default), ``bench e2e`` (``benchmarks/e2e.py``,
-  end-to-end training steps, native PyG vs. fused) or ``bench plot``
+  end-to-end training steps, native PyG vs. fused, eager and as captured CUDA
+  graphs) or ``bench plot``
   (``benchmarks/plot.py``, PNG charts of their JSON).
 * ``info``: versions, whether the CUDA extension is loaded, and the GPU.
 """
@@ -35,7 +36,9 @@ _BENCHES = {
     "kernels": ("kernels.py", "fused attention op vs. native PyG message passing, forward and "
                               "forward+backward per graph (GPU only)"),
     "e2e": ("e2e.py", "end-to-end training step (preprocess / forward / backward / optimizer), "
-                      "GT, GAT and AGNN models, native PyG vs. fused, plus loss and accuracy"),
+                      "GT, GAT and AGNN models, native PyG vs. fused, plus loss and accuracy; "
+                      "on CUDA also each full-graph step replayed as a captured CUDA graph "
+                      "(--mode)"),
     "plot": ("plot.py", "PNG bar charts of the kernels / e2e JSON results (matplotlib)"),
 }
 

@@ -101,7 +101,10 @@ class GraphLayout:
                              f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}")
         if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
             raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
-        edge_index = edge_index.as_subclass(Tensor).long()
+        # detach() first: a plain as_subclass() alias keeps a hidden reference to
+        # the input, and the input caches this layout (get_layout), a cycle the
+        # garbage collector cannot see: every batch's graph leaked (e2e, GT model).
+        edge_index = edge_index.detach().as_subclass(Tensor).long()
         if size is None:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
             size = (n, n)

@@ -55,12 +55,13 @@ def test_forward_backward_fp32(graph, H, C, strategy):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("graph", ["small", "super_node"])
 @pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24)])
-def test_half_precision(graph, dtype, H, C):
+@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
+def test_half_precision(graph, dtype, H, C, strategy):
     torch.manual_seed(11)
     lay, a_src, a_dst, x = make(graph, H, C, dtype)
     g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
     poison()
-    out = ops.gat_attention(lay, a_src, a_dst, x)
+    out = ops.gat_attention(lay, a_src, a_dst, x, strategy=strategy)
     out.backward(g)
     assert out.dtype == dtype and x.grad.dtype == dtype and a_src.grad.dtype == dtype
     ref, _, (ds, dd, dx) = ref64(lay, a_src, a_dst, x, 0.2, g)
@@ -83,14 +84,15 @@ def test_backward_deterministic():
         assert torch.equal(a, b)
 
 
-def test_dropout_statistics():
+@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
+def test_dropout_statistics(strategy):
     torch.manual_seed(13)
     n, p = 200_000, 0.6
     ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.rand(n, 2, 4, device=DEV) + 0.1
     a = torch.randn(n, 2, device=DEV)
-    out = ops.gat_attention(lay, a, a, x, dropout=p, training=True)
+    out = ops.gat_attention(lay, a, a, x, dropout=p, training=True, strategy=strategy)
     dropped = (out == 0).all(-1)
     assert abs(dropped.float().mean().item() - p) < 0.01
     want = x[lay.col.long()] / (1 - p)
@@ -98,14 +100,16 @@ def test_dropout_statistics():
     assert (ops.gat_attention(lay, a, a, x, dropout=p, training=False) != 0).all()
 
 
-def test_dropout_backward_matches_forward_mask():
+@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
+def test_dropout_backward_matches_forward_mask(strategy):
     torch.manual_seed(14)
     lay, a_src, a_dst, x = make("small", 2, 16, torch.float32)
     g = torch.randn(lay.num_dst, 2, 16, device=DEV)
 
     def f(a_src, a_dst, x):
         torch.manual_seed(4321)
-        return (ops.gat_attention(lay, a_src, a_dst, x, dropout=0.5, training=True) * g).sum()
+        return (ops.gat_attention(lay, a_src, a_dst, x, dropout=0.5, training=True,
+                                  strategy=strategy) * g).sum()
 
     f(a_src, a_dst, x).backward()
     dirs = [torch.randn_like(t) for t in (a_src, a_dst, x)]
@@ -118,10 +122,11 @@ def test_dropout_backward_matches_forward_mask():
     assert abs(fd - an) / abs(an) < 2e-2
 
 
-def test_opcheck_and_bad_input():
+@pytest.mark.parametrize("pmf", [False, True])
+def test_opcheck_and_bad_input(pmf):
     torch.manual_seed(15)
     lay, a_src, a_dst, x = make("super_node", 2, 32, torch.float32)
-    args = ops.gat_op_args(lay, a_dst, a_src, x, 0.2, need_attn=True)
+    args = ops.gat_op_args(lay, a_dst, a_src, x, 0.2, pmf=pmf, need_attn=True)
     torch.library.opcheck(torch.ops.dfgnn.gat_fwd.default, args)
     bad = list(args)
     bad[1] = a_src.detach().half()
@@ -131,6 +136,11 @@ def test_opcheck_and_bad_input():
     bad[0] = a_dst.detach()[:-1].contiguous()
     with pytest.raises(RuntimeError, match="a_dst must be"):
         torch.ops.dfgnn.gat_fwd(*bad)
+    if pmf:
+        bad = list(args)
+        bad[8] = None  # csr_row
+        with pytest.raises(RuntimeError, match="needs csr_row"):
+            torch.ops.dfgnn.gat_fwd(*bad)
 
 
 def test_gat_layer_matches_native_on_gpu():

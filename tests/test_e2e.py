@@ -1,5 +1,7 @@
 """benchmarks/e2e.py --quick on CPU, in-process: JSON structure, finite losses, and
-native / fused computing the same function (same weights, dropout 0)."""
+native / fused computing the same function (same weights, dropout 0); the
+cudagraph mode's options, tables and bookkeeping on CPU (the step run eagerly),
+and the captured mode itself on a GPU (``cuda`` marker)."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from pyg_dfgnn import datasets
 
@@ -49,6 +52,7 @@ def test_json_structure(quick, e2e):
         assert key in info
     assert info["device"] == "cpu" and info["quick"] is True and info["cuda_kernels"] is False
     assert on_disk["config"]["batch_size"] == 32 and on_disk["config"]["train_graphs"] == 64
+    assert on_disk["config"]["adam"] == "foreach" and on_disk["config"]["mode"] == "eager"
     (row,) = on_disk["rows"]
     assert (row["dataset"], row["kind"], row["model"]) == ("PATTERN", "batch", "gt")
     assert row["graphs_per_step"] == 32 and row["steps_per_epoch"] == 2
@@ -67,6 +71,7 @@ def test_json_structure(quick, e2e):
     assert row["impls"]["native"]["preprocess_ms"] == 0.0
     assert row["impls"]["fused"]["preprocess_ms"] > 0.0           # layout built every step
     assert set(row["speedup"]) == {"step", "forward", "backward", "sum"}
+    assert "cudagraph" not in row                                 # eager mode only
 
 
 def test_same_function(quick):
@@ -113,3 +118,186 @@ def test_bad_arguments(e2e):
     for argv in (["--datasets", "zinc"], ["--models", "gcn"], ["--hidden", "30", "--heads", "4"]):
         with pytest.raises(SystemExit):
             e2e.parse_args(argv)
+
+
+# ------------------------------------------------------------------ cudagraph mode, CPU
+def test_mode_adam_and_batch_defaults(e2e):
+    a = e2e.parse_args(["--device", "cpu"])
+    assert (a.mode, a.modes, a.adam) == ("eager", ["eager"], "foreach")
+    assert (a.train_graphs, a.epochs, a.test_graphs, a.batch_size) == (10000, 10, 1024, 1024)
+    q = e2e.parse_args(["--device", "cpu", "--quick"])
+    assert (q.train_graphs, q.epochs, q.batch_size) == (64, 2, 32)
+    for mode in ("cudagraph", "both"):
+        with pytest.raises(SystemExit):               # capture needs CUDA
+            e2e.parse_args(["--device", "cpu", "--mode", mode])
+    assert e2e.parse_args(["--device", "cpu", "--adam", "fused"]).adam == "fused"
+    for bad in (["--adam", "sgd"], ["--mode", "graph"]):
+        with pytest.raises(SystemExit):
+            e2e.parse_args(["--device", "cpu", *bad])
+    batch, full = type("B", (), {"kind": "batch"})(), type("F", (), {"kind": "full"})()
+    assert e2e._hparams(batch, a)["lr"] == 2e-3 and e2e._hparams(full, a)["lr"] == 5e-3
+
+
+def test_adam_recorded(e2e, tmp_path):
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gat", "--impls", "fused",
+                       "--epochs", "1", "--adam", "fused", "--device", "cpu", "--no-progress",
+                       "--out", str(tmp_path / "e.json")])
+    assert report["config"]["adam"] == "fused"
+    assert json.loads((tmp_path / "e.json").read_text())["config"]["adam"] == "fused"
+    (row,) = report["rows"]
+    assert _finite(row["impls"]["fused"]["losses"])
+
+
+def _fake_report():
+    def res(step, acc, **kw):
+        return {"step_ms": step, "capture_ms": 12.5, "timed_steps": 95, "peak_MB": 90.0,
+                "test_acc": acc, "losses": [1.9, 1.5], "epochs": [], "final_loss": 1.5,
+                "preprocess_ms": 0.0, "forward_ms": step / 2, "backward_ms": step / 3,
+                "optimizer_ms": step / 6, **kw}
+    info = {"gpu": "FakeGPU", "torch": "x", "date": "2026-01-01"}
+    full = {"dataset": "Cora", "model": "gt", "kind": "full",
+            "impls": {"native": res(16.3, 0.80), "fused": res(13.0, 0.81)},
+            "speedup": {"step": 16.3 / 13.0},
+            "cudagraph": {"native": res(4.25, 0.79), "fused": res(1.70, 0.80),
+                          "speedup": {"step": 2.5}, "vs_eager": {"native": 3.8, "fused": 7.6}}}
+    batch = {"dataset": "PATTERN", "model": "gt", "kind": "batch",
+             "impls": {"native": res(317.2, 0.8), "fused": res(35.8, 0.8)},
+             "speedup": {"step": 8.86}, "cudagraph": {"skipped": e2e_skip()}}
+    broken = {"dataset": "PubMed", "model": "gt", "kind": "full", "impls": {},
+              "cudagraph": {"native": {"error": "capture failed: RuntimeError: sync"},
+                            "fused": res(2.0, 0.4)}}
+    graph_only = {"dataset": "Cora", "model": "gat", "kind": "full", "impls": {},
+                  "cudagraph": {"native": res(3.0, 0.8), "fused": res(1.5, 0.8),
+                                "speedup": {"step": 2.0}}}
+    return {"info": info, "rows": [full, batch, broken, graph_only]}
+
+
+def e2e_skip():
+    return "cudagraph mode applies to full graphs (static shapes)"
+
+
+def test_format_tables_cudagraph(e2e):
+    assert e2e.CUDAGRAPH_SKIP == e2e_skip()
+    text = e2e.format_tables(_fake_report())
+    gt, gat = text.split("GAT model")
+    for word in ("GT model", "Step (median)", "13.00 (16.30)", "1.25x", "CUDA graph: step",
+                 "1.70 (4.25)", "2.50x", "CUDA graph: capture ms", "12.5 (12.5)", "skipped",
+                 "2.00 (err)", "capture failed: RuntimeError: sync", "CUDA graph: test acc"):
+        assert word in gt, word
+    # a model with cudagraph results only: no eager phase lines
+    assert "CUDA graph: step" in gat and "1.50 (3.00)" in gat and "2.00x" in gat
+    assert "Forward" not in gat and "Preprocess" not in gat
+    # eager-only reports print no cudagraph lines
+    rep = _fake_report()
+    for r in rep["rows"]:
+        r.pop("cudagraph")
+    assert "CUDA graph" not in e2e.format_tables({"info": rep["info"], "rows": rep["rows"][:2]})
+
+
+def test_native_self_loops_preadded_same_function(e2e):
+    """Native GAT / AGNN in cudagraph mode read an edge_index with self-loops added
+    once and are built with add_self_loops=False: the same function as the conv
+    adding them itself."""
+    from conftest import random_graph, rel_err
+    from torch_geometric.nn import AGNNConv, GATConv
+    n = 30
+    ei = random_graph(n, num_edges=90, num_self_loops=4)
+    looped = e2e.native_graph_edge_index(ei, n)
+    assert looped.size(1) == ei.size(1) - int((ei[0] == ei[1]).sum()) + n
+    x = torch.randn(n, 16)
+    for make in (lambda **kw: GATConv(16, 8, heads=2, **kw), lambda **kw: AGNNConv(**kw)):
+        torch.manual_seed(0)
+        a = make()
+        torch.manual_seed(0)
+        b = make(add_self_loops=False)
+        b.load_state_dict(a.state_dict())
+        assert rel_err(b(x, looped), a(x, ei)) < 1e-6
+
+
+@pytest.mark.parametrize("adam", ["foreach", "fused"])
+def test_reset_training_state(e2e, adam):
+    """Reloading the weights and zeroing Adam's state after some steps gives the same
+    next step as a new model and a new Adam (what undoes the capture warm-up)."""
+    args = e2e.parse_args(["--device", "cpu", "--adam", adam])
+    hp = {"lr": 1e-2, "weight_decay": 5e-4}
+    x, y = torch.randn(20, 8), torch.randint(0, 3, (20,))
+
+    def new_model():
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                   torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    def step(model, opt):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    init = {k: v.clone() for k, v in new_model().state_dict().items()}
+    ref, used = new_model(), new_model()
+    ref_opt, used_opt = e2e.make_optimizer(ref, hp, args), e2e.make_optimizer(used, hp, args)
+    for _ in range(3):
+        step(used, used_opt)
+    params = [p.data_ptr() for p in used.parameters()]
+    e2e.reset_training_state(used, used_opt, init)
+    assert [p.data_ptr() for p in used.parameters()] == params        # in place
+    for _ in range(2):
+        assert step(used, used_opt) == pytest.approx(step(ref, ref_opt), rel=1e-6)
+    for a, b in zip(used.state_dict().values(), ref.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(datasets.data_dir() is None, reason="offline data folder not found")
+def test_cudagraph_bookkeeping_on_cpu(e2e):
+    """The cudagraph run's step function, run eagerly (``capture=False``): the same
+    losses as the eager run for both implementations (native with pre-added
+    self-loops), same step and timing counts."""
+    args = e2e.parse_args(["--quick", "--device", "cpu", "--dropout", "0", "--full-epochs", "3"])
+    dev = torch.device("cpu")
+    ds = e2e.load_dataset("cora", args, dev)
+    hp = e2e._hparams(ds, args)
+    e2e._seed(args.seed)
+    init = e2e.build_model("gat", "native", ds.in_channels, ds.num_classes, args,
+                           hp["dropout"]).state_dict()
+    eager = e2e.train_impl(ds, "gat", "native", init, args, dev, hp)
+    for impl in e2e.IMPLS:
+        r = e2e.train_impl_cudagraph(ds, "gat", impl, init, args, dev, hp, capture=False)
+        assert r["captured"] is False and r["capture_ms"] is None
+        assert (r["steps"], r["timed_steps"]) == (eager["steps"], eager["timed_steps"])
+        assert r["step_ms"] > 0 and len(r["epochs"]) == 3 and "best_epoch" in r
+        for a, b in zip(r["losses"], eager["losses"]):
+            assert a == pytest.approx(b, rel=1e-5)
+        loops = int((ds.data.edge_index[0] == ds.data.edge_index[1]).sum())
+        assert r["edges"] == (ds.edges if impl == "fused" else ds.edges - loops + ds.nodes)
+    with pytest.raises(ValueError):
+        e2e.train_impl_cudagraph(ds, "gat", "fused", init, args, dev, hp, capture=True)
+
+
+# ------------------------------------------------------------------ cudagraph mode, GPU
+@pytest.mark.cuda
+@pytest.mark.skipif(datasets.data_dir() is None, reason="offline data folder not found")
+def test_cudagraph_mode_cuda(e2e, tmp_path):
+    """Both implementations captured on Cora (GAT): positive replay times, finite
+    losses, and the first captured loss equal to the eager one (same weights, same
+    data, dropout 0)."""
+    report = e2e.main(["--quick", "--datasets", "cora", "--models", "gat", "--mode", "both",
+                       "--dropout", "0", "--device", "cuda", "--no-progress",
+                       "--out", str(tmp_path / "e.json")])
+    assert report["config"]["mode"] == "both" and report["config"]["adam"] == "fused"
+    (row,) = report["rows"]
+    cg = row["cudagraph"]
+    eager_first = row["impls"]["native"]["first_loss"]
+    for impl in e2e.IMPLS:
+        r, e = cg[impl], row["impls"][impl]
+        assert "error" not in r, r
+        assert "error" not in e, e
+        assert r["captured"] is True and r["capture_ms"] > 0 and r["step_ms"] > 0
+        assert r["timed_steps"] == e["timed_steps"] and r["peak_MB"] > 0
+        assert _finite(r["losses"]) and len(r["losses"]) == len(e["losses"])
+        assert r["first_loss"] == pytest.approx(eager_first, rel=1e-4)
+        assert r["first_loss"] == pytest.approx(e["first_loss"], rel=1e-4)
+        for a, b in zip(r["losses"], e["losses"]):
+            assert a == pytest.approx(b, rel=1e-3)
+    assert cg["speedup"]["step"] > 0 and set(cg["vs_eager"]) == set(e2e.IMPLS)
+    assert "CUDA graph: step" in e2e.format_tables(report)

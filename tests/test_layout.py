@@ -257,3 +257,24 @@ def test_data_to_moves_stored_layout():
     moved = data.clone().to("meta")
     assert isinstance(moved.dfgnn_layout, GraphLayout)
     assert moved.dfgnn_layout.device.type == "meta"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "edge_index", "coo", "csr"])
+@pytest.mark.parametrize("loops", [False, True])
+def test_cached_layout_does_not_keep_the_graph_alive(kind, loops):
+    """The layout cached on a batch's adjacency must be freed with it: a hidden
+    reference from the layout back to the adjacency made every training batch leak
+    (about 40 bytes per edge per step in the end-to-end benchmark)."""
+    import gc
+    import weakref
+    ei = random_graph(40, num_edges=200)
+    adj = {"tensor": lambda: ei.clone(),
+           "edge_index": lambda: EdgeIndex(ei.clone(), sparse_size=(40, 40)),
+           "coo": lambda: to_torch_coo_tensor(ei, size=(40, 40)),
+           "csr": lambda: to_torch_coo_tensor(ei, size=(40, 40)).to_sparse_csr()}[kind]()
+    ref = weakref.ref(adj)
+    lay = weakref.ref(get_layout(adj, None if kind in ("coo", "csr") else (40, 40),
+                                 add_self_loops=loops))
+    del adj
+    gc.collect()
+    assert ref() is None and lay() is None

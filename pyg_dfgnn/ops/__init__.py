@@ -56,6 +56,11 @@ def uses_kernels(layout, x: Tensor) -> bool:
 
 def _seed() -> int:
     # Drawn from torch's CPU generator, so torch.manual_seed makes dropout reproducible.
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # The seed is a kernel argument: a captured graph would replay one mask forever.
+        raise RuntimeError("pyg_dfgnn: attention dropout (p > 0) cannot be captured in a CUDA "
+                           "graph (the mask's seed would be frozen); capture with dropout=0 or "
+                           "in eval mode")
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
@@ -82,12 +87,13 @@ def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: f
 
 
 def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
-                dropout: float = 0.0, seed: int = 0, need_attn: bool = False,
+                dropout: float = 0.0, seed: int = 0, pmf: bool = False, need_attn: bool = False,
                 need_grad: bool = True) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gat_fwd`` for a layout."""
     rw, csc, chunk = _work_args(layout, need_grad)
-    return (a_dst, a_src, x, layout.rowptr, layout.col, *rw, *csc, chunk, float(negative_slope),
-            float(dropout), int(seed), bool(need_attn))
+    return (a_dst, a_src, x, layout.rowptr, layout.col, *rw, layout.csr_row if pmf else None,
+            *csc, chunk, float(negative_slope), float(dropout), int(seed), bool(pmf),
+            bool(need_attn))
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -191,8 +197,10 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
 
     per head, with in-kernel attention dropout; the backward returns gradients for
-    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). Additive scores always run SMMF
-    (paper §4.2, Fig. 12): ``strategy="pmf"`` is accepted and runs SMMF too.
+    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` follows the H100
+    measurements (:mod:`pyg_dfgnn.ops.schedule`): PMF (edge-parallel score kernel,
+    then softmax + SpMM) when a head row takes a whole warp (e.g. fp32 ``C = 128``),
+    SMMF otherwise; ``"smmf"`` / ``"pmf"`` force one.
 
     Args:
         a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
@@ -208,7 +216,8 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
     Raises:
         ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
     """
-    choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)
+    strat = choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy,
+                            head_size=x.size(-1))
     if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
         raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
                          f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
@@ -228,7 +237,8 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         need_grad = torch.is_grad_enabled() and (x.requires_grad or a_src.requires_grad
                                                  or a_dst.requires_grad)
         args = gat_op_args(layout, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
-                           negative_slope, p, _seed() if p > 0 else 0, return_attention, need_grad)
+                           negative_slope, p, _seed() if p > 0 else 0, strat == "pmf",
+                           return_attention, need_grad)
         if need_grad:
             out, _lse, attn = _custom.GATAttentionFunction.apply(*args)
         else:

@@ -4,9 +4,9 @@ The fake (meta) implementations let ``torch.compile`` trace through the fused
 ops; the autograd formulas call the fused backward kernels (paper §4.3).
 Only imported when the extension loaded.
 
-:class:`GTAttentionFunction` applies the same formulas as a plain
-``torch.autograd.Function``: :func:`pyg_dfgnn.ops.gt_attention` calls the op
-through it, because the generic ``register_autograd`` wrapper costs about
+:class:`GTAttentionFunction` and :class:`GATAttentionFunction` apply the same
+formulas as plain ``torch.autograd.Function`` classes: the ops in
+:mod:`pyg_dfgnn.ops` call the kernels through them, because the generic ``register_autograd`` wrapper costs about
 0.4 ms of Python per call (measured on the H100 machine, benchmarks/NOTES.md),
 ten times the kernel time of a Cora-sized layer.
 """
@@ -22,6 +22,36 @@ def _csr_rowptr_fake(index, num_rows):
     return index.new_empty(num_rows + 1, dtype=torch.int32)
 
 
+def _attention_function(name: str, op_name: str, setup_context, backward, n_inputs: int,
+                        doc: str):
+    r"""A ``torch.autograd.Function`` for the fused op ``dfgnn::<op_name>``, whose
+    outputs are ``(out, lse, attn)`` and whose formulas are ``setup_context`` and
+    ``backward`` (the ones given to ``register_autograd``). Only ``out`` is
+    differentiable; ``lse`` and ``attn`` are marked non-differentiable so autograd
+    materialises no zero gradients for them."""
+    op = getattr(torch.ops.dfgnn, op_name)
+
+    def forward(ctx, *args):
+        if torch.compiler.is_compiling():
+            out, lse, attn = op(*args)
+        else:  # skip the generic register_autograd hop: this Function is the autograd
+            with torch._C._AutoDispatchBelowAutograd():
+                out, lse, attn = op(*args)
+        setup_context(ctx, args, (out, lse, attn))
+        ctx.mark_non_differentiable(lse, attn)
+        ctx.set_materialize_grads(False)
+        return out, lse, attn
+
+    def backward_fn(ctx, grad_out, _grad_lse, _grad_attn):
+        if grad_out is None:
+            return (None,) * n_inputs
+        return backward(ctx, grad_out)
+
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward_fn)})
+
+
+# ------------------------------------------------------------------------------ GT
 @torch.library.register_fake("dfgnn::gt_fwd")
 def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
                  perm, col_items, col_combine, col_slots, chunk, scale, dropout, seed, pmf,
@@ -67,34 +97,16 @@ def _gt_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
 
 torch.library.register_autograd("dfgnn::gt_fwd", _gt_backward, setup_context=_gt_setup_context)
 
-
-class GTAttentionFunction(torch.autograd.Function):
-    """``dfgnn::gt_fwd`` with the fused backward; takes the op's arguments."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        if torch.compiler.is_compiling():
-            out, lse, attn = torch.ops.dfgnn.gt_fwd(*args)
-        else:  # skip the generic register_autograd hop: this Function is the autograd
-            with torch._C._AutoDispatchBelowAutograd():
-                out, lse, attn = torch.ops.dfgnn.gt_fwd(*args)
-        _gt_setup_context(ctx, args, (out, lse, attn))
-        ctx.mark_non_differentiable(lse, attn)
-        ctx.set_materialize_grads(False)
-        return out, lse, attn
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse, _grad_attn):
-        if grad_out is None:
-            return (None,) * _N_FWD_INPUTS
-        return _gt_backward(ctx, grad_out)
+GTAttentionFunction = _attention_function(
+    "GTAttentionFunction", "gt_fwd", _gt_setup_context, _gt_backward, _N_FWD_INPUTS,
+    "``dfgnn::gt_fwd`` with the fused backward; takes the op's arguments.")
 
 
 # ----------------------------------------------------------------------------- GAT
 @torch.library.register_fake("dfgnn::gat_fwd")
-def _gat_fwd_fake(a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, colptr, row,
-                  perm, col_items, col_combine, col_slots, chunk, negative_slope, dropout, seed,
-                  need_attn):
+def _gat_fwd_fake(a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, csr_row,
+                  colptr, row, perm, col_items, col_combine, col_slots, chunk, negative_slope,
+                  dropout, seed, pmf, need_attn):
     out = x.new_empty((a_dst.size(0), x.size(1), x.size(2)))
     lse = x.new_empty((a_dst.size(0), x.size(1)), dtype=_FLOAT)
     attn = x.new_empty((col.size(0), x.size(1)) if need_attn else (0,), dtype=_FLOAT)
@@ -108,12 +120,13 @@ def _gat_bwd_fake(grad_out, a_dst, a_src, x, out, lse, rowptr, col, row_items, r
     return torch.empty_like(a_dst), torch.empty_like(a_src), torch.empty_like(x)
 
 
-_N_GAT_INPUTS = 19
+_N_GAT_INPUTS = 21
 
 
 def _gat_setup_context(ctx, inputs, output):
-    (a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, colptr, row, perm,
-     col_items, col_combine, col_slots, chunk, negative_slope, dropout, seed, _need_attn) = inputs
+    (a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, _csr_row, colptr, row,
+     perm, col_items, col_combine, col_slots, chunk, negative_slope, dropout, seed, _pmf,
+     _need_attn) = inputs
     out, lse, _attn = output
     ctx.save_for_backward(a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine, colptr,
                           row, perm, col_items, col_combine)
@@ -136,25 +149,6 @@ def _gat_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
 
 torch.library.register_autograd("dfgnn::gat_fwd", _gat_backward, setup_context=_gat_setup_context)
 
-
-class GATAttentionFunction(torch.autograd.Function):
-    """``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        if torch.compiler.is_compiling():
-            out, lse, attn = torch.ops.dfgnn.gat_fwd(*args)
-        else:  # skip the generic register_autograd hop: this Function is the autograd
-            with torch._C._AutoDispatchBelowAutograd():
-                out, lse, attn = torch.ops.dfgnn.gat_fwd(*args)
-        _gat_setup_context(ctx, args, (out, lse, attn))
-        ctx.mark_non_differentiable(lse, attn)
-        ctx.set_materialize_grads(False)
-        return out, lse, attn
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse, _grad_attn):
-        if grad_out is None:
-            return (None,) * _N_GAT_INPUTS
-        return _gat_backward(ctx, grad_out)
-
+GATAttentionFunction = _attention_function(
+    "GATAttentionFunction", "gat_fwd", _gat_setup_context, _gat_backward, _N_GAT_INPUTS,
+    "``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments.")

@@ -5,15 +5,25 @@ The paper's rule: a graph whose largest in-degree satisfies
 ``max_v |N(v)| >= shared_memory_capacity / bytes_per_element`` and a dot-product
 score (GT, AGNN) moves the bottleneck from launch overhead to an unbalanced
 SDDMM, so **PMF** (edge-parallel SDDMM + fused softmax/SpMM) is used; otherwise
-**SMMF** (one fused node-parallel kernel). Additive scores (GAT) stay on SMMF.
+**SMMF** (one fused node-parallel kernel). Additive scores (GAT) stay on SMMF
+(paper Fig. 12).
 
 Our SMMF kernel keeps scores in registers (online softmax) and splits long rows
 into work items of at most ``chunk`` edges (:func:`split_work`), so it never runs
 out of shared memory and a super node is spread over many lane groups. Measured
 on the H100 (``benchmarks/NOTES.md``), it beats PMF on every graph, super-node
 graphs included (Reddit-like: 2.06 ms vs 3.68 ms forward), so ``"auto"`` uses
-the measured rule (:data:`RULE` ``= "measured"``: SMMF). ``RULE = "paper"``
-restores the paper's rule; ``strategy="pmf"`` forces PMF per call.
+the measured rule (:data:`RULE` ``= "measured"``: SMMF) for dot-product and
+cosine scores.
+
+For additive scores the same measurement contradicts the paper: with a whole
+warp per head row (:func:`lanes_per_row` ``== 32``, e.g. fp32 ``C = 128``), PMF's
+forward is as fast or 5-23 % faster than SMMF on every graph (its score pass is a
+plain gather, and the SpMM loop has no online rescaling); with 8 lanes per row
+(``H = 4 x 32``) SMMF wins on the batch and super-node graphs (PMF re-reads a split
+row's scores per work item). So the measured rule picks PMF for additive scores
+exactly when the row takes a warp. ``RULE = "paper"`` restores the paper's rule;
+``strategy=`` forces either method per call.
 """
 from __future__ import annotations
 
@@ -64,10 +74,26 @@ def shared_memory_per_block(device_index: Optional[int] = None) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
 
 
+def lanes_per_row(head_size: int, elem_size: int) -> int:
+    r"""Lanes of the lane group that owns one (node, head) row in the kernels, for
+    heads of ``head_size`` elements of ``elem_size`` bytes (mirrors
+    ``dispatch_row_shape`` in ``cuda/common.cuh``: one 16-byte vector per lane and
+    access, 4 to 32 lanes; the scalar path for other sizes uses 32)."""
+    vec = 16 // elem_size
+    if head_size % vec:
+        return 32
+    nvec = head_size // vec
+    for lanes in (4, 8, 16):
+        if nvec <= lanes:
+            return lanes
+    return 32
+
+
 def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
                     strategy: str = "auto", capacity: Optional[int] = None,
-                    rule: Optional[str] = None) -> str:
-    r"""Picks ``"smmf"`` or ``"pmf"`` (paper §4.2).
+                    rule: Optional[str] = None, head_size: Optional[int] = None) -> str:
+    r"""Picks ``"smmf"`` or ``"pmf"`` (paper §4.2; measured rule in the module
+    docstring).
 
     Args:
         max_in_degree (int): largest in-degree of the graph.
@@ -77,6 +103,8 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         capacity (int, optional): shared memory per block in bytes, for the paper
             rule; the current device's by default.
         rule (str, optional): ``"measured"`` or ``"paper"``; :data:`RULE` by default.
+        head_size (int, optional): channels per head; the measured rule for
+            additive scores needs it (``None``: SMMF).
 
     Raises:
         ValueError: unknown ``strategy``, ``score`` or ``rule``.
@@ -90,7 +118,11 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         raise ValueError(f"rule must be 'measured' or 'paper', got {rule!r}")
     if strategy != "auto":
         return strategy
-    if rule == "measured" or score == "additive":
+    if score == "additive":
+        if rule == "measured" and head_size is not None:
+            return "pmf" if lanes_per_row(head_size, elem_size) == 32 else "smmf"
+        return "smmf"
+    if rule == "measured":
         return "smmf"
     capacity = shared_memory_per_block() if capacity is None else capacity
     return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
