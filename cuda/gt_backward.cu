@@ -51,18 +51,16 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     P kf[U][NV], vf[U][NV];
-    float s[U], dp[U];
+    float sd[2 * U];  // scores q.k, then dP = dO.v
+    float* s = sd;
+    float* dp = sd + U;
     load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
       dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      s[u] = group_sum<G>(s[u], mask);
-      dp[u] = group_sum<G>(dp[u], mask);
-    }
+    group_sum_many<G, 2 * U>(sd, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (j[u] >= 0) {
@@ -110,7 +108,9 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
     P qf[U][NV], gf[U][NV];
-    float s[U], dp[U], lse_i[U], d_i[U];
+    float sd[2 * U], lse_i[U], d_i[U];  // scores q.k, then dP = dO.v
+    float* s = sd;
+    float* dp = sd + U;
     load_edge_rows<T, VEC, G, NV, U>(row, e0, end, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
     // The destination's row statistics are gathers too: issue them with the row
     // loads, not after the reductions (one more dependent L2 trip per step).
@@ -126,11 +126,7 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
       s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
       dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      s[u] = group_sum<G>(s[u], mask);
-      dp[u] = group_sum<G>(dp[u], mask);
-    }
+    group_sum_many<G, 2 * U>(sd, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {

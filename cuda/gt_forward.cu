@@ -48,8 +48,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
     load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
-#pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = group_sum<G>(s[u], mask);
+    group_sum_many<G, U>(s, mask);
     os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
   }
   os.finish(g, H, C, out, lse2, attn, partial, partial_ml);
