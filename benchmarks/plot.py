@@ -134,17 +134,27 @@ def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
     models = list(dict.fromkeys(r["model"] for r in rows))
     if not datasets:
         raise ValueError("no rows in the e2e results")
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(datasets) + 2), 4.2))
-    width = 0.8 / max(len(models), 1)
-    for k, model in enumerate(models):
+    # Eager bars, plus hatched bars for the CUDA-graph mode where it ran (full graphs).
+    modes = ["impls"] + (["cudagraph"] if any(_ok((r.get("cudagraph") or {}).get("fused"))
+                                               for r in rows) else [])
+    series = [(m, mode) for mode in modes for m in models]
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(series) * len(datasets) / 3 + 3), 4.2))
+    width = 0.8 / max(len(series), 1)
+    colors = {}
+    for k, (model, mode) in enumerate(series):
         xs, ys = [], []
         for i, ds in enumerate(datasets):
             r = next((r for r in rows if r["dataset"] == ds and r["model"] == model), None)
-            na = r["impls"].get("native") if r else None
-            fu = r["impls"].get("fused") if r else None
+            res = (r or {}).get(mode) or {}
+            na, fu = res.get("native"), res.get("fused")
             ys.append(na["step_ms"] / fu["step_ms"] if _ok(na) and _ok(fu) else float("nan"))
-            xs.append(i + (k - (len(models) - 1) / 2) * width)
-        bars = ax.bar(xs, ys, width, label=MODEL_NAMES.get(model, model))
+            xs.append(i + (k - (len(series) - 1) / 2) * width)
+        label = MODEL_NAMES.get(model, model) + (" (CUDA graph, both)" if mode == "cudagraph"
+                                                 else "")
+        bars = ax.bar(xs, ys, width, label=label, color=colors.get(model),
+                      hatch="//" if mode == "cudagraph" else None,
+                      edgecolor="white" if mode == "cudagraph" else None)
+        colors.setdefault(model, bars.patches[0].get_facecolor() if bars.patches else None)
         _label_bars(ax, bars, "{:.2f}x")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(datasets)))
