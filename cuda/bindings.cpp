@@ -39,14 +39,16 @@ void check_index(const at::Tensor& t, const char* name, int64_t numel, const at:
               " entries, got ", num(t.numel()));
 }
 
-void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref) {
+// `ref` (named `ref_name` in messages) sets the dtype, heads and channels.
+void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref,
+                    const char* ref_name = "q") {
   check_cuda(t, name, ref);
   TORCH_CHECK(t.dim() == 3, "dfgnn: ", name, " must be [N, H, C], got shape ", shape(t.sizes()));
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "dfgnn: ", name, " has dtype ",
-              t.scalar_type(), " but q has ", ref.scalar_type());
+              t.scalar_type(), " but ", ref_name, " has ", ref.scalar_type());
   TORCH_CHECK(t.size(1) == ref.size(1) && t.size(2) == ref.size(2), "dfgnn: ", name,
-              " must have the heads and channels of q ", shape(ref.sizes().slice(1)), ", got ",
-              shape(t.sizes().slice(1)));
+              " must have the heads and channels of ", ref_name, " ",
+              shape(ref.sizes().slice(1)), ", got ", shape(t.sizes().slice(1)));
 }
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -210,10 +212,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
                            cw, chunk, negative_slope, dropout, seed);
 }
 
+void check_beta(const at::Tensor& beta, const at::Tensor& x) {
+  check_cuda(beta, "beta", x);
+  TORCH_CHECK(beta.scalar_type() == at::kFloat && beta.numel() == 1,
+              "dfgnn: beta must be a float32 tensor with one element, got ", beta.scalar_type(),
+              " ", shape(beta.sizes()));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
+                                                          const at::Tensor& beta, double eps) {
+  TORCH_CHECK(x.is_cuda(), "dfgnn::l2norm_fwd: x must be a CUDA tensor, got device ", x.device());
+  auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+              "dfgnn::l2norm_fwd: x must be float32, float16 or bfloat16, got ", st);
+  check_features(x, "x", x, "x");
+  check_beta(beta, x);
+  TORCH_CHECK(eps > 0.0, "dfgnn::l2norm_fwd: eps must be > 0, got ", std::to_string(eps));
+  return l2norm_forward_cuda(x, beta, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Tensor& dq,
+                                              const at::Tensor& k, const at::Tensor& rnorm,
+                                              const at::Tensor& beta) {
+  TORCH_CHECK(k.is_cuda(), "dfgnn::l2norm_bwd: k must be a CUDA tensor, got device ", k.device());
+  check_features(k, "k", k, "k");
+  check_features(dk, "dk", k, "k");
+  check_features(dq, "dq", k, "k");
+  TORCH_CHECK(dk.size(0) == k.size(0) && dq.size(0) == k.size(0),
+              "dfgnn::l2norm_bwd: dk and dq must have k's shape ", shape(k.sizes()));
+  check_cuda(rnorm, "rnorm", k);
+  TORCH_CHECK(rnorm.scalar_type() == at::kFloat && rnorm.dim() == 2 &&
+                  rnorm.size(0) == k.size(0) && rnorm.size(1) == k.size(1),
+              "dfgnn::l2norm_bwd: rnorm must be float32 [N, H]");
+  check_beta(beta, k);
+  return l2norm_backward_cuda(dk, dq, k, rnorm, beta);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dfgnn, m) {
   m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
+  m.def("l2norm_fwd(Tensor x, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("l2norm_bwd(Tensor dk, Tensor dq, Tensor k, Tensor rnorm, Tensor beta) -> (Tensor, Tensor)");
   // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
@@ -247,6 +287,8 @@ TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
   m.impl("gt_bwd", &gt_bwd);
   m.impl("gat_fwd", &gat_fwd);
   m.impl("gat_bwd", &gat_bwd);
+  m.impl("l2norm_fwd", &l2norm_fwd);
+  m.impl("l2norm_bwd", &l2norm_bwd);
 }
 
 }  // namespace dfgnn

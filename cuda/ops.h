@@ -76,4 +76,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& perm, const Work& cw, int64_t chunk, double negative_slope, double dropout,
     int64_t seed);
 
+// AGNN's row normalisation (normalize.cu): k = x / max(||x||, eps), q = beta k,
+// rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element
+// float32 tensor. The backward returns dx and the per-row terms of dbeta.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+                                                                   const at::Tensor& beta,
+                                                                   double eps);
+std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
+                                                        const at::Tensor& k,
+                                                        const at::Tensor& rnorm,
+                                                        const at::Tensor& beta);
+
 }  // namespace dfgnn

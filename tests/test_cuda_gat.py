@@ -182,3 +182,65 @@ def test_agnn_cosine_attention(graph, C, strategy):
     assert rel_err(out, ref) < 1e-5
     for got, want in zip((x_src.grad, x_dst.grad, beta.grad), (t[0].grad, t[1].grad, t[2].grad)):
         assert rel_err(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("graph", ["small", "super_node"])
+@pytest.mark.parametrize("H,C", [(1, 128), (2, 32), (1, 7)])
+def test_agnn_fused_normalisation(graph, H, C):
+    """x_dst = x_src: the fused normalisation kernel (k = x / max(||x||, eps),
+    q = beta k, one pass each way) against the float64 reference, with a zero row
+    and a row below eps (the clamped branch of the backward) among the inputs."""
+    torch.manual_seed(hash((graph, H, C)) % 2**31)
+    ei, n, _ = GRAPHS[graph]()
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, H, C, device=DEV)
+    x[3] = 0.0
+    x[5] = 1e-14
+    x.requires_grad_()
+    beta = torch.tensor([0.8], device=DEV, requires_grad=True)
+    g = torch.randn(n, H, C, device=DEV)
+    poison()
+    out = ops.agnn_attention(lay, x, None, beta)
+    out.backward(g)
+    t = [u.detach().double().requires_grad_() for u in (x, beta)]
+    ref, _ = reference.cosine_attention(lay.rowptr, lay.col, t[0], t[0], t[1])
+    ref.backward(g.double())
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(x.grad, t[0].grad) < 1e-4
+    assert rel_err(beta.grad, t[1].grad) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_agnn_fused_normalisation_half(dtype):
+    torch.manual_seed(21)
+    ei, n, _ = GRAPHS["small"]()
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, 64, device=DEV, dtype=dtype, requires_grad=True)
+    beta = torch.tensor([1.3], device=DEV, requires_grad=True)
+    g = torch.randn(n, 64, device=DEV, dtype=dtype)
+    out = ops.agnn_attention(lay, x, None, beta)
+    out.backward(g)
+    t = [u.detach().double().requires_grad_() for u in (x, beta)]
+    ref, _ = reference.cosine_attention(lay.rowptr, lay.col, t[0], t[0], t[1])
+    ref.backward(g.double())
+    assert out.dtype == dtype and x.grad.dtype == dtype
+    assert rel_err(out, ref) < 1e-2
+    assert rel_err(x.grad, t[0].grad) < 1e-2
+    assert rel_err(beta.grad, t[1].grad) < 1e-2
+
+
+def test_l2norm_opcheck_and_bad_input():
+    torch.manual_seed(22)
+    x = torch.randn(50, 2, 32, device=DEV)
+    x[7] = 0.0
+    beta = torch.tensor([1.5], device=DEV)
+    torch.library.opcheck(torch.ops.dfgnn.l2norm_fwd.default, (x, beta, 1e-12))
+    k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, 1e-12)
+    assert torch.allclose(k, torch.nn.functional.normalize(x, dim=-1), atol=1e-6)
+    assert torch.allclose(q, 1.5 * k) and (rnorm[7] < 0).all() and (rnorm[:7] > 0).all()
+    with pytest.raises(RuntimeError, match="beta must be a float32"):
+        torch.ops.dfgnn.l2norm_fwd(x, beta.double(), 1e-12)
+    with pytest.raises(RuntimeError, match="x must be"):
+        torch.ops.dfgnn.l2norm_fwd(x[0], beta, 1e-12)
+    with pytest.raises(RuntimeError, match="dq has dtype"):
+        torch.ops.dfgnn.l2norm_bwd(k, q.half(), k, rnorm, beta)

@@ -152,6 +152,10 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     return out
 
 
+#: ``F.normalize``'s default, which ``AGNNConv`` uses.
+_NORMALIZE_EPS = 1e-12
+
+
 def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[Tensor, float],
                    return_attention: bool = False, strategy: str = "auto") -> OpResult:
     r"""Fused cosine attention (AGNN, ``AGNNConv``):
@@ -177,9 +181,15 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     squeeze = x_src.dim() == 2
     xs = x_src.unsqueeze(1) if squeeze else x_src
     xd = x_dst.unsqueeze(1) if squeeze else x_dst
-    k = F.normalize(xs, p=2.0, dim=-1)
-    q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1)
-    q = q * beta
+    if x_dst is x_src and uses_kernels(layout, xs) and xs.size(0) == layout.num_dst:
+        # One fused pass for k = x / max(||x||, eps) and q = beta k, and one back.
+        b = beta if isinstance(beta, Tensor) else torch.tensor(float(beta), device=xs.device)
+        b = b.to(torch.float32).reshape(1)
+        k, q, _rnorm = _custom.L2NormFunction.apply(xs.contiguous(), b, _NORMALIZE_EPS)
+    else:
+        k = F.normalize(xs, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+        q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+        q = q * beta
     res = gt_attention(layout, q, k, xs, scale=1.0, return_attention=return_attention,
                        strategy=strategy, score="cosine")
     out = res[0] if return_attention else res

@@ -152,3 +152,53 @@ torch.library.register_autograd("dfgnn::gat_fwd", _gat_backward, setup_context=_
 GATAttentionFunction = _attention_function(
     "GATAttentionFunction", "gat_fwd", _gat_setup_context, _gat_backward, _N_GAT_INPUTS,
     "``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments.")
+
+
+# ------------------------------------------------------------------- AGNN normalisation
+@torch.library.register_fake("dfgnn::l2norm_fwd")
+def _l2norm_fwd_fake(x, beta, eps):
+    return (torch.empty_like(x), torch.empty_like(x),
+            x.new_empty((x.size(0), x.size(1)), dtype=_FLOAT))
+
+
+@torch.library.register_fake("dfgnn::l2norm_bwd")
+def _l2norm_bwd_fake(dk, dq, k, rnorm, beta):
+    return torch.empty_like(k), k.new_empty((k.size(0), k.size(1)), dtype=_FLOAT)
+
+
+def _l2norm_setup_context(ctx, inputs, output):
+    _x, beta, _eps = inputs
+    k, _q, rnorm = output
+    ctx.save_for_backward(k, rnorm, beta)
+
+
+def _l2norm_backward(ctx, dk, dq, _drnorm=None):
+    k, rnorm, beta = ctx.saved_tensors
+    dk = torch.zeros_like(k) if dk is None else dk.contiguous()
+    dq = torch.zeros_like(k) if dq is None else dq.contiguous()
+    dx, dbeta_part = torch.ops.dfgnn.l2norm_bwd(dk, dq, k, rnorm, beta)
+    return dx, dbeta_part.sum().reshape(beta.shape), None
+
+
+torch.library.register_autograd("dfgnn::l2norm_fwd", _l2norm_backward,
+                                setup_context=_l2norm_setup_context)
+
+
+class L2NormFunction(torch.autograd.Function):
+    """``dfgnn::l2norm_fwd`` (k = x / max(||x||, eps), q = beta k) with its fused
+    backward; ``beta`` is a one-element float32 tensor."""
+
+    @staticmethod
+    def forward(ctx, x, beta, eps):
+        if torch.compiler.is_compiling():
+            k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, eps)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, eps)
+        _l2norm_setup_context(ctx, (x, beta, eps), (k, q, rnorm))
+        ctx.mark_non_differentiable(rnorm)
+        return k, q, rnorm
+
+    @staticmethod
+    def backward(ctx, dk, dq, _drnorm):
+        return _l2norm_backward(ctx, dk, dq)

@@ -1,0 +1,124 @@
+// Row L2 normalisation of AGNN's cosine score (paper §5.1), forward and backward
+// in one pass each:
+//   k = x / max(||x||, eps),  q = beta * k            (per node and head)
+// The dense equivalent (F.normalize, then q = k * beta) is about five elementwise
+// passes over x plus their autograd nodes, which cost AGNN as much as the fused
+// attention itself on the large batches (benchmarks/NOTES.md).
+//
+// rnorm [N, H] keeps 1 / max(||x||, eps) with the sign as a flag: negative when the
+// norm was clamped to eps, where the backward is the plain 1 / eps scaling.
+#include "common.cuh"
+#include "ops.h"
+
+namespace dfgnn {
+namespace {
+
+template <typename T, int VEC, int G, int NV>
+__global__ void __launch_bounds__(256)
+l2norm_fwd_kernel(const T* __restrict__ x, const float* __restrict__ beta, T* __restrict__ k,
+                  T* __restrict__ q, float* __restrict__ rnorm, int64_t n_units, int C,
+                  float eps) {
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;  // (node, head)
+  if (unit >= n_units) return;
+  const int gl = threadIdx.x & (G - 1);
+  const int nvec = C / VEC;
+  const int64_t off = unit * C;
+  float xf[NV][VEC];
+  load_row<T, VEC, G, NV>(x + off, gl, nvec, xf);
+  const float n = sqrtf(group_sum<G>(dot_frag(xf, xf), group_mask<G>()));
+  const bool clamped = !(n > eps);
+  const float r = 1.f / (clamped ? eps : n);
+  store_row<T, VEC, G, NV>(k + off, gl, nvec, xf, r);
+  store_row<T, VEC, G, NV>(q + off, gl, nvec, xf, r * __ldg(beta));
+  if (gl == 0) rnorm[unit] = clamped ? -r : r;
+}
+
+// dk_hat = dk + beta dq;  dx = r (dk_hat - k (k . dk_hat)), or r dk_hat if clamped;
+// dbeta_part[unit] = dq . k (summed over units by the caller, fixed order).
+template <typename T, int VEC, int G, int NV>
+__global__ void __launch_bounds__(256)
+l2norm_bwd_kernel(const T* __restrict__ dk, const T* __restrict__ dq, const T* __restrict__ k,
+                  const float* __restrict__ rnorm, const float* __restrict__ beta,
+                  T* __restrict__ dx, float* __restrict__ dbeta_part, int64_t n_units, int C) {
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+  if (unit >= n_units) return;
+  const int gl = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask<G>();
+  const int nvec = C / VEC;
+  const int64_t off = unit * C;
+  const float b = __ldg(beta);
+  float kf[NV][VEC], g[NV][VEC], gq[NV][VEC];
+  load_row<T, VEC, G, NV>(k + off, gl, nvec, kf);
+  load_row<T, VEC, G, NV>(dk + off, gl, nvec, g);
+  load_row<T, VEC, G, NV>(dq + off, gl, nvec, gq);
+  float sums[2] = {dot_frag(gq, kf), 0.f};  // dq . k, then k . dk_hat
+  axpy_frag(b, gq, g);                       // g = dk_hat
+  sums[1] = dot_frag(kf, g);
+  group_sum_many<G, 2>(sums, mask);
+  const float rs = rnorm[unit];
+  const float r = fabsf(rs);
+  const float proj = rs > 0.f ? sums[1] : 0.f;
+  axpy_frag(-proj, kf, g);
+  store_row<T, VEC, G, NV>(dx + off, gl, nvec, g, r);
+  if (gl == 0) dbeta_part[unit] = sums[0];
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+                                                                   const at::Tensor& beta,
+                                                                   double eps) {
+  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), n_units = N * H;
+  auto k = at::empty_like(x);
+  auto q = at::empty_like(x);
+  auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
+  const bool aligned = is_aligned16(x) && is_aligned16(k) && is_aligned16(q);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 256;
+  bool ok = false;
+  DFGNN_DISPATCH_FLOAT_TYPES(x.scalar_type(), "l2norm_forward", [&] {
+    using T = typename cuda_type<scalar_t>::type;
+    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
+      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+      if (n_units == 0) return;
+      l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+          reinterpret_cast<const T*>(x.data_ptr<scalar_t>()), beta.data_ptr<float>(),
+          reinterpret_cast<T*>(k.data_ptr<scalar_t>()), reinterpret_cast<T*>(q.data_ptr<scalar_t>()),
+          rnorm.data_ptr<float>(), n_units, C, (float)eps);
+      check_launch();
+    });
+  });
+  TORCH_CHECK(ok, "dfgnn::l2norm_fwd: head size C=", std::to_string(C),
+              " is not supported by the fused kernels");
+  return {k, q, rnorm};
+}
+
+std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
+                                                        const at::Tensor& k,
+                                                        const at::Tensor& rnorm,
+                                                        const at::Tensor& beta) {
+  const int64_t N = k.size(0), H = k.size(1), C = k.size(2), n_units = N * H;
+  auto dx = at::empty_like(k);
+  auto dbeta_part = at::empty({N, H}, k.options().dtype(at::kFloat));
+  const bool aligned = is_aligned16(k) && is_aligned16(dk) && is_aligned16(dq) && is_aligned16(dx);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 256;
+  bool ok = false;
+  DFGNN_DISPATCH_FLOAT_TYPES(k.scalar_type(), "l2norm_backward", [&] {
+    using T = typename cuda_type<scalar_t>::type;
+    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
+    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
+      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+      if (n_units == 0) return;
+      l2norm_bwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+          P(dk), P(dq), P(k), rnorm.data_ptr<float>(), beta.data_ptr<float>(),
+          reinterpret_cast<T*>(dx.data_ptr<scalar_t>()), dbeta_part.data_ptr<float>(), n_units, C);
+      check_launch();
+    });
+  });
+  TORCH_CHECK(ok, "dfgnn::l2norm_bwd: head size C=", std::to_string(C),
+              " is not supported by the fused kernels");
+  return {dx, dbeta_part};
+}
+
+}  // namespace dfgnn
