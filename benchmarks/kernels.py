@@ -101,12 +101,37 @@ def sparse_pipeline(lay, q, k, v, scale):
     return torch.stack(outs, 1)
 
 
+def measure(f, g, leaves, with_backward=True):
+    """``fwd_ms`` of ``f()`` under ``no_grad``; with ``with_backward``, also the peak
+    extra memory (``peak_MB``) and time (``fwd_bwd_ms``) of ``f()`` then backward of
+    ``g``. A method that fails is recorded as ``error``, not dropped."""
+    r = {}
+    try:
+        with torch.no_grad():
+            r["fwd_ms"] = bench(f)
+        if with_backward:
+            def fb():
+                torch.autograd.backward(f(), g)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fb()
+            torch.cuda.synchronize()
+            r["peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            r["fwd_bwd_ms"] = bench(fb)
+    except Exception as e:  # noqa: BLE001  (recorded: a benchmark that could not run says so)
+        r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        torch.cuda.empty_cache()
+    for t in leaves:
+        t.grad = None
+    return r
+
+
 def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
     torch.manual_seed(0)
     lay = GraphLayout.from_edge_index(ei, (n, n))
     lay.colptr  # noqa: B018  (CSC built before timing, as a cached layout would be)
-    t0 = time.perf_counter()
-    torch.cuda.synchronize()
     q = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
     k = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
     v = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
@@ -125,31 +150,10 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
     res = {"graph": name, "kind": kind, "nodes": n, "edges": lay.num_edges,
            "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
            "auto": ops.choose_strategy(lay.max_in_degree, "dot", esize), "methods": {}}
-    del t0
     for m in methods:
-        f = fns[m]
-        r = {}
-        try:
-            with torch.no_grad():
-                r["fwd_ms"] = bench(f)
+        r = measure(fns[m], g, (q, k, v), with_backward)
+        if "fwd_ms" in r:
             r["fwd_GBps"] = compulsory / (r["fwd_ms"] * 1e-3) / 1e9
-            if with_backward:
-                def fb():
-                    out = f()
-                    torch.autograd.backward(out, g)
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                fb()
-                torch.cuda.synchronize()
-                r["peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                r["fwd_bwd_ms"] = bench(fb)
-        except Exception as e:  # noqa: BLE001  (recorded: a benchmark that could not run says so)
-            r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-            torch.cuda.empty_cache()
-        for t in (q, k, v):
-            t.grad = None
         res["methods"][m] = r
     return res
 
@@ -205,27 +209,7 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype):
                head_size=C),
            "methods": {}}
     for m, f in fns.items():
-        r = {}
-        try:
-            with torch.no_grad():
-                r["fwd_ms"] = bench(f)
-
-            def fb():
-                torch.autograd.backward(f(), g)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            fb()
-            torch.cuda.synchronize()
-            r["peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-            r["fwd_bwd_ms"] = bench(fb)
-        except Exception as e:  # noqa: BLE001  (recorded, not dropped)
-            r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-            torch.cuda.empty_cache()
-        for t in leaves:
-            t.grad = None
-        res["methods"][m] = r
+        res["methods"][m] = measure(f, g, leaves)
     return res
 
 

@@ -128,12 +128,18 @@ def _ok(d: Optional[Dict[str, object]]) -> bool:
     return bool(d) and "error" not in d and d.get("step_ms") is not None
 
 
-def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
+def _e2e_grid(data: Dict[str, object]):
+    """``(rows, datasets, models)`` of an e2e result, in first-seen order."""
     rows = data.get("rows", [])
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     models = list(dict.fromkeys(r["model"] for r in rows))
     if not datasets:
         raise ValueError("no rows in the e2e results")
+    return rows, datasets, models
+
+
+def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
+    rows, datasets, models = _e2e_grid(data)
     # Eager bars, plus hatched bars for the CUDA-graph mode where it ran (full graphs).
     modes = ["impls"] + (["cudagraph"] if any(_ok((r.get("cudagraph") or {}).get("fused"))
                                                for r in rows) else [])
@@ -173,11 +179,7 @@ def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
 
 
 def plot_e2e_breakdown(data: Dict[str, object], path: str, dpi: int = 130) -> str:
-    rows = data.get("rows", [])
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    if not datasets:
-        raise ValueError("no rows in the e2e results")
+    rows, datasets, models = _e2e_grid(data)
     fig, axes = plt.subplots(len(models), len(datasets),
                              figsize=(2.3 * len(datasets) + 1, 2.9 * len(models)), squeeze=False)
     for i, model in enumerate(models):

@@ -5,8 +5,10 @@ that parametrised tests can call them with their own sizes.
 """
 from __future__ import annotations
 
+import importlib.util
 import warnings
 import zlib
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -33,6 +35,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ----------------------------------------------------------------------------- helpers
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """Imports ``benchmarks/<name>.py`` (a script folder, not a package) as a module."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def rel_err(a: Tensor, b: Tensor) -> float:
     r"""``||a - b|| / ||b||`` in float64 (absolute error when ``b`` is zero).
 

@@ -4,7 +4,6 @@ cudagraph mode's options, tables and bookkeeping on CPU (the step run eagerly),
 and the captured mode itself on a GPU (``cuda`` marker)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -12,22 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import ROOT, load_benchmark
 from pyg_dfgnn import datasets
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name: str):
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    return _load_script("e2e")
+    return load_benchmark("e2e")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +95,7 @@ def test_full_graph_agnn(e2e, tmp_path):
 
 
 def test_plot_from_e2e_json(quick, tmp_path):
-    plot = _load_script("plot")
+    plot = load_benchmark("plot")
     kernels = ROOT / "benchmarks" / "results" / "kernels_h100.json"
     written = plot.main(["--kernels", str(kernels), "--e2e", str(quick[1]),
                          "--out-dir", str(tmp_path)])

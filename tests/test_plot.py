@@ -3,31 +3,23 @@ e2e result in benchmarks/e2e.py's format (CPU, Agg backend)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_benchmark
+
 KERNELS_JSON = ROOT / "benchmarks" / "results" / "kernels_h100.json"
 MIN_PNG_BYTES = 10 * 1024
 
 pytest.importorskip("matplotlib")
 
 
-def _load_script(name: str):
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def plot():
-    return _load_script("plot")
+    return load_benchmark("plot")
 
 
 def _impl(step, pre=0.0, err=False):

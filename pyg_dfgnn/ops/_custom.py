@@ -4,11 +4,12 @@ The fake (meta) implementations let ``torch.compile`` trace through the fused
 ops; the autograd formulas call the fused backward kernels (paper §4.3).
 Only imported when the extension loaded.
 
-:class:`GTAttentionFunction` and :class:`GATAttentionFunction` apply the same
-formulas as plain ``torch.autograd.Function`` classes: the ops in
-:mod:`pyg_dfgnn.ops` call the kernels through them, because the generic ``register_autograd`` wrapper costs about
-0.4 ms of Python per call (measured on the H100 machine, benchmarks/NOTES.md),
-ten times the kernel time of a Cora-sized layer.
+:class:`GTAttentionFunction`, :class:`GATAttentionFunction` and
+:class:`L2NormFunction` (built by :func:`_op_function`) apply the same formulas as
+plain ``torch.autograd.Function`` classes, and the ops in :mod:`pyg_dfgnn.ops`
+call the kernels through them: the generic ``register_autograd`` wrapper costs
+about 0.4 ms of Python per call (measured on the H100 machine,
+benchmarks/NOTES.md), ten times the kernel time of a Cora-sized layer.
 """
 from __future__ import annotations
 
@@ -22,30 +23,30 @@ def _csr_rowptr_fake(index, num_rows):
     return index.new_empty(num_rows + 1, dtype=torch.int32)
 
 
-def _attention_function(name: str, op_name: str, setup_context, backward, n_inputs: int,
-                        doc: str):
-    r"""A ``torch.autograd.Function`` for the fused op ``dfgnn::<op_name>``, whose
-    outputs are ``(out, lse, attn)`` and whose formulas are ``setup_context`` and
-    ``backward`` (the ones given to ``register_autograd``). Only ``out`` is
-    differentiable; ``lse`` and ``attn`` are marked non-differentiable so autograd
-    materialises no zero gradients for them."""
-    op = getattr(torch.ops.dfgnn, op_name)
+def _op_function(name: str, op, setup_context, backward, n_inputs: int, n_diff: int,
+                 doc: str):
+    r"""A ``torch.autograd.Function`` for the custom op ``op``, with the formulas
+    given to ``register_autograd`` (``setup_context`` and ``backward``). The first
+    ``n_diff`` outputs are differentiable; the rest (row statistics, attention
+    weights) are marked non-differentiable, so autograd materialises no zero
+    gradients for them. ``backward(ctx, *grads)`` gets the ``n_diff`` output
+    gradients, ``None`` for an unused output, and is skipped when all are ``None``."""
 
     def forward(ctx, *args):
         if torch.compiler.is_compiling():
-            out, lse, attn = op(*args)
+            outs = op(*args)
         else:  # skip the generic register_autograd hop: this Function is the autograd
             with torch._C._AutoDispatchBelowAutograd():
-                out, lse, attn = op(*args)
-        setup_context(ctx, args, (out, lse, attn))
-        ctx.mark_non_differentiable(lse, attn)
+                outs = op(*args)
+        setup_context(ctx, args, outs)
+        ctx.mark_non_differentiable(*outs[n_diff:])
         ctx.set_materialize_grads(False)
-        return out, lse, attn
+        return outs
 
-    def backward_fn(ctx, grad_out, _grad_lse, _grad_attn):
-        if grad_out is None:
+    def backward_fn(ctx, *grads):
+        if all(g is None for g in grads[:n_diff]):
             return (None,) * n_inputs
-        return backward(ctx, grad_out)
+        return backward(ctx, *grads[:n_diff])
 
     return type(name, (torch.autograd.Function,), {
         "__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward_fn)})
@@ -97,9 +98,9 @@ def _gt_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
 
 torch.library.register_autograd("dfgnn::gt_fwd", _gt_backward, setup_context=_gt_setup_context)
 
-GTAttentionFunction = _attention_function(
-    "GTAttentionFunction", "gt_fwd", _gt_setup_context, _gt_backward, _N_FWD_INPUTS,
-    "``dfgnn::gt_fwd`` with the fused backward; takes the op's arguments.")
+GTAttentionFunction = _op_function(
+    "GTAttentionFunction", torch.ops.dfgnn.gt_fwd, _gt_setup_context, _gt_backward,
+    _N_FWD_INPUTS, 1, "``dfgnn::gt_fwd`` with the fused backward; takes the op's arguments.")
 
 
 # ----------------------------------------------------------------------------- GAT
@@ -149,9 +150,9 @@ def _gat_backward(ctx, grad_out, _grad_lse=None, _grad_attn=None):
 
 torch.library.register_autograd("dfgnn::gat_fwd", _gat_backward, setup_context=_gat_setup_context)
 
-GATAttentionFunction = _attention_function(
-    "GATAttentionFunction", "gat_fwd", _gat_setup_context, _gat_backward, _N_GAT_INPUTS,
-    "``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments.")
+GATAttentionFunction = _op_function(
+    "GATAttentionFunction", torch.ops.dfgnn.gat_fwd, _gat_setup_context, _gat_backward,
+    _N_GAT_INPUTS, 1, "``dfgnn::gat_fwd`` with the fused backward; takes the op's arguments.")
 
 
 # ------------------------------------------------------------------- AGNN normalisation
@@ -184,21 +185,7 @@ torch.library.register_autograd("dfgnn::l2norm_fwd", _l2norm_backward,
                                 setup_context=_l2norm_setup_context)
 
 
-class L2NormFunction(torch.autograd.Function):
-    """``dfgnn::l2norm_fwd`` (k = x / max(||x||, eps), q = beta k) with its fused
-    backward; ``beta`` is a one-element float32 tensor."""
-
-    @staticmethod
-    def forward(ctx, x, beta, eps):
-        if torch.compiler.is_compiling():
-            k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, eps)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, eps)
-        _l2norm_setup_context(ctx, (x, beta, eps), (k, q, rnorm))
-        ctx.mark_non_differentiable(rnorm)
-        return k, q, rnorm
-
-    @staticmethod
-    def backward(ctx, dk, dq, _drnorm):
-        return _l2norm_backward(ctx, dk, dq)
+L2NormFunction = _op_function(
+    "L2NormFunction", torch.ops.dfgnn.l2norm_fwd, _l2norm_setup_context, _l2norm_backward, 3, 2,
+    "``dfgnn::l2norm_fwd`` (k = x / max(||x||, eps), q = beta k) with its fused backward; "
+    "``beta`` is a one-element float32 tensor.")
