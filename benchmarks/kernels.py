@@ -175,7 +175,7 @@ def chunk_sweep(graphs, chunks):
     return rows
 
 
-def run_score_case(model, name, ei, n, kind, H, C, dtype):
+def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False):
     """GAT (additive) or AGNN (cosine): fused op vs native PyG message passing on the
     same per-node tensors; same fields as :func:`run_case`."""
     import torch.nn.functional as F
@@ -209,7 +209,8 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype):
                head_size=C),
            "methods": {}}
     for m, f in fns.items():
-        res["methods"][m] = measure(f, g, leaves)
+        if not (fused_only and m == "pyg"):
+            res["methods"][m] = measure(f, g, leaves)
     return res
 
 
@@ -270,6 +271,8 @@ def main(argv=None):
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
     ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
     ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
+    ap.add_argument("--fused-only", action="store_true",
+                    help="time only the fused methods (A/B runs of kernel versions)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.py: no CUDA device: the kernel benchmark could not run")
@@ -289,13 +292,16 @@ def main(argv=None):
         return 0
     models = args.models.split(",")
     base = ["fused-auto", "fused-smmf", "fused-pmf", "pyg"] + ([] if args.no_sparse else ["sparse"])
+    if args.fused_only:
+        base = base[:3]
+    native = [] if args.fused_only else ["pyg"]
     cases = []
     for name, (ei, n, kind) in graphs.items():
         if "gt" in models:
             cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32, base)))
             cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32,
-                                 ["fused-auto", "fused-smmf", "fused-pmf", "pyg"])))
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16, ["fused-auto", "pyg"])))
+                                 ["fused-auto", "fused-smmf", "fused-pmf"] + native)))
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16, ["fused-auto"] + native)))
         if "gat" in models:
             cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32)))
             cases.append(("gat", (name, ei, n, kind, 4, 32, torch.float32)))
@@ -306,7 +312,7 @@ def main(argv=None):
         if model == "gt":
             rows.append(run_case(*c))
         else:
-            score_rows.append(run_score_case(model, *c))
+            score_rows.append(run_score_case(model, *c, fused_only=args.fused_only))
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows, "score_rows": score_rows}, f, indent=1)
     if score_rows:

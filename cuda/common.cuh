@@ -361,15 +361,48 @@ __device__ __forceinline__ bool group_item(const int* __restrict__ items,
   return true;
 }
 
-// Neighbours of the next U edges (-1 past `end`) and two rows of each (k and v,
-// or q and dO), every load issued before any is used.
-template <typename T, int VEC, int G, int NV, int U>
+// The neighbour indices (col or row) of a work item. With AHEAD they are loaded
+// one step of U edges ahead of their use: the next step's index loads go out
+// together with this step's row gathers, so a step waits on one dependent memory
+// round trip (the rows) instead of two (the indices, then the rows). On small
+// graphs the longest item's chain of steps is the kernel time. It costs U to 13
+// registers: free for the fp32 GT kernels and both backward families (same
+// blocks per SM; 5-11 % faster fwd+bwd), a lost block per SM for the packed
+// fp16/bf16 kernels (GT forward bf16 up to 41 % slower) and for softmax_spmm, and
+// 5-7 % slower in GAT's SMMF forward (benchmarks/NOTES.md, v5). kIndexAhead<T>
+// picks for the kernels that use it.
+template <int U, bool AHEAD> struct NbrPipe {
+  const int* __restrict__ nbr;
+  int end;
+  int next[U];
+  __device__ __forceinline__ NbrPipe(const int* __restrict__ nbr_, int beg, int end_)
+      : nbr(nbr_), end(end_) {
+    if constexpr (AHEAD) fetch(beg);
+  }
+  __device__ __forceinline__ void fetch(int e0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) next[u] = (e0 + u < end) ? __ldg(nbr + e0 + u) : -1;
+  }
+  // j = the neighbours of edges e0 .. e0 + U - 1 (-1 past the end); with AHEAD,
+  // starts the loads of the next U.
+  __device__ __forceinline__ void take(int e0, int (&j)[U]) {
+    if constexpr (!AHEAD) fetch(e0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) j[u] = next[u];
+    if constexpr (AHEAD) fetch(e0 + U);
+  }
+};
+
+template <typename T> constexpr bool kIndexAhead = sizeof(T) == 4;
+
+// Neighbours of the next U edges (-1 past the item's end) and two rows of each
+// (k and v, or q and dO), every load issued before any is used.
+template <typename T, int VEC, int G, int NV, int U, bool AHEAD>
 __device__ __forceinline__ void load_edge_rows(
-    const int* __restrict__ nbr, int e0, int end, const T* __restrict__ a,
+    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a,
     const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
     typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(nbr + e0 + u) : -1;
+  nb.take(e0, j);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (j[u] >= 0) {
@@ -380,15 +413,14 @@ __device__ __forceinline__ void load_edge_rows(
   }
 }
 
-// Neighbours of the next U edges (-1 past `end`), one row of each and a scalar
-// per edge, scalar(u, j): the row loads are all issued before any is used.
-template <typename T, int VEC, int G, int NV, int U, typename F>
+// Neighbours of the next U edges (-1 past the item's end), one row of each and a
+// scalar per edge, scalar(u, j): the row loads are all issued before any is used.
+template <typename T, int VEC, int G, int NV, int U, bool AHEAD, typename F>
 __device__ __forceinline__ void load_edge_row(
-    const int* __restrict__ nbr, int e0, int end, const T* __restrict__ a, int64_t HC,
+    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a, int64_t HC,
     int64_t head_off, int gl, int nvec, int (&j)[U],
     typename Packed<T, VEC>::type (&ra)[U][NV], float (&sc)[U], F scalar) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) j[u] = (e0 + u < end) ? __ldg(nbr + e0 + u) : -1;
+  nb.take(e0, j);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (j[u] >= 0) {

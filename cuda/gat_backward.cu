@@ -39,11 +39,12 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   const float L = lse2[i * H + h];
   const float ad = to_float(a_dst[i * H + h]);
   float acc = 0.f;  // sum of dE over the item's edges (the same in every lane)
+  NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     P xf[U][NV];
     float e[U], dp[U];
-    load_edge_row<T, VEC, G, NV, U>(col, e0, end, x, HC, (int64_t)h * C, gl, nvec, j, xf, e,
+    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, xf, e,
                                     [&](int, int jj) {
       return ad + to_float(__ldg(a_src + (int64_t)jj * H + h));
     });
@@ -95,11 +96,12 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   zero_frag(dx_acc);
   const float as = to_float(a_src[j * H + h]);
   float da = 0.f;
+  NbrPipe<U, kIndexAhead<T>> nb(row, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
     P gf[U][NV];
     float e[U], dp[U], lse_i[U], d_i[U];
-    load_edge_row<T, VEC, G, NV, U>(row, e0, end, dout, HC, (int64_t)h * C, gl, nvec, i, gf, e,
+    load_edge_row<T, VEC, G, NV, U>(nb, e0, dout, HC, (int64_t)h * C, gl, nvec, i, gf, e,
                                     [&](int, int ii) {
       return to_float(__ldg(a_dst + (int64_t)ii * H + h)) + as;
     });

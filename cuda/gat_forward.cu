@@ -35,11 +35,12 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
   const float ad = to_float(a_dst[g.row * H + h]);
 
   OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
+  NbrPipe<U, false> nb(col, beg, end);  // look-ahead measured 5-7 % slower here (NOTES v5)
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     P xf[U][NV];
     float s[U];
-    load_edge_row<T, VEC, G, NV, U>(col, e0, end, x, HC, (int64_t)h * C, gl, nvec, j, xf, s,
+    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, xf, s,
                                     [&](int, int jj) {
       return leaky_relu(ad + to_float(__ldg(a_src + (int64_t)jj * H + h)), slope) * kLog2e;
     });

@@ -48,13 +48,14 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   zero_frag(acc);
   const float L = lse2[i * H + h];
 
+  NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     P kf[U][NV], vf[U][NV];
     float sd[2 * U];  // scores q.k, then dP = dO.v
     float* s = sd;
     float* dp = sd + U;
-    load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+    load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
@@ -105,13 +106,14 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
   load_row<T, VEC, G, NV>(v + off_j, gl, nvec, vf);
   zero_frag(dk_acc);
   zero_frag(dv_acc);
+  NbrPipe<U, kIndexAhead<T>> nb(row, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
     P qf[U][NV], gf[U][NV];
     float sd[2 * U], lse_i[U], d_i[U];  // scores q.k, then dP = dO.v
     float* s = sd;
     float* dp = sd + U;
-    load_edge_rows<T, VEC, G, NV, U>(row, e0, end, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
+    load_edge_rows<T, VEC, G, NV, U>(nb, e0, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
     // The destination's row statistics are gathers too: issue them with the row
     // loads, not after the reductions (one more dependent L2 trip per step).
 #pragma unroll

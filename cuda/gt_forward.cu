@@ -41,11 +41,12 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   load_row<T, VEC, G, NV>(q + i * HC + (int64_t)h * C, gl, nvec, qf);
   scale_frag(scale2, qf);
   OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
+  NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     P kf[U][NV], vf[U][NV];
     float s[U];
-    load_edge_rows<T, VEC, G, NV, U>(col, e0, end, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+    load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
     group_sum_many<G, U>(s, mask);

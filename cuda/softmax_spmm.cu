@@ -44,12 +44,13 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
 
   float acc[NV][VEC];
   zero_frag(acc);
+  NbrPipe<U, false> nb(col, start, end);  // no look-ahead: kIndexAhead in common.cuh
   for (int e0 = start; e0 < end; e0 += U) {
     using P = typename Packed<T, VEC>::type;
     int j[U];
     P vf[U][NV];
     float w[U];
-    load_edge_row<T, VEC, G, NV, U>(col, e0, end, x, HC, (int64_t)h * C, gl, nvec, j, vf, w,
+    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, vf, w,
                                     [&](int u, int) {
       return exp2f(score[(int64_t)(e0 + u) * H + h] - L);
     });

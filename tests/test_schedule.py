@@ -71,6 +71,8 @@ def test_lanes_per_row(c, elem, lanes):
 
 def test_choose_chunk_default_and_override(monkeypatch):
     small = GraphLayout.from_edge_index(random_graph(50, num_edges=100), (50, 50))
+    assert schedule.choose_chunk(small) == schedule.SMALL_GRAPH_CHUNK
+    monkeypatch.setattr(schedule, "SMALL_GRAPH_EDGES", 100)  # 100 edges is no longer small
     assert schedule.choose_chunk(small) == schedule.DEFAULT_CHUNK
     monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 48)
     assert schedule.choose_chunk(small) == 48

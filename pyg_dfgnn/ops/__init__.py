@@ -20,7 +20,7 @@ from . import reference, schedule
 from .schedule import choose_strategy, kernel_supports
 
 if HAS_EXTENSION:
-    from . import _custom  # noqa: F401  (fake + autograd registrations)
+    from . import _custom  # noqa: F401  (fake implementations; autograd is in C++)
 
 __all__ = ["gt_attention", "agnn_attention", "gat_attention", "fused_attention",
            "uses_kernels", "reference", "schedule", "choose_strategy", "kernel_supports"]
@@ -139,10 +139,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
                                                  or v.requires_grad)
         args = gt_op_args(layout, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
                           _seed() if p > 0 else 0, strat == "pmf", return_attention, need_grad)
-        if need_grad:
-            out, _lse, attn = _custom.GTAttentionFunction.apply(*args)
-        else:
-            out, _lse, attn = torch.ops.dfgnn.gt_fwd(*args)
+        out, _lse, attn = torch.ops.dfgnn.gt_fwd.default(*args)  # autograd: cuda/autograd.cpp
     else:
         out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
                                             training=p > 0)
@@ -184,8 +181,8 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     if x_dst is x_src and uses_kernels(layout, xs) and xs.size(0) == layout.num_dst:
         # One fused pass for k = x / max(||x||, eps) and q = beta k, and one back.
         b = beta if isinstance(beta, Tensor) else torch.tensor(float(beta), device=xs.device)
-        b = b.to(torch.float32).reshape(1)
-        k, q, _rnorm = _custom.L2NormFunction.apply(xs.contiguous(), b, _NORMALIZE_EPS)
+        b = b.to(torch.float32)  # one element, any shape (dbeta keeps it)
+        k, q, _rnorm = torch.ops.dfgnn.l2norm_fwd.default(xs.contiguous(), b, _NORMALIZE_EPS)
     else:
         k = F.normalize(xs, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
         q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
@@ -249,10 +246,7 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         args = gat_op_args(layout, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
                            negative_slope, p, _seed() if p > 0 else 0, strat == "pmf",
                            return_attention, need_grad)
-        if need_grad:
-            out, _lse, attn = _custom.GATAttentionFunction.apply(*args)
-        else:
-            out, _lse, attn = torch.ops.dfgnn.gat_fwd(*args)
+        out, _lse, attn = torch.ops.dfgnn.gat_fwd.default(*args)
     else:
         out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
                                                  negative_slope, p, training=p > 0)

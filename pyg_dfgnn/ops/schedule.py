@@ -36,6 +36,10 @@ from torch import Tensor
 #: Edges per work item of the node-parallel kernels (SMMF forward, PMF softmax +
 #: SpMM, both backward kernels); see :func:`choose_chunk`.
 DEFAULT_CHUNK = 128
+#: Graphs with fewer edges than this use :data:`SMALL_GRAPH_CHUNK`.
+SMALL_GRAPH_EDGES = 1 << 18
+#: Edges per work item on small graphs (Cora, CiteSeer, PubMed).
+SMALL_GRAPH_CHUNK = 32
 #: Forces the chunk (benchmarks sweep it); ``None``: :func:`choose_chunk` decides.
 CHUNK_OVERRIDE = None
 #: How "auto" decides: "measured" (SMMF everywhere, see the module docstring) or
@@ -169,15 +173,18 @@ def choose_chunk(layout) -> int:
 
     A lane group walks its item a few edges per memory round trip, so a long item
     is a long latency chain; each extra item of a split row costs an fp32 partial
-    row and the rows' combine launch. Swept on the H100 over 32-256 (Cora,
-    PubMed, MNIST, PATTERN, COCO-SP, GitHub, Reddit-like; ``benchmarks/NOTES.md``):
-    128 was best or within 10 % of best everywhere for forward + backward, and
-    the degree-adaptive variants tried lost on the small graphs (more combine
-    launches) or on Reddit-like (longer chains).
+    row and the rows' combine launch. Swept on the H100 (``benchmarks/NOTES.md``):
+
+    * below :data:`SMALL_GRAPH_EDGES` edges the GPU is far from full and a kernel
+      takes as long as its longest item's chain, so short items win: GT forward
+      on Cora 0.033 ms at 128 against 0.019 ms at 32, PubMed 0.060 against 0.049;
+    * on larger graphs throughput decides and 128 was best or within 10 % of the
+      best everywhere (GitHub forward 0.162 ms at 128, 0.233 ms at 32; longer
+      items lost on Reddit-like).
     """
     if CHUNK_OVERRIDE is not None:
         return int(CHUNK_OVERRIDE)
-    return DEFAULT_CHUNK
+    return SMALL_GRAPH_CHUNK if layout.num_edges < SMALL_GRAPH_EDGES else DEFAULT_CHUNK
 
 
 def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
