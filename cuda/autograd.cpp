@@ -1,5 +1,6 @@
 // Autograd kernels of the fused ops (the Autograd dispatch key of dfgnn::gt_fwd,
-// dfgnn::gat_fwd and dfgnn::l2norm_fwd), paper §4.3.
+// dfgnn::gat_fwd, dfgnn::l2norm_fwd and dfgnn::agnn_fwd), paper §4.3, and AGNN's
+// one-call composition of the normalisation and the attention.
 //
 // Why C++ and not torch.library.register_autograd: the Python autograd kernel
 // runs for every call of the op, also under no_grad, and the backward ran a
@@ -42,6 +43,31 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
 
 Tensor value_or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
+// What every fused op saves after its own tensors (`head`): the CSR and its work
+// items, the CSC and its work items (undefined when the call did not pass them),
+// and the three work sizes; gradients of unused outputs are not materialised.
+void save_layout(AutogradContext* ctx, variable_list head, const Tensor& rowptr,
+                 const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
+                 int64_t row_slots, const OptTensor& colptr, const OptTensor& row,
+                 const OptTensor& perm, const OptTensor& col_items, const OptTensor& col_combine,
+                 int64_t col_slots, int64_t chunk) {
+  head.insert(head.end(), {rowptr, col, row_items, row_combine, value_or_undefined(colptr),
+                           value_or_undefined(row), value_or_undefined(perm),
+                           value_or_undefined(col_items), value_or_undefined(col_combine)});
+  ctx->save_for_backward(std::move(head));
+  ctx->saved_data["row_slots"] = row_slots;
+  ctx->saved_data["col_slots"] = col_slots;
+  ctx->saved_data["chunk"] = chunk;
+  ctx->set_materialize_grads(false);
+}
+
+// The saved CSC starts at s[first + 4] (after rowptr, col and the CSR items).
+void check_saved_csc(const variable_list& s, size_t first, const char* op) {
+  for (size_t i = first + 4; i < first + 9; ++i)
+    TORCH_CHECK(s[i].defined(), op, " was called without the CSC layout (colptr, row, perm, "
+                "col_items, col_combine), so it cannot be differentiated");
+}
+
 // One attention op: outputs (out, lse2, attn); out is differentiable, the row
 // statistics and the attention weights are not. The backward needs the CSC
 // arguments (colptr ... col_combine), which a call without grad may omit.
@@ -67,18 +93,12 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
                   need_attn);
     }
-    ctx->save_for_backward({a, b, c, out, lse2, rowptr, col, row_items, row_combine,
-                            value_or_undefined(colptr), value_or_undefined(row),
-                            value_or_undefined(perm), value_or_undefined(col_items),
-                            value_or_undefined(col_combine)});
-    ctx->saved_data["row_slots"] = row_slots;
-    ctx->saved_data["col_slots"] = col_slots;
-    ctx->saved_data["chunk"] = chunk;
+    save_layout(ctx, {a, b, c, out, lse2}, rowptr, col, row_items, row_combine, row_slots,
+                colptr, row, perm, col_items, col_combine, col_slots, chunk);
     ctx->saved_data["param"] = param;
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["seed"] = seed;
     ctx->mark_non_differentiable({lse2, attn});
-    ctx->set_materialize_grads(false);
     return {out, lse2, attn};
   }
 
@@ -87,10 +107,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
     static const auto op = find_op<BwdSig>(kBwd);
     const auto s = ctx->get_saved_variables();
-    TORCH_CHECK(s[9].defined() && s[10].defined() && s[11].defined() && s[12].defined() &&
-                    s[13].defined(),
-                kFwd, " was called without the CSC layout (colptr, row, perm, col_items, "
-                "col_combine), so it cannot be differentiated");
+    check_saved_csc(s, 5, kFwd);
     const auto& d = ctx->saved_data;
     std::tie(res[0], res[1], res[2]) =
         op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8],
@@ -152,12 +169,97 @@ Tensor3 l2norm_autograd(const Tensor& x, const Tensor& beta, double eps) {
   return {o[0], o[1], o[2]};
 }
 
+// AGNN in one op call (dfgnn::agnn_fwd): the normalisation and the SMMF attention
+// over q = beta k, k = x / max(||x||, eps), v = x (scale 1). Composing the two ops
+// in Python cost a second op call, Python glue and two more autograd nodes: on
+// Cora that host time was three times the GPU time (benchmarks/NOTES.md, v5.1).
+using Tensor2 = std::tuple<Tensor, Tensor>;
+using L2FwdSig = Tensor3(const Tensor&, const Tensor&, double);
+using L2BwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&);
+
+// The schema's parameters, shared by the op's three C++ entry points below.
+#define DFGNN_AGNN_PARAMS                                                                  \
+  const Tensor &x, const Tensor &beta, double eps, const Tensor &rowptr, const Tensor &col, \
+      const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
+      const OptTensor &colptr, const OptTensor &row, const OptTensor &perm,                 \
+      const OptTensor &col_items, const OptTensor &col_combine, int64_t col_slots,          \
+      int64_t chunk, bool need_attn
+#define DFGNN_AGNN_ARGS                                                                     \
+  x, beta, eps, rowptr, col, row_items, row_combine, row_slots, colptr, row, perm, col_items, \
+      col_combine, col_slots, chunk, need_attn
+constexpr size_t kAgnnArgs = 16;
+
+// k, q, rnorm, then (out, lse2, attn) of the attention; no dropout, SMMF.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> agnn_forward(DFGNN_AGNN_PARAMS) {
+  static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
+  static const auto gt = find_op<FwdSig>(kGtFwd);
+  auto [k, q, rnorm] = l2.call(x, beta, eps);
+  auto [out, lse2, attn] = gt.call(q, k, x, rowptr, col, row_items, row_combine, row_slots,
+                                   c10::nullopt, colptr, row, perm, col_items, col_combine,
+                                   col_slots, chunk, 1.0, 0.0, 0, false, need_attn);
+  return {k, q, rnorm, out, lse2, attn};
+}
+
+// Below autograd (and for FakeTensor tracing): the two ops, outputs (out, attn).
+Tensor2 agnn_composite(DFGNN_AGNN_PARAMS) {
+  auto r = agnn_forward(DFGNN_AGNN_ARGS);
+  return {std::get<3>(r), std::get<5>(r)};
+}
+
+struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
+  static variable_list forward(AutogradContext* ctx, DFGNN_AGNN_PARAMS) {
+    Tensor k, q, rnorm, out, lse2, attn;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(k, q, rnorm, out, lse2, attn) = agnn_forward(DFGNN_AGNN_ARGS);
+    }
+    save_layout(ctx, {x, beta, k, q, rnorm, out, lse2}, rowptr, col, row_items, row_combine,
+                row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk);
+    ctx->mark_non_differentiable({attn});
+    return {out, attn};
+  }
+
+  // dx = (normalisation backward of dk, dq) + dv, since x is both v and the
+  // normalised k / q; dbeta from the normalisation's per-row terms.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list res(kAgnnArgs);
+    if (!grads[0].defined()) return res;
+    static const auto gt_bwd = find_op<BwdSig>(kGtBwd);
+    static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
+    const auto s = ctx->get_saved_variables();
+    check_saved_csc(s, 7, "dfgnn::agnn_fwd");
+    const auto& d = ctx->saved_data;
+    auto [dq, dk, dv] =
+        gt_bwd.call(grads[0].contiguous(), s[3], s[2], s[0], s[5], s[6], s[7], s[8], s[9], s[10],
+                    d.at("row_slots").toInt(), s[11], s[12], s[13], s[14], s[15],
+                    d.at("col_slots").toInt(), d.at("chunk").toInt(), 1.0, 0.0, 0);
+    auto [dxn, dbeta_part] = l2_bwd.call(dk, dq, s[2], s[4], s[1]);
+    res[0] = dxn.add(dv);
+    res[1] = dbeta_part.sum().reshape(s[1].sizes());
+    return res;
+  }
+};
+
+Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
+  auto o = AGNNAttention::apply(DFGNN_AGNN_ARGS);
+  return {o[0], o[1]};
+}
+
+#undef DFGNN_AGNN_PARAMS
+#undef DFGNN_AGNN_ARGS
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dfgnn, Autograd, m) {
   m.impl("gt_fwd", &attention_autograd<FusedAttention<kGtFwd, kGtBwd>>);
   m.impl("gat_fwd", &attention_autograd<FusedAttention<kGatFwd, kGatBwd>>);
   m.impl("l2norm_fwd", &l2norm_autograd);
+  m.impl("agnn_fwd", &agnn_autograd);
+}
+
+TORCH_LIBRARY_IMPL(dfgnn, CompositeExplicitAutograd, m) {
+  m.impl("agnn_fwd", &agnn_composite);
 }
 
 }  // namespace dfgnn

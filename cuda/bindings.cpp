@@ -254,6 +254,12 @@ TORCH_LIBRARY(dfgnn, m) {
   m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
   m.def("l2norm_fwd(Tensor x, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("l2norm_bwd(Tensor dk, Tensor dq, Tensor k, Tensor rnorm, Tensor beta) -> (Tensor, Tensor)");
+  // AGNN: l2norm_fwd then gt_fwd (SMMF, scale 1) in one call (cuda/autograd.cpp).
+  m.def(
+      "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
+      "Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, Tensor? perm, "
+      "Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, bool need_attn) "
+      "-> (Tensor, Tensor)");
   // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "

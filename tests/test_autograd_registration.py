@@ -80,3 +80,15 @@ def test_l2norm_backward_wiring(use):
     loss = {"k": k.sum(), "q": q.sum(), "both": k.sum() + q.sum()}[use]
     loss.backward()  # an unused output gets a zero gradient, not an error
     assert x.grad.shape == x.shape and beta.grad.shape == beta.shape
+
+
+def test_agnn_backward_wiring():
+    lay = _layout()
+    rw, csc, chunk = ops._work_args(lay, True)
+    x, beta = _leaf(N, H, C), _leaf(1)
+    layout_args = _meta([lay.rowptr, lay.col, *rw, *csc])
+    out, attn = torch.ops.dfgnn.agnn_fwd.default(x, beta, 1e-12, *layout_args, chunk, True)
+    assert out.requires_grad and not attn.requires_grad
+    assert attn.shape == (lay.num_edges, H)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and beta.grad.shape == beta.shape

@@ -229,6 +229,37 @@ def test_agnn_fused_normalisation_half(dtype):
     assert rel_err(beta.grad, t[1].grad) < 1e-2
 
 
+@pytest.mark.parametrize("strategy", ["auto", "pmf"])
+def test_agnn_attention_weights(strategy):
+    """The attention weights of the one-call AGNN op (auto: SMMF) and of the
+    composed PMF path, in input edge order, against the float64 reference."""
+    torch.manual_seed(23)
+    ei, n, _ = GRAPHS["small"]()  # with duplicate edges
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, 32, device=DEV)
+    beta = torch.tensor([0.9], device=DEV)
+    out, alpha = ops.agnn_attention(lay, x, None, beta, return_attention=True, strategy=strategy)
+    ref, ref_alpha = reference.cosine_attention(lay.rowptr, lay.col, x.double(), x.double(),
+                                                beta.double())
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
+
+
+def test_agnn_op_opcheck_and_bad_input():
+    torch.manual_seed(24)
+    ei, n, _ = GRAPHS["super_node"]()
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, 2, 32, device=DEV, requires_grad=True)
+    beta = torch.tensor([1.1], device=DEV, requires_grad=True)
+    rw, csc, chunk = ops._work_args(lay, True)
+    args = (x, beta, 1e-12, lay.rowptr, lay.col, *rw, *csc, chunk, False)
+    torch.library.opcheck(torch.ops.dfgnn.agnn_fwd.default, args)
+    with pytest.raises(RuntimeError, match="beta must be a float32"):
+        torch.ops.dfgnn.agnn_fwd(x, beta.double(), *args[2:])
+    with pytest.raises(RuntimeError, match="rowptr must have"):
+        torch.ops.dfgnn.agnn_fwd(x[:-1], beta, *args[2:])
+
+
 def test_l2norm_opcheck_and_bad_input():
     torch.manual_seed(22)
     x = torch.randn(50, 2, 32, device=DEV)

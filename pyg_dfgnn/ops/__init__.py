@@ -163,7 +163,10 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
 
     computed as a dot-product SDDMM on L2-normalised features (scale 1, ``beta``
     folded into the queries), so gradients reach ``beta`` and ``x`` through the
-    normalisation and the aggregation.
+    normalisation and the aggregation. With ``x_dst`` ``None`` on the fused-kernel
+    path, the normalisation and the SMMF attention are one op call
+    (``torch.ops.dfgnn.agnn_fwd``, one autograd node); PMF and bipartite calls
+    normalise first and call :func:`gt_attention`.
 
     Args:
         x_src (Tensor): ``[N_src, C]`` (or ``[N_src, H, C]``) source features.
@@ -173,22 +176,39 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
 
     Returns:
         ``out`` shaped like ``x_dst``, or ``(out, alpha [E, H])``.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, or a bad ``strategy``.
     """
     x_dst = x_src if x_dst is None else x_dst
     squeeze = x_src.dim() == 2
     xs = x_src.unsqueeze(1) if squeeze else x_src
-    xd = x_dst.unsqueeze(1) if squeeze else x_dst
-    if x_dst is x_src and uses_kernels(layout, xs) and xs.size(0) == layout.num_dst:
-        # One fused pass for k = x / max(||x||, eps) and q = beta k, and one back.
+    fused_norm = (x_dst is x_src and uses_kernels(layout, xs)
+                  and xs.size(0) == layout.num_dst == layout.num_src)
+    if fused_norm:
         b = beta if isinstance(beta, Tensor) else torch.tensor(float(beta), device=xs.device)
         b = b.to(torch.float32)  # one element, any shape (dbeta keeps it)
-        k, q, _rnorm = torch.ops.dfgnn.l2norm_fwd.default(xs.contiguous(), b, _NORMALIZE_EPS)
+        strat = choose_strategy(layout.max_in_degree, "cosine", xs.element_size(), strategy)
+    if fused_norm and strat == "smmf":
+        # Normalisation (k = x / max(||x||, eps), q = beta k) and SMMF attention in
+        # one op call, one autograd node (cuda/autograd.cpp).
+        need_grad = torch.is_grad_enabled() and (xs.requires_grad or b.requires_grad)
+        rw, csc, chunk = _work_args(layout, need_grad)
+        out, attn = torch.ops.dfgnn.agnn_fwd.default(
+            xs.contiguous(), b, _NORMALIZE_EPS, layout.rowptr, layout.col, *rw, *csc, chunk,
+            bool(return_attention))
+        res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out
     else:
-        k = F.normalize(xs, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
-        q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
-        q = q * beta
-    res = gt_attention(layout, q, k, xs, scale=1.0, return_attention=return_attention,
-                       strategy=strategy, score="cosine")
+        if fused_norm:  # PMF: the fused normalisation, then gt_attention
+            k, q, _rnorm = torch.ops.dfgnn.l2norm_fwd.default(xs.contiguous(), b,
+                                                              _NORMALIZE_EPS)
+        else:
+            xd = x_dst.unsqueeze(1) if squeeze else x_dst
+            k = F.normalize(xs, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+            q = k if x_dst is x_src else F.normalize(xd, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+            q = q * beta
+        res = gt_attention(layout, q, k, xs, scale=1.0, return_attention=return_attention,
+                           strategy=strategy, score="cosine")
     out = res[0] if return_attention else res
     out = out.squeeze(1) if squeeze else out
     return (out, res[1]) if return_attention else out

@@ -5,7 +5,9 @@ through the fused ops. Their autograd is registered in C++
 (``cuda/autograd.cpp``, the ``Autograd`` dispatch key): a Python autograd kernel
 (``torch.library.register_autograd``) ran Python on every call, also under
 ``no_grad``, and most of a Cora-sized layer's wall time was that host work
-(benchmarks/NOTES.md). Only imported when the extension loaded.
+(benchmarks/NOTES.md). ``dfgnn::agnn_fwd`` needs no fake: its
+CompositeExplicitAutograd kernel composes ``l2norm_fwd`` and ``gt_fwd``. Only
+imported when the extension loaded.
 """
 from __future__ import annotations
 
