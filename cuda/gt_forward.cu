@@ -19,15 +19,17 @@
 namespace dfgnn {
 namespace {
 
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
+// UF > 0 overrides the edges in flight (the two-rows-per-warp variant below
+// uses 2, capped to 3 blocks per SM like the default shape).
+template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0>
+__global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const int* __restrict__ rowptr, const int* __restrict__ col,
                    const int* __restrict__ items, int chunk, T* __restrict__ out,
                    float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
                    float p, uint64_t seed) {
-  constexpr int U = edges_in_flight<VEC, NV>();
+  constexpr int U = UF ? UF : edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
@@ -90,6 +92,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   const int64_t n_units = rw.items.size(0) * H;
+  // fp32 heads of 32 vectors (C = 128) on large graphs whose rows all fit one work
+  // item (the batch graphs): two rows per warp, 16 lanes each, 2 edges in flight.
+  // Twice the rows in flight per SM at the same registers: measured 6-25 % faster
+  // on the batch graphs, but slower where one long chain is the kernel time
+  // (small graphs +27 %, super nodes up to +16 %; benchmarks/NOTES.md, v5.2).
+  // kTwoRowsMinEdges mirrors pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
+  constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
+  const bool two_rows = !pmf && E >= kTwoRowsMinEdges && rw.num_slots == 0;
   bool ok = false;
   DFGNN_DISPATCH_FLOAT_TYPES(q.scalar_type(), "gt_forward", [&] {
     using T = typename cuda_type<scalar_t>::type;
@@ -106,14 +116,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
         return;
       }
       if (n_units == 0) return;
-      auto kern = p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G, NV, true>
-                          : gt_fwd_smmf_kernel<T, VEC, G, NV, false>;
-      kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-          P(q), P(k), P(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, reinterpret_cast<T*>(fc.out.data_ptr<scalar_t>()),
-          fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
-          fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
-      check_launch();
+      auto launch = [&](auto kern, int lanes) {
+        kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
+            P(q), P(k), P(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+            rw.items.data_ptr<int>(), (int)chunk, reinterpret_cast<T*>(fc.out.data_ptr<scalar_t>()),
+            fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
+            fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
+        check_launch();
+      };
+      if constexpr (std::is_same_v<T, float> && VEC == 4 && G == 32 && NV == 1) {
+        if (two_rows) {  // 16 lanes x 2 vectors per row, 2 edges in flight
+          launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, 16, 2, true, 2>
+                         : gt_fwd_smmf_kernel<T, VEC, 16, 2, false, 2>, 16);
+          return;
+        }
+      }
+      launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G, NV, true>
+                     : gt_fwd_smmf_kernel<T, VEC, G, NV, false>, G);
     });
   });
   TORCH_CHECK(ok, "dfgnn::gt_fwd: head size C=", std::to_string(C), " is not supported by the "
