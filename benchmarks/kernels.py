@@ -205,8 +205,7 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False):
     res = {"graph": name, "kind": kind, "model": model, "nodes": n, "edges": lay.num_edges,
            "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
            "auto": ops.choose_strategy(
-               lay.max_in_degree, "additive" if model == "gat" else "cosine", x.element_size(),
-               head_size=C),
+               lay.max_in_degree, "additive" if model == "gat" else "cosine", x.element_size()),
            "methods": {}}
     for m, f in fns.items():
         if not (fused_only and m == "pyg"):

@@ -82,9 +82,36 @@ template <int G> __device__ __forceinline__ float group_sum(float x, unsigned ma
   return x;
 }
 
-// Sums each of K values over the group and leaves all K sums in every lane:
-// a reduce-scatter (each halving step ships half of the remaining values), the
-// plain butterfly on what is left, then a broadcast of each sum from its owner.
+// Sums each of K values over the group, leaving the sum of value k in the lanes
+// k * (G / K) .. (k + 1) * (G / K) - 1 (returned; value gl / (G / K) in lane gl):
+// a reduce-scatter (each halving step ships half of the remaining values), then
+// the plain butterfly on what is left. K - 1 + log2(G / K) shuffles in log2(G)
+// dependent steps, against K log2(G) for K butterflies: 6 instead of 20 for four
+// values over a warp. For kernels that need each sum in one lane only (the GAT
+// backward's per-edge terms).
+template <int G, int K>
+__device__ __forceinline__ float group_reduce_scatter(float* x, unsigned mask) {
+  static_assert((K & (K - 1)) == 0 && K <= G, "K must be a power of two <= G");
+  const int lane = threadIdx.x & (G - 1);
+#pragma unroll
+  for (int m = K, o = G / 2; m > 1; m >>= 1, o >>= 1) {
+    const bool hi = lane & o;  // keeps the upper half, ships the lower one
+#pragma unroll
+    for (int k = 0; k < m / 2; ++k) {
+      const float send = hi ? x[k] : x[k + m / 2];
+      const float keep = hi ? x[k + m / 2] : x[k];
+      x[k] = keep + __shfl_xor_sync(mask, send, o);
+    }
+  }
+  // x[0] is now a partial of value lane / (G / K) over the lanes that differ in
+  // the upper bits; finish it over the lower bits.
+#pragma unroll
+  for (int o = G / (2 * K); o > 0; o >>= 1) x[0] += __shfl_xor_sync(mask, x[0], o);
+  return x[0];
+}
+
+// Sums each of K values over the group and leaves all K sums in every lane: the
+// reduce-scatter above, then a broadcast of each sum from its owner.
 // 2K - 1 + log2(G / K) shuffles instead of K log2(G): 10 instead of 20 for four
 // scores over a warp, 17 instead of 40 for the backward's eight. Shuffles, not
 // FMAs, bound the issue rate of the per-edge dot products (benchmarks/NOTES.md).
@@ -96,23 +123,7 @@ __device__ __forceinline__ void group_sum_many(float* x, unsigned mask) {
     group_sum_many<G, K / 2>(x, mask);
     group_sum_many<G, K / 2>(x + K / 2, mask);
   } else {
-    static_assert((K & (K - 1)) == 0, "K must be a power of two");
-    const int lane = threadIdx.x & (G - 1);
-#pragma unroll
-    for (int m = K, o = G / 2; m > 1; m >>= 1, o >>= 1) {
-      const bool hi = lane & o;  // keeps the upper half, ships the lower one
-#pragma unroll
-      for (int k = 0; k < m / 2; ++k) {
-        const float send = hi ? x[k] : x[k + m / 2];
-        const float keep = hi ? x[k + m / 2] : x[k];
-        x[k] = keep + __shfl_xor_sync(mask, send, o);
-      }
-    }
-    // x[0] is now a partial of value lane / (G / K) over the lanes that differ in
-    // the upper bits; finish it over the lower bits.
-#pragma unroll
-    for (int o = G / (2 * K); o > 0; o >>= 1) x[0] += __shfl_xor_sync(mask, x[0], o);
-    const float mine = x[0];
+    const float mine = group_reduce_scatter<G, K>(x, mask);
 #pragma unroll
     for (int k = 0; k < K; ++k) x[k] = __shfl_sync(mask, mine, k * (G / K), G);
   }
@@ -191,6 +202,31 @@ bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
   if (C <= 128) { f(IntC<1>{}, IntC<32>{}, IntC<4>{}); return true; }
   return false;
 }
+
+template <typename T> struct TypeTag { using type = T; };
+
+// The one dtype x row-shape dispatch of every kernel family's host code: calls
+// f(TypeTag<T>, IntC<VEC>, IntC<G>, IntC<NV>) for `st` (fp32 / fp16 / bf16 as the
+// kernels' CUDA type T) and head size C, and raises the same error, naming the op,
+// when C has no kernel.
+template <typename F>
+void dispatch_rows(at::ScalarType st, int64_t C, bool aligned, const char* op, F&& f) {
+  bool ok = false;
+  DFGNN_DISPATCH_FLOAT_TYPES(st, "dfgnn", [&] {
+    using T = typename cuda_type<scalar_t>::type;
+    ok = dispatch_row_shape<T>(C, aligned,
+                               [&](auto VEC, auto G, auto NV) { f(TypeTag<T>{}, VEC, G, NV); });
+  });
+  TORCH_CHECK(ok, op, ": head size C=", std::to_string(C), " is not supported by the fused "
+              "kernels (pyg_dfgnn.ops.schedule.kernel_supports says which sizes are)");
+}
+
+// Typed views of a tensor's data for kernel arguments (dtypes are checked in
+// bindings.cpp before any kernel is launched).
+template <typename T> const T* cptr(const at::Tensor& t) {
+  return static_cast<const T*>(t.const_data_ptr());
+}
+template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 
 // Edges whose k / v rows a lane loads before the first use (all loads of a step
 // are independent). 4 x 16 bytes per operand: 8 measured slower on the H100
@@ -395,14 +431,62 @@ template <int U, bool AHEAD> struct NbrPipe {
 
 template <typename T> constexpr bool kIndexAhead = sizeof(T) == 4;
 
-// Neighbours of the next U edges (-1 past the item's end) and two rows of each
-// (k and v, or q and dO), every load issued before any is used.
-template <typename T, int VEC, int G, int NV, int U, bool AHEAD>
-__device__ __forceinline__ void load_edge_rows(
-    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a,
-    const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
-    typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
-  nb.take(e0, j);
+// The neighbour indices of a work item, one tile of G edges at a time: lane gl of
+// the group holds the index of edge t0 + gl (one coalesced load per G edges, the
+// next tile's issued a whole tile ahead), and a step of U edges takes its indices
+// from their holders by shuffle. A step then waits on one memory round trip (the
+// rows), like NbrPipe's look-ahead, for two registers instead of U to 2U, and a
+// per-edge scalar (weight, score, dropout multiplier) is computed once by the
+// edge's holder lane instead of by every lane of the group (`share`). The forward
+// kernels use it (benchmarks/NOTES.md, v6).
+// DEPTH tiles of indices are in flight ahead of the current one (2 lets a kernel
+// gather a per-neighbour scalar one tile ahead: GAT's a_src).
+template <int G, int DEPTH = 1> struct NbrTile {
+  const int* __restrict__ nbr;
+  int end, gl;
+  unsigned mask;
+  int t0;            // first edge of the current tile
+  int cur;           // this lane's neighbour in the current tile (-1 past the end)
+  int ahead[DEPTH];  // ... and in the next DEPTH tiles
+  __device__ __forceinline__ NbrTile(const int* __restrict__ nbr_, int beg, int end_, int gl_,
+                                     unsigned mask_)
+      : nbr(nbr_), end(end_), gl(gl_), mask(mask_), t0(beg) {
+    cur = load(beg);
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) ahead[d] = load(beg + (d + 1) * G);
+  }
+  __device__ __forceinline__ int load(int t) const { return t + gl < end ? __ldg(nbr + t + gl) : -1; }
+  __device__ __forceinline__ bool valid() const { return t0 < end; }
+  __device__ __forceinline__ int tile_end() const { return min(t0 + G, end); }
+  // This lane's edge in the current tile.
+  __device__ __forceinline__ int edge() const { return t0 + gl; }
+  __device__ __forceinline__ void advance() {
+    t0 += G;
+    cur = ahead[0];
+#pragma unroll
+    for (int d = 0; d + 1 < DEPTH; ++d) ahead[d] = ahead[d + 1];
+    ahead[DEPTH - 1] = load(t0 + DEPTH * G);
+  }
+  // Neighbours of edges e0 .. e0 + U - 1 of the current tile (-1 past the end).
+  template <int U> __device__ __forceinline__ void take(int e0, int (&j)[U]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) j[u] = __shfl_sync(mask, cur, e0 - t0 + u, G);
+  }
+  // The per-edge values v (held by each edge's lane) of edges e0 .. e0 + U - 1.
+  template <int U> __device__ __forceinline__ void share(float v, int e0, float (&out)[U]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) out[u] = __shfl_sync(mask, v, e0 - t0 + u, G);
+  }
+};
+
+// Two rows (k and v, or q and dO) of each of U neighbours j[u] (< 0: none), every
+// load issued before any is used.
+template <typename T, int VEC, int G, int NV, int U>
+__device__ __forceinline__ void gather_rows(const int (&j)[U], const T* __restrict__ a,
+                                            const T* __restrict__ b, int64_t HC, int64_t head_off,
+                                            int gl, int nvec,
+                                            typename Packed<T, VEC>::type (&ra)[U][NV],
+                                            typename Packed<T, VEC>::type (&rb)[U][NV]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (j[u] >= 0) {
@@ -411,6 +495,27 @@ __device__ __forceinline__ void load_edge_rows(
       load_packed<T, VEC, G, NV>(b + off, gl, nvec, rb[u]);
     }
   }
+}
+
+// One row of each of U neighbours j[u] (< 0: none).
+template <typename T, int VEC, int G, int NV, int U>
+__device__ __forceinline__ void gather_row(const int (&j)[U], const T* __restrict__ a, int64_t HC,
+                                           int64_t head_off, int gl, int nvec,
+                                           typename Packed<T, VEC>::type (&ra)[U][NV]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (j[u] >= 0) load_packed<T, VEC, G, NV>(a + (int64_t)j[u] * HC + head_off, gl, nvec, ra[u]);
+}
+
+// Neighbours of the next U edges (-1 past the item's end) and two rows of each
+// (k and v, or q and dO), every load issued before any is used.
+template <typename T, int VEC, int G, int NV, int U, bool AHEAD>
+__device__ __forceinline__ void load_edge_rows(
+    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a,
+    const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
+    typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
+  nb.take(e0, j);
+  gather_rows<T, VEC, G, NV, U>(j, a, b, HC, head_off, gl, nvec, ra, rb);
 }
 
 // Neighbours of the next U edges (-1 past the item's end), one row of each and a
@@ -467,6 +572,18 @@ struct OnlineSoftmax {
       }
     }
     m = mc;
+  }
+
+  // Moves the running max to max(m, mt) (mt finite) and returns it; the lane
+  // partial sum l and the accumulator are rescaled to it. For kernels that know a
+  // whole tile's scores at once (GAT): one rescale per tile instead of per step.
+  __device__ __forceinline__ float raise_max(float mt) {
+    const float mc = fmaxf(m, mt);
+    const float corr = exp2f(m - mc);  // 0 while m = -inf
+    l *= corr;
+    scale_frag(corr, acc);
+    m = mc;
+    return mc;
   }
 
   // A whole row: out = acc / l, lse2 = m + log2(l), attention weights from the

@@ -11,6 +11,14 @@
 namespace dfgnn {
 namespace {
 
+// Whether the per-edge dP sums end in the lane that owns the edge (a
+// reduce-scatter, group_reduce_scatter: 6 shuffles for four edges over a warp)
+// or in every lane (four butterflies: 20). Measured (same run, fwd+bwd): a warp
+// per head row 3-7 % faster with owners (PATTERN 1.62 -> 1.51 ms, Reddit-like
+// 4.65 -> 4.39); 8 lanes per row 1-8 % slower (COCO-SP 4 x 32 1.88 -> 2.02;
+// benchmarks/NOTES.md, v6).
+template <int G> constexpr bool kOwnerSums = G == 32;
+
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
@@ -38,7 +46,8 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   if (gl == 0 && beg == g.row_beg) dsum[i * H + h] = D;
   const float L = lse2[i * H + h];
   const float ad = to_float(a_dst[i * H + h]);
-  float acc = 0.f;  // sum of dE over the item's edges (the same in every lane)
+  float acc = 0.f;  // sum of dE over the edges this lane owns (all edges: !kOwnerSums)
+  const int uo = gl / (G / U);  // the edge of each step this lane owns
   NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
@@ -50,20 +59,41 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     });
 #pragma unroll
     for (int u = 0; u < U; ++u) dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, xf[u]) : 0.f;
-    // Independent butterflies, not group_sum_many: with one value per edge the
-    // reduce-scatter's longer chain measured 2-13 % slower here (NOTES.md, v4).
+    if constexpr (kOwnerSums<G>) {
+      // Each dP is needed in one lane only: this lane owns edge e0 + uo and adds
+      // its dE (one edge's exp / dropout per lane instead of U).
+      const float dpo = group_reduce_scatter<G, U>(dp, mask);
+      int jo = -1;
+      float eo = 0.f;
 #pragma unroll
-    for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
-        const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - L);
+      for (int u = 0; u < U; ++u) {
+        if (u == uo) {
+          jo = j[u];
+          eo = e[u];
+        }
+      }
+      if (jo >= 0) {
+        const float pe = exp2f(leaky_relu(eo, slope) * kLog2e - L);
         float z = 1.f;
-        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        acc += pe * (z * dp[u] - D) * leaky_grad(e[u], slope);
+        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + uo) * H + h);
+        acc += pe * (z * dpo - D) * leaky_grad(eo, slope);
+      }
+    } else {  // every lane sums every edge's dE
+#pragma unroll
+      for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (j[u] >= 0) {
+          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - L);
+          float z = 1.f;
+          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
+          acc += pe * (z * dp[u] - D) * leaky_grad(e[u], slope);
+        }
       }
     }
   }
+  // Owners: lanes uo * (G / U) .. hold copies of the same sums, count one of each.
+  if constexpr (kOwnerSums<G>) acc = group_sum<G>(gl % (G / U) == 0 ? acc : 0.f, mask);
   if (gl == 0) {
     if (slot < 0) da_dst[i * H + h] = acc;
     else partial[(int64_t)slot * H + h] = acc;
@@ -95,7 +125,8 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   load_row<T, VEC, G, NV>(x + off_j, gl, nvec, xf);
   zero_frag(dx_acc);
   const float as = to_float(a_src[j * H + h]);
-  float da = 0.f;
+  float da = 0.f;  // sum of d a_src over the edges this lane owns (all edges: !kOwnerSums)
+  const int uo = gl / (G / U);  // the edge of each step this lane owns
   NbrPipe<U, kIndexAhead<T>> nb(row, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int i[U];
@@ -115,21 +146,37 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(xf, gf[u]) : 0.f;
-    // Independent butterflies, not group_sum_many: with one value per edge the
-    // reduce-scatter's longer chain measured 2-13 % slower here (NOTES.md, v4).
+    if constexpr (kOwnerSums<G>) {
+      // Each dP is needed in one lane only (as in gat_bwd_dst_kernel).
+      const float dpo = group_reduce_scatter<G, U>(dp, mask);
+      float da_o = 0.f;
 #pragma unroll
-    for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
+      for (int u = 0; u < U; ++u) {
+        if (i[u] >= 0) {
+          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
+          float z = 1.f;
+          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
+          axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
+          if (u == uo) da_o = pe * (z * dpo - d_i[u]) * leaky_grad(e[u], slope);
+        }
+      }
+      da += da_o;
+    } else {  // every lane sums every edge's d a_src
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (i[u] >= 0) {
-        const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
-        float z = 1.f;
-        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
-        axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
-        da += pe * (z * dp[u] - d_i[u]) * leaky_grad(e[u], slope);
+      for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i[u] >= 0) {
+          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
+          float z = 1.f;
+          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
+          axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
+          da += pe * (z * dp[u] - d_i[u]) * leaky_grad(e[u], slope);
+        }
       }
     }
   }
+  if constexpr (kOwnerSums<G>) da = group_sum<G>(gl % (G / U) == 0 ? da : 0.f, mask);
   if (slot < 0) {
     store_row<T, VEC, G, NV>(dx + off_j, gl, nvec, dx_acc, 1.f);
     if (gl == 0) da_src[j * H + h] = da;
@@ -161,37 +208,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = 256;
   auto stream = at::cuda::getCurrentCUDAStream();
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gat_backward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_dst_units > 0) {  // before the source walk: it writes D
-        auto kern = p > 0.f ? gat_bwd_dst_kernel<T, VEC, G, NV, true>
-                            : gat_bwd_dst_kernel<T, VEC, G, NV, false>;
-        kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
-            P(grad_out), P(a_dst), P(a_src), P(x), P(out), lse2.data_ptr<float>(),
-            rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
-            da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
-            n_dst_units, H, C, slope, p, (uint64_t)seed);
-        check_launch();
-      }
-      if (n_src_units > 0) {
-        auto kern = p > 0.f ? gat_bwd_src_kernel<T, VEC, G, NV, true>
-                            : gat_bwd_src_kernel<T, VEC, G, NV, false>;
-        kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
-            P(grad_out), P(a_dst), P(a_src), P(x), lse2.data_ptr<float>(), dsum.data_ptr<float>(),
-            colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
-            cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
-            reinterpret_cast<T*>(dx.data_ptr<scalar_t>()), part_a.data_ptr<float>(),
-            part_x.data_ptr<float>(), n_src_units, H, C, slope, p, (uint64_t)seed);
-        check_launch();
-      }
-    });
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
+                                                                  auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_dst_units > 0) {  // before the source walk: it writes D
+      auto kern = p > 0.f ? gat_bwd_dst_kernel<T, VEC, G, NV, true>
+                          : gat_bwd_dst_kernel<T, VEC, G, NV, false>;
+      kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
+          lse2.data_ptr<float>(),
+          rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
+          da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
+          n_dst_units, H, C, slope, p, (uint64_t)seed);
+      check_launch();
+    }
+    if (n_src_units > 0) {
+      auto kern = p > 0.f ? gat_bwd_src_kernel<T, VEC, G, NV, true>
+                          : gat_bwd_src_kernel<T, VEC, G, NV, false>;
+      kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), lse2.data_ptr<float>(),
+          dsum.data_ptr<float>(),
+          colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
+          cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
+          mptr<T>(dx), part_a.data_ptr<float>(),
+          part_x.data_ptr<float>(), n_src_units, H, C, slope, p, (uint64_t)seed);
+      check_launch();
+    }
   });
-  TORCH_CHECK(ok, "dfgnn::gat_bwd: head size C=", std::to_string(C),
-              " is not supported by the fused kernels");
   combine_partials(part_d, rw.combine, da_dst);
   combine_partials(part_a, cw.combine, da_src);
   combine_partials(part_x, cw.combine, dx);

@@ -3,20 +3,24 @@
 // with a_dst = a_dst^T W x_i and a_src = a_src^T W x_j computed densely ([N, H]).
 //
 // SMMF (paper Fig. 12: the per-edge score is one add, so there is nothing to
-// balance): one lane group per (dst, head) work item, the score is a scalar
-// gather, the softmax is online and the row of x_j is the only vector load per
-// edge. Split rows are merged like the GT kernel's.
+// balance): one lane group per (dst, head) work item; each lane scores one edge
+// of a tile of G (the paper's redundancy-free softmax, §4.2 and Fig. 7b, in
+// registers instead of shared memory), the softmax is online per tile and the
+// row of x_j is the only vector load per edge. Split rows are merged like the GT
+// kernel's.
 // PMF: an edge-parallel kernel writes the scores [E, H], then softmax_spmm.
-// Measured on the H100 it is as fast or faster than SMMF when a head row takes
-// a whole warp, so "auto" picks it there (pyg_dfgnn/ops/schedule.py).
+// Since the tiles (v6) SMMF measured as fast or faster on every graph, so "auto"
+// picks SMMF, as the paper does (pyg_dfgnn/ops/schedule.py).
 #include "common.cuh"
 #include "ops.h"
 
 namespace dfgnn {
 namespace {
 
+// G < 32 with NV = 2 is the two-rows-per-warp shape (host code below), held to
+// 3 blocks per SM.
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, (G < 32 && NV == 2) ? 3 : 0)
 gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T* __restrict__ x,
                const int* __restrict__ rowptr, const int* __restrict__ col,
                const int* __restrict__ items, int chunk, T* __restrict__ out,
@@ -30,22 +34,44 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
   const int gl = g.gl, h = g.h, beg = g.beg, end = g.end;
+  const unsigned mask = g.mask;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const float ad = to_float(a_dst[g.row * H + h]);
+  auto a_of = [&](int jj) { return jj >= 0 ? to_float(__ldg(a_src + (int64_t)jj * H + h)) : 0.f; };
 
-  OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
-  NbrPipe<U, false> nb(col, beg, end);  // look-ahead measured 5-7 % slower here (NOTES v5)
-  for (int e0 = beg; e0 < end; e0 += U) {
-    int j[U];
-    P xf[U][NV];
-    float s[U];
-    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, xf, s,
-                                    [&](int, int jj) {
-      return leaky_relu(ad + to_float(__ldg(a_src + (int64_t)jj * H + h)), slope) * kLog2e;
-    });
-    os.step(j, s, xf, e0, H, h, p, seed, attn, gl);
+  // A tile of G edges at a time: each lane scores its own edge (a_src gathered
+  // one tile ahead, indices two), the tile's max rescales the accumulator once,
+  // and the steps take their neighbours and weights from the lanes by shuffle, so
+  // a step waits only on its x rows.
+  OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;  // os.l holds this lane's partial sum
+  NbrTile<G, 2> nt(col, beg, end, gl, mask);
+  float a_cur = a_of(nt.cur);
+  for (; nt.valid(); nt.advance()) {
+    const float a_next = a_of(nt.ahead[0]);
+    const int e = nt.edge();
+    const bool mine = nt.cur >= 0;
+    const float sl = mine ? leaky_relu(ad + a_cur, slope) * kLog2e : kNegInf;
+    if (attn != nullptr && mine) attn[(int64_t)e * H + h] = sl;  // finish() normalises
+    const float mc = os.raise_max(group_max<G>(sl, mask));
+    float wl = mine ? exp2f(sl - mc) : 0.f;
+    os.l += wl;
+    if constexpr (DROPOUT) wl *= dropout_scale(p, seed, (uint64_t)e * H + h);
+    const int te = nt.tile_end();
+    for (int e0 = nt.t0; e0 < te; e0 += U) {
+      int j[U];
+      float w[U];
+      P xf[U][NV];
+      nt.take(e0, j);
+      nt.share(wl, e0, w);
+      gather_row<T, VEC, G, NV, U>(j, x, HC, (int64_t)h * C, gl, nvec, xf);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], xf[u], os.acc);
+    }
+    a_cur = a_next;
   }
+  os.l = group_sum<G>(os.l, mask);
   os.finish(g, H, C, out, lse2, attn, partial, partial_ml);
 }
 
@@ -78,33 +104,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;
   auto stream = at::cuda::getCurrentCUDAStream();
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(x.scalar_type(), "gat_forward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
-    if (pmf) {
-      ok = true;  // the shape check is softmax_spmm's
+  // fp32 heads of 5-32 vectors (C = 20 to 128) on large graphs whose rows all fit one item
+  // (the batch graphs): two rows per warp, G / 2 lanes each, as in gt_forward.cu.
+  // Measured 5-22 % faster there, 1-11 % slower on the super-node graphs (their
+  // split rows' long items take twice the instructions per lane; NOTES.md, v6).
+  const bool two_rows = !pmf && E >= (int64_t(1) << 18) && rw.num_slots == 0;
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto T_, auto VEC_, auto G_,
+                                                                    auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (pmf) {  // scores here, softmax + SpMM in fc.finish
       if (E * H == 0) return;
       gat_score_kernel<T><<<ceil_div(E * H, kThreads), kThreads, 0, stream>>>(
-          P(a_dst), P(a_src), csr_row->data_ptr<int>(), col.data_ptr<int>(),
+          cptr<T>(a_dst), cptr<T>(a_src), csr_row->data_ptr<int>(), col.data_ptr<int>(),
           fc.score.data_ptr<float>(), E * H, H, slope);
       check_launch();
       return;
     }
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_units == 0) return;
-      auto kern = p > 0.f ? gat_fwd_kernel<T, VEC, G, NV, true> : gat_fwd_kernel<T, VEC, G, NV, false>;
-      kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-          P(a_dst), P(a_src), P(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, reinterpret_cast<T*>(fc.out.data_ptr<scalar_t>()),
-          fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
-          fc.partial_ml.data_ptr<float>(), n_units, H, C, slope, p, (uint64_t)seed);
+    if (n_units == 0) return;
+    auto launch = [&](auto kern, int lanes) {
+      kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
+          fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units,
+          H, C, slope, p, (uint64_t)seed);
       check_launch();
-    });
+    };
+    if constexpr (std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1) {
+      if (two_rows) {  // G / 2 lanes x 2 vectors per row
+        launch(p > 0.f ? gat_fwd_kernel<T, VEC, G / 2, 2, true>
+                       : gat_fwd_kernel<T, VEC, G / 2, 2, false>, G / 2);
+        return;
+      }
+    }
+    launch(p > 0.f ? gat_fwd_kernel<T, VEC, G, NV, true> : gat_fwd_kernel<T, VEC, G, NV, false>, G);
   });
-  TORCH_CHECK(ok, "dfgnn::gat_fwd: head size C=", std::to_string(C),
-              " is not supported by the fused kernels");
   fc.finish(x, rowptr, col, rw, chunk, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
 }

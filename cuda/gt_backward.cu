@@ -173,35 +173,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
-  bool ok = false;
-
-  DFGNN_DISPATCH_FLOAT_TYPES(q.scalar_type(), "gt_backward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
-    auto W = [](at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr<scalar_t>()); };
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_dst_units > 0) {  // before dkv: it writes D
-        auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
-        kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
-            P(grad_out), P(q), P(k), P(v), P(out), lse2.data_ptr<float>(), rowptr.data_ptr<int>(),
-            col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk, W(dq),
-            part_q.data_ptr<float>(), dsum.data_ptr<float>(), n_dst_units, H, C, sc, scale2, p,
-            (uint64_t)seed);
-        check_launch();
-      }
-      if (n_src_units > 0) {
-        auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
-        kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
-            P(grad_out), P(q), P(k), P(v), lse2.data_ptr<float>(), dsum.data_ptr<float>(),
-            colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
-            cw.items.data_ptr<int>(), (int)chunk, W(dk), W(dv), part_k.data_ptr<float>(),
-            part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p, (uint64_t)seed);
-        check_launch();
-      }
-    });
+  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
+                                                                 auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_dst_units > 0) {  // before dkv: it writes D
+      auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
+      kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
+          lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
+          part_q.data_ptr<float>(), dsum.data_ptr<float>(), n_dst_units, H, C, sc, scale2, p,
+          (uint64_t)seed);
+      check_launch();
+    }
+    if (n_src_units > 0) {
+      auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
+      kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(),
+          dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
+          perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
+          part_k.data_ptr<float>(), part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p, (uint64_t)seed);
+      check_launch();
+    }
   });
-  TORCH_CHECK(ok, "dfgnn::gt_bwd: head size C=", std::to_string(C), " is not supported by the fused kernels");
   combine_partials(part_q, rw.combine, dq);
   combine_partials(part_k, cw.combine, dk);
   combine_partials(part_v, cw.combine, dv);

@@ -92,51 +92,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   const int64_t n_units = rw.items.size(0) * H;
-  // fp32 heads of 32 vectors (C = 128) on large graphs whose rows all fit one work
-  // item (the batch graphs): two rows per warp, 16 lanes each, 2 edges in flight.
-  // Twice the rows in flight per SM at the same registers: measured 6-25 % faster
-  // on the batch graphs, but slower where one long chain is the kernel time
-  // (small graphs +27 %, super nodes up to +16 %; benchmarks/NOTES.md, v5.2).
+  // fp32 heads of 5-32 vectors (C = 20 to 128) on large graphs whose rows all fit
+  // one work item (the batch graphs): two rows per warp, G / 2 lanes each, 2 edges
+  // in flight. Twice the rows in flight per SM at the same registers: measured
+  // 6-25 % faster on the batch graphs (C = 128, v5.2; 4 x 32 heads 4-24 %, v6), but
+  // slower where one long chain is the kernel time (small graphs +27 %, super
+  // nodes up to +16 %; benchmarks/NOTES.md). bf16 / fp16 would spill (fp32 q and
+  // accumulator fragments twice as long per lane).
   // kTwoRowsMinEdges mirrors pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
   constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
   const bool two_rows = !pmf && E >= kTwoRowsMinEdges && rw.num_slots == 0;
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(q.scalar_type(), "gt_forward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (pmf) {
-        const int64_t n_edge_units = E * H;
-        if (n_edge_units == 0) return;
-        gt_sddmm_kernel<T, VEC, G, NV><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
-            P(q), P(k), csr_row->data_ptr<int>(), col.data_ptr<int>(), fc.score.data_ptr<float>(),
-            n_edge_units, H, C, scale2);
-        check_launch();
+  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
+                                                                 auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (pmf) {
+      const int64_t n_edge_units = E * H;
+      if (n_edge_units == 0) return;
+      gt_sddmm_kernel<T, VEC, G, NV><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(q), cptr<T>(k), csr_row->data_ptr<int>(), col.data_ptr<int>(),
+          fc.score.data_ptr<float>(), n_edge_units, H, C, scale2);
+      check_launch();
+      return;
+    }
+    if (n_units == 0) return;
+    auto launch = [&](auto kern, int lanes) {
+      kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
+          cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out),
+          fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
+          fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
+      check_launch();
+    };
+    if constexpr (std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1) {
+      if (two_rows) {  // G / 2 lanes x 2 vectors per row, 2 edges in flight
+        launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G / 2, 2, true, 2>
+                       : gt_fwd_smmf_kernel<T, VEC, G / 2, 2, false, 2>, G / 2);
         return;
       }
-      if (n_units == 0) return;
-      auto launch = [&](auto kern, int lanes) {
-        kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
-            P(q), P(k), P(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-            rw.items.data_ptr<int>(), (int)chunk, reinterpret_cast<T*>(fc.out.data_ptr<scalar_t>()),
-            fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
-            fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
-        check_launch();
-      };
-      if constexpr (std::is_same_v<T, float> && VEC == 4 && G == 32 && NV == 1) {
-        if (two_rows) {  // 16 lanes x 2 vectors per row, 2 edges in flight
-          launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, 16, 2, true, 2>
-                         : gt_fwd_smmf_kernel<T, VEC, 16, 2, false, 2>, 16);
-          return;
-        }
-      }
-      launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G, NV, true>
-                     : gt_fwd_smmf_kernel<T, VEC, G, NV, false>, G);
-    });
+    }
+    launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G, NV, true>
+                   : gt_fwd_smmf_kernel<T, VEC, G, NV, false>, G);
   });
-  TORCH_CHECK(ok, "dfgnn::gt_fwd: head size C=", std::to_string(C), " is not supported by the "
-              "fused kernels (pyg_dfgnn.ops.schedule.kernel_supports says which sizes are)");
   fc.finish(v, rowptr, col, rw, chunk, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
 }

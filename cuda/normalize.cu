@@ -75,21 +75,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Ten
   const bool aligned = is_aligned16(x) && is_aligned16(k) && is_aligned16(q);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(x.scalar_type(), "l2norm_forward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_units == 0) return;
-      l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-          reinterpret_cast<const T*>(x.data_ptr<scalar_t>()), beta.data_ptr<float>(),
-          reinterpret_cast<T*>(k.data_ptr<scalar_t>()), reinterpret_cast<T*>(q.data_ptr<scalar_t>()),
-          rnorm.data_ptr<float>(), n_units, C, (float)eps);
-      check_launch();
-    });
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::l2norm_fwd", [&](auto T_, auto VEC_,
+                                                                       auto G_, auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_units == 0) return;
+    l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+        cptr<T>(x), beta.data_ptr<float>(), mptr<T>(k), mptr<T>(q), rnorm.data_ptr<float>(),
+        n_units, C, (float)eps);
+    check_launch();
   });
-  TORCH_CHECK(ok, "dfgnn::l2norm_fwd: head size C=", std::to_string(C),
-              " is not supported by the fused kernels");
   return {k, q, rnorm};
 }
 
@@ -103,21 +98,16 @@ std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, co
   const bool aligned = is_aligned16(k) && is_aligned16(dk) && is_aligned16(dq) && is_aligned16(dx);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(k.scalar_type(), "l2norm_backward", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr<scalar_t>()); };
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_units == 0) return;
-      l2norm_bwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-          P(dk), P(dq), P(k), rnorm.data_ptr<float>(), beta.data_ptr<float>(),
-          reinterpret_cast<T*>(dx.data_ptr<scalar_t>()), dbeta_part.data_ptr<float>(), n_units, C);
-      check_launch();
-    });
+  dispatch_rows(k.scalar_type(), C, aligned, "dfgnn::l2norm_bwd", [&](auto T_, auto VEC_,
+                                                                       auto G_, auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_units == 0) return;
+    l2norm_bwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+        cptr<T>(dk), cptr<T>(dq), cptr<T>(k), rnorm.data_ptr<float>(), beta.data_ptr<float>(),
+        mptr<T>(dx), dbeta_part.data_ptr<float>(), n_units, C);
+    check_launch();
   });
-  TORCH_CHECK(ok, "dfgnn::l2norm_bwd: head size C=", std::to_string(C),
-              " is not supported by the fused kernels");
   return {dx, dbeta_part};
 }
 

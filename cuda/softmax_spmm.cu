@@ -33,35 +33,49 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
 
-  float mx = kNegInf;
-  for (int e = rb + gl; e < re; e += G) mx = fmaxf(mx, score[(int64_t)e * H + h]);
-  mx = group_max<G>(mx, mask);
-  float sum = 0.f;
-  for (int e = rb + gl; e < re; e += G) sum += exp2f(score[(int64_t)e * H + h] - mx);
-  sum = group_sum<G>(sum, mask);
-  const float L = mx + log2f(sum);
+  // Row statistics in one pass: a running max and sum per lane, merged over the
+  // group (the whole row, also for a split row's items).
+  float mx = kNegInf, sum = 0.f;
+  for (int e = rb + gl; e < re; e += G) {
+    const float s = score[(int64_t)e * H + h];
+    if (s > mx) {
+      sum = sum * exp2f(mx - s) + 1.f;
+      mx = s;
+    } else {
+      sum += exp2f(s - mx);
+    }
+  }
+  const float M = group_max<G>(mx, mask);
+  sum = group_sum<G>(mx == kNegInf ? 0.f : sum * exp2f(mx - M), mask);
+  const float L = M + log2f(sum);
   if (start == rb && gl == 0) lse2[(int64_t)row * H + h] = L;
 
+  // A tile of G edges at a time: each lane turns its own edge's score into the
+  // weight (and writes the attention weight, coalesced); the steps take the
+  // neighbours and weights by shuffle and wait only on the x rows.
+  using P = typename Packed<T, VEC>::type;
   float acc[NV][VEC];
   zero_frag(acc);
-  NbrPipe<U, false> nb(col, start, end);  // no look-ahead: kIndexAhead in common.cuh
-  for (int e0 = start; e0 < end; e0 += U) {
-    using P = typename Packed<T, VEC>::type;
-    int j[U];
-    P vf[U][NV];
-    float w[U];
-    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, vf, w,
-                                    [&](int u, int) {
-      return exp2f(score[(int64_t)(e0 + u) * H + h] - L);
-    });
+  NbrTile<G> nt(col, start, end, gl, mask);
+  for (; nt.valid(); nt.advance()) {
+    const int e = nt.edge();
+    float wl = 0.f;
+    if (nt.cur >= 0) {
+      wl = exp2f(score[(int64_t)e * H + h] - L);
+      if (attn != nullptr) attn[(int64_t)e * H + h] = wl;
+      if constexpr (DROPOUT) wl *= dropout_scale(p, seed, (uint64_t)e * H + h);
+    }
+    const int te = nt.tile_end();
+    for (int e0 = nt.t0; e0 < te; e0 += U) {
+      int j[U];
+      float w[U];
+      P vf[U][NV];
+      nt.take(e0, j);
+      nt.share(wl, e0, w);
+      gather_row<T, VEC, G, NV, U>(j, x, HC, (int64_t)h * C, gl, nvec, vf);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
-        if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = w[u];
-        float ww = w[u];
-        if constexpr (DROPOUT) ww *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        axpy_packed<T, VEC, NV>(ww, vf[u], acc);
-      }
+      for (int u = 0; u < U; ++u)
+        if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], vf[u], acc);
     }
   }
   if (slot < 0) {
@@ -83,25 +97,21 @@ void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor
   const bool aligned = is_aligned16(x) && is_aligned16(out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  bool ok = false;
-  DFGNN_DISPATCH_FLOAT_TYPES(x.scalar_type(), "softmax_spmm", [&] {
-    using T = typename cuda_type<scalar_t>::type;
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC_, auto G_, auto NV_) {
-      constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-      if (n_units == 0) return;
-      // Every row owns at least one item (an empty row's item writes zeros and
-      // lse = -inf); rows longer than `chunk` own several, summed by combine.
-      auto kern = p > 0.f ? softmax_spmm_kernel<T, VEC, G, NV, true>
-                          : softmax_spmm_kernel<T, VEC, G, NV, false>;
-      kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-          reinterpret_cast<const T*>(x.data_ptr<scalar_t>()), score.data_ptr<float>(),
-          rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
-          reinterpret_cast<T*>(out.data_ptr<scalar_t>()), partial.data_ptr<float>(),
-          lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed);
-      check_launch();
-    });
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn (softmax + SpMM)", [&](auto T_, auto VEC_,
+                                                                           auto G_, auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_units == 0) return;
+    // Every row owns at least one item (an empty row's item writes zeros and
+    // lse = -inf); rows longer than `chunk` own several, summed by combine.
+    auto kern = p > 0.f ? softmax_spmm_kernel<T, VEC, G, NV, true>
+                        : softmax_spmm_kernel<T, VEC, G, NV, false>;
+    kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+        cptr<T>(x), score.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(out), partial.data_ptr<float>(),
+        lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed);
+    check_launch();
   });
-  TORCH_CHECK(ok, "dfgnn: head size C=", std::to_string(C), " is not supported by the fused kernels");
   combine_partials(partial, rw.combine, out);
 }
 

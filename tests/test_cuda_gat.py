@@ -7,8 +7,8 @@ import torch
 
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import reference
-from test_cuda_gt import DEV, GRAPHS, poison, rel_err
+from pyg_dfgnn.ops import reference, schedule
+from test_cuda_gt import DEV, GRAPHS, poison, random_graph, rel_err
 
 pytestmark = pytest.mark.cuda
 
@@ -120,6 +120,48 @@ def test_dropout_backward_matches_forward_mask(strategy):
     fd = ((plus - minus) / (2 * eps)).item()
     an = sum((t.grad * d).sum() for t, d in zip((a_src, a_dst, x), dirs)).item()
     assert abs(fd - an) / abs(an) < 2e-2
+
+
+@pytest.mark.parametrize("super_deg", [0, 40_000])
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 64), (2, 100)])
+def test_two_rows_per_warp(H, C, super_deg):
+    """At least 2^18 edges: the fp32 SMMF forward runs two rows per warp
+    (gat_forward.cu), with and without split rows (a super node)."""
+    torch.manual_seed(C + super_deg)
+    n = 20_000
+    ei = random_graph(n, n, 300_000, super_deg=super_deg)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
+    x = torch.randn(n, H, C, device=DEV, requires_grad=True)
+    a_src = torch.randn(n, H, device=DEV, requires_grad=True)
+    a_dst = torch.randn(n, H, device=DEV, requires_grad=True)
+    g = torch.randn(n, H, C, device=DEV)
+    poison()
+    out, alpha = ops.gat_attention(lay, a_src, a_dst, x, return_attention=True, strategy="smmf")
+    out.backward(g)
+    ref, ref_alpha, (ds, dd, dx) = ref64(lay, a_src, a_dst, x, 0.2, g)
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
+    for got, want in ((a_src.grad, ds), (a_dst.grad, dd), (x.grad, dx)):
+        assert rel_err(got, want) < 1e-4
+    isolated = lay.in_degree() == 0
+    assert isolated.any() and (out[isolated] == 0).all()
+
+
+def test_two_rows_per_warp_dropout():
+    """One in-edge per destination, 2^18+ edges, C = 128: out_i = z_i x_src(i)."""
+    torch.manual_seed(15)
+    n, p = 300_000, 0.6
+    ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
+    x = torch.rand(n, 1, 128, device=DEV) + 0.1
+    a = torch.randn(n, 1, device=DEV)
+    out = ops.gat_attention(lay, a, a, x, dropout=p, training=True, strategy="smmf")
+    dropped = (out == 0).all(-1)
+    assert abs(dropped.float().mean().item() - p) < 0.01
+    want = x[lay.col.long()] / (1 - p)
+    assert torch.allclose(out[~dropped], want[~dropped], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("pmf", [False, True])

@@ -164,7 +164,7 @@ def test_dropout_statistics_and_mask_consistency():
 
 def _batch_like_layout(n=20_000, n_edges=300_000):
     """At least 2^18 edges and every row within one work item: the shape of the
-    batch graphs, where the fp32 forward of 17-32 vectors per head row runs two
+    batch graphs, where the fp32 forward of 5-32 vectors per head row runs two
     rows per warp (gt_forward.cu)."""
     lay = GraphLayout.from_edge_index(random_graph(n, n, n_edges), (n, n))
     assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
@@ -172,7 +172,7 @@ def _batch_like_layout(n=20_000, n_edges=300_000):
     return lay
 
 
-@pytest.mark.parametrize("H,C", [(1, 128), (2, 100)])
+@pytest.mark.parametrize("H,C", [(1, 128), (2, 100), (4, 32), (2, 64)])
 def test_two_rows_per_warp_forward(H, C):
     torch.manual_seed(C)
     lay = _batch_like_layout()

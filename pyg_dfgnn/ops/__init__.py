@@ -224,10 +224,10 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
 
     per head, with in-kernel attention dropout; the backward returns gradients for
-    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` follows the H100
-    measurements (:mod:`pyg_dfgnn.ops.schedule`): PMF (edge-parallel score kernel,
-    then softmax + SpMM) when a head row takes a whole warp (e.g. fp32 ``C = 128``),
-    SMMF otherwise; ``"smmf"`` / ``"pmf"`` force one.
+    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` is SMMF (paper §4.2,
+    Fig. 12, and the H100 measurements in :mod:`pyg_dfgnn.ops.schedule`);
+    ``"smmf"`` / ``"pmf"`` (edge-parallel score kernel, then softmax + SpMM) force
+    one.
 
     Args:
         a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
@@ -243,8 +243,7 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
     Raises:
         ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
     """
-    strat = choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy,
-                            head_size=x.size(-1))
+    strat = choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)
     if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
         raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
                          f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "

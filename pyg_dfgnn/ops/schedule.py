@@ -16,14 +16,12 @@ graphs included (Reddit-like: 2.06 ms vs 3.68 ms forward), so ``"auto"`` uses
 the measured rule (:data:`RULE` ``= "measured"``: SMMF) for dot-product and
 cosine scores.
 
-For additive scores the same measurement contradicts the paper: with a whole
-warp per head row (:func:`lanes_per_row` ``== 32``, e.g. fp32 ``C = 128``), PMF's
-forward is as fast or 5-23 % faster than SMMF on every graph (its score pass is a
-plain gather, and the SpMM loop has no online rescaling); with 8 lanes per row
-(``H = 4 x 32``) SMMF wins on the batch and super-node graphs (PMF re-reads a split
-row's scores per work item). So the measured rule picks PMF for additive scores
-exactly when the row takes a warp. ``RULE = "paper"`` restores the paper's rule;
-``strategy=`` forces either method per call.
+For additive scores (GAT) SMMF is as fast as PMF or faster on every graph, as the
+paper says (Fig. 12): since v6 its kernel scores a tile of edges at once, one edge
+per lane, and took 0.273 ms against PMF's 0.338 ms on PATTERN-like (0.646 against
+0.713 ms on ppa-like, 1.102 ms both on Reddit-like; ``benchmarks/NOTES.md``), so
+``"auto"`` is SMMF for them under both rules; ``strategy=`` forces either method
+per call.
 """
 from __future__ import annotations
 
@@ -78,24 +76,9 @@ def shared_memory_per_block(device_index: Optional[int] = None) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
 
 
-def lanes_per_row(head_size: int, elem_size: int) -> int:
-    r"""Lanes of the lane group that owns one (node, head) row in the kernels, for
-    heads of ``head_size`` elements of ``elem_size`` bytes (mirrors
-    ``dispatch_row_shape`` in ``cuda/common.cuh``: one 16-byte vector per lane and
-    access, 4 to 32 lanes; the scalar path for other sizes uses 32)."""
-    vec = 16 // elem_size
-    if head_size % vec:
-        return 32
-    nvec = head_size // vec
-    for lanes in (4, 8, 16):
-        if nvec <= lanes:
-            return lanes
-    return 32
-
-
 def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
                     strategy: str = "auto", capacity: Optional[int] = None,
-                    rule: Optional[str] = None, head_size: Optional[int] = None) -> str:
+                    rule: Optional[str] = None) -> str:
     r"""Picks ``"smmf"`` or ``"pmf"`` (paper §4.2; measured rule in the module
     docstring).
 
@@ -107,8 +90,6 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         capacity (int, optional): shared memory per block in bytes, for the paper
             rule; the current device's by default.
         rule (str, optional): ``"measured"`` or ``"paper"``; :data:`RULE` by default.
-        head_size (int, optional): channels per head; the measured rule for
-            additive scores needs it (``None``: SMMF).
 
     Raises:
         ValueError: unknown ``strategy``, ``score`` or ``rule``.
@@ -122,11 +103,7 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         raise ValueError(f"rule must be 'measured' or 'paper', got {rule!r}")
     if strategy != "auto":
         return strategy
-    if score == "additive":
-        if rule == "measured" and head_size is not None:
-            return "pmf" if lanes_per_row(head_size, elem_size) == 32 else "smmf"
-        return "smmf"
-    if rule == "measured":
+    if score == "additive" or rule == "measured":
         return "smmf"
     capacity = shared_memory_per_block() if capacity is None else capacity
     return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
