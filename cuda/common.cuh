@@ -441,19 +441,34 @@ template <typename T> constexpr bool kIndexAhead = sizeof(T) == 4;
 // kernels use it (benchmarks/NOTES.md, v6).
 // DEPTH tiles of indices are in flight ahead of the current one (2 lets a kernel
 // gather a per-neighbour scalar one tile ahead: GAT's a_src).
+// `avail` (the number of edges of the whole graph) makes the constructor's loads
+// speculative: they need only the item's first edge, not its end (which comes from
+// the row pointer, one more dependent round trip), and are masked once the end is
+// known; `raw` is this lane's first-tile neighbour before that mask, for a gather
+// that should not wait for the row pointer either (GAT's a_src). The same in
+// NbrPipe's first step measured 1 % slower in the GT forward (NOTES.md, v6.1).
 template <int G, int DEPTH = 1> struct NbrTile {
   const int* __restrict__ nbr;
   int end, gl;
   unsigned mask;
   int t0;            // first edge of the current tile
+  int raw;           // this lane's neighbour in the first tile, unmasked (-1 past avail)
   int cur;           // this lane's neighbour in the current tile (-1 past the end)
   int ahead[DEPTH];  // ... and in the next DEPTH tiles
   __device__ __forceinline__ NbrTile(const int* __restrict__ nbr_, int beg, int end_, int gl_,
-                                     unsigned mask_)
+                                     unsigned mask_, int avail)
       : nbr(nbr_), end(end_), gl(gl_), mask(mask_), t0(beg) {
-    cur = load(beg);
+    raw = speculate(beg, avail);
+    cur = beg + gl < end ? raw : -1;
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) ahead[d] = load(beg + (d + 1) * G);
+    for (int d = 0; d < DEPTH; ++d) {
+      const int t = beg + (d + 1) * G;
+      const int v = speculate(t, avail);
+      ahead[d] = t + gl < end ? v : -1;
+    }
+  }
+  __device__ __forceinline__ int speculate(int t, int avail) const {
+    return t + gl < avail ? __ldg(nbr + t + gl) : -1;
   }
   __device__ __forceinline__ int load(int t) const { return t + gl < end ? __ldg(nbr + t + gl) : -1; }
   __device__ __forceinline__ bool valid() const { return t0 < end; }
@@ -532,6 +547,28 @@ __device__ __forceinline__ void load_edge_row(
       load_packed<T, VEC, G, NV>(a + (int64_t)j[u] * HC + head_off, gl, nvec, ra[u]);
       sc[u] = scalar(u, j[u]);
     }
+  }
+}
+
+// The SpMM steps of one tile of NbrTile (GAT SMMF and PMF forward): acc += w_e x_e
+// over the tile's edges, each step's neighbours and weights (this lane's edge's
+// weight is wl) taken from their lanes by shuffle.
+template <typename T, int VEC, int G, int NV, int U, int DEPTH>
+__device__ __forceinline__ void tile_spmm(const NbrTile<G, DEPTH>& nt, float wl,
+                                          const T* __restrict__ x, int64_t HC, int64_t head_off,
+                                          int gl, int nvec, float (&acc)[NV][VEC]) {
+  using P = typename Packed<T, VEC>::type;
+  const int te = nt.tile_end();
+  for (int e0 = nt.t0; e0 < te; e0 += U) {
+    int j[U];
+    float w[U];
+    P xf[U][NV];
+    nt.take(e0, j);
+    nt.share(wl, e0, w);
+    gather_row<T, VEC, G, NV, U>(j, x, HC, head_off, gl, nvec, xf);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], xf[u], acc);
   }
 }
 

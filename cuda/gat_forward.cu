@@ -26,11 +26,10 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
                const int* __restrict__ items, int chunk, T* __restrict__ out,
                float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                float* __restrict__ partial_ml, int64_t n_units, int H, int C, float slope,
-               float p, uint64_t seed) {
+               float p, uint64_t seed, int n_edges) {
   // The GT kernel's edges in flight, although GAT loads one row per edge, not
   // two: twice as many measured 10-20 % slower (registers; benchmarks/NOTES.md).
   constexpr int U = edges_in_flight<VEC, NV>();
-  using P = typename Packed<T, VEC>::type;
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
   const int gl = g.gl, h = g.h, beg = g.beg, end = g.end;
@@ -45,8 +44,8 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
   // and the steps take their neighbours and weights from the lanes by shuffle, so
   // a step waits only on its x rows.
   OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;  // os.l holds this lane's partial sum
-  NbrTile<G, 2> nt(col, beg, end, gl, mask);
-  float a_cur = a_of(nt.cur);
+  NbrTile<G, 2> nt(col, beg, end, gl, mask, n_edges);
+  float a_cur = a_of(nt.raw);  // speculative: issued before the item's end is known
   for (; nt.valid(); nt.advance()) {
     const float a_next = a_of(nt.ahead[0]);
     const int e = nt.edge();
@@ -57,18 +56,7 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
     float wl = mine ? exp2f(sl - mc) : 0.f;
     os.l += wl;
     if constexpr (DROPOUT) wl *= dropout_scale(p, seed, (uint64_t)e * H + h);
-    const int te = nt.tile_end();
-    for (int e0 = nt.t0; e0 < te; e0 += U) {
-      int j[U];
-      float w[U];
-      P xf[U][NV];
-      nt.take(e0, j);
-      nt.share(wl, e0, w);
-      gather_row<T, VEC, G, NV, U>(j, x, HC, (int64_t)h * C, gl, nvec, xf);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], xf[u], os.acc);
-    }
+    tile_spmm<T, VEC, G, NV, U>(nt, wl, x, HC, (int64_t)h * C, gl, nvec, os.acc);
     a_cur = a_next;
   }
   os.l = group_sum<G>(os.l, mask);
@@ -127,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
           fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units,
-          H, C, slope, p, (uint64_t)seed);
+          H, C, slope, p, (uint64_t)seed, (int)E);
       check_launch();
     };
     if constexpr (std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1) {

@@ -22,7 +22,7 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
                        const int* __restrict__ items, int chunk, T* __restrict__ out,
                        float* __restrict__ partial, float* __restrict__ lse2,
                        float* __restrict__ attn, int64_t n_units, int H, int C, float p,
-                       uint64_t seed) {
+                       uint64_t seed, int n_edges) {
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
@@ -53,10 +53,9 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
   // A tile of G edges at a time: each lane turns its own edge's score into the
   // weight (and writes the attention weight, coalesced); the steps take the
   // neighbours and weights by shuffle and wait only on the x rows.
-  using P = typename Packed<T, VEC>::type;
   float acc[NV][VEC];
   zero_frag(acc);
-  NbrTile<G> nt(col, start, end, gl, mask);
+  NbrTile<G> nt(col, start, end, gl, mask, n_edges);
   for (; nt.valid(); nt.advance()) {
     const int e = nt.edge();
     float wl = 0.f;
@@ -65,18 +64,7 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
       if (attn != nullptr) attn[(int64_t)e * H + h] = wl;
       if constexpr (DROPOUT) wl *= dropout_scale(p, seed, (uint64_t)e * H + h);
     }
-    const int te = nt.tile_end();
-    for (int e0 = nt.t0; e0 < te; e0 += U) {
-      int j[U];
-      float w[U];
-      P vf[U][NV];
-      nt.take(e0, j);
-      nt.share(wl, e0, w);
-      gather_row<T, VEC, G, NV, U>(j, x, HC, (int64_t)h * C, gl, nvec, vf);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], vf[u], acc);
-    }
+    tile_spmm<T, VEC, G, NV, U>(nt, wl, x, HC, (int64_t)h * C, gl, nvec, acc);
   }
   if (slot < 0) {
     store_row<T, VEC, G, NV>(out + (int64_t)row * HC + (int64_t)h * C, gl, nvec, acc, 1.f);
@@ -109,7 +97,7 @@ void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor
     kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), score.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
         rw.items.data_ptr<int>(), (int)chunk, mptr<T>(out), partial.data_ptr<float>(),
-        lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed);
+        lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed, (int)col.size(0));
     check_launch();
   });
   combine_partials(partial, rw.combine, out);
