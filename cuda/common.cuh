@@ -228,6 +228,22 @@ template <typename T> const T* cptr(const at::Tensor& t) {
 }
 template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 
+// Two rows per warp (the SMMF forwards of GT and GAT): fp32 heads of 5-32 vectors
+// (C = 20 to 128) run G / 2 lanes x 2 vectors per row, so twice the rows are in
+// flight per SM at the same registers, on large graphs whose rows all fit one work
+// item (the batch graphs). Measured 6-25 % faster there (GT C = 128, v5.2; GT 4 x 32
+// and GAT, v6), but slower where one long chain is the kernel time: small graphs
+// (+27 %) and split rows of super nodes (GT up to +16 %, GAT up to +11 %;
+// benchmarks/NOTES.md). bf16 / fp16 would spill (fp32 q and accumulator fragments
+// twice as long per lane). kTwoRowsMinEdges mirrors
+// pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
+constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
+template <typename T, int VEC, int G, int NV>
+constexpr bool kHasTwoRowsShape = std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1;
+inline bool use_two_rows(bool pmf, int64_t n_edges, int64_t num_slots) {
+  return !pmf && n_edges >= kTwoRowsMinEdges && num_slots == 0;
+}
+
 // Edges whose k / v rows a lane loads before the first use (all loads of a step
 // are independent). 4 x 16 bytes per operand: 8 measured slower on the H100
 // (more registers, fewer resident warps; benchmarks/NOTES.md).
@@ -470,7 +486,7 @@ template <int G, int DEPTH = 1> struct NbrTile {
   __device__ __forceinline__ int speculate(int t, int avail) const {
     return t + gl < avail ? __ldg(nbr + t + gl) : -1;
   }
-  __device__ __forceinline__ int load(int t) const { return t + gl < end ? __ldg(nbr + t + gl) : -1; }
+  __device__ __forceinline__ int load(int t) const { return speculate(t, end); }
   __device__ __forceinline__ bool valid() const { return t0 < end; }
   __device__ __forceinline__ int tile_end() const { return min(t0 + G, end); }
   // This lane's edge in the current tile.

@@ -92,11 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;
   auto stream = at::cuda::getCurrentCUDAStream();
-  // fp32 heads of 5-32 vectors (C = 20 to 128) on large graphs whose rows all fit one item
-  // (the batch graphs): two rows per warp, G / 2 lanes each, as in gt_forward.cu.
-  // Measured 5-22 % faster there, 1-11 % slower on the super-node graphs (their
-  // split rows' long items take twice the instructions per lane; NOTES.md, v6).
-  const bool two_rows = !pmf && E >= (int64_t(1) << 18) && rw.num_slots == 0;
+  const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                     auto NV_) {
     using T = typename decltype(T_)::type;
@@ -118,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           H, C, slope, p, (uint64_t)seed, (int)E);
       check_launch();
     };
-    if constexpr (std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1) {
+    if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
       if (two_rows) {  // G / 2 lanes x 2 vectors per row
         launch(p > 0.f ? gat_fwd_kernel<T, VEC, G / 2, 2, true>
                        : gat_fwd_kernel<T, VEC, G / 2, 2, false>, G / 2);

@@ -92,16 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   const int64_t n_units = rw.items.size(0) * H;
-  // fp32 heads of 5-32 vectors (C = 20 to 128) on large graphs whose rows all fit
-  // one work item (the batch graphs): two rows per warp, G / 2 lanes each, 2 edges
-  // in flight. Twice the rows in flight per SM at the same registers: measured
-  // 6-25 % faster on the batch graphs (C = 128, v5.2; 4 x 32 heads 4-24 %, v6), but
-  // slower where one long chain is the kernel time (small graphs +27 %, super
-  // nodes up to +16 %; benchmarks/NOTES.md). bf16 / fp16 would spill (fp32 q and
-  // accumulator fragments twice as long per lane).
-  // kTwoRowsMinEdges mirrors pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
-  constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
-  const bool two_rows = !pmf && E >= kTwoRowsMinEdges && rw.num_slots == 0;
+  const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
@@ -124,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
           fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
       check_launch();
     };
-    if constexpr (std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1) {
+    if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
       if (two_rows) {  // G / 2 lanes x 2 vectors per row, 2 edges in flight
         launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G / 2, 2, true, 2>
                        : gt_fwd_smmf_kernel<T, VEC, G / 2, 2, false, 2>, G / 2);
