@@ -87,8 +87,7 @@ template <int G> __device__ __forceinline__ float group_sum(float x, unsigned ma
 // a reduce-scatter (each halving step ships half of the remaining values), then
 // the plain butterfly on what is left. K - 1 + log2(G / K) shuffles in log2(G)
 // dependent steps, against K log2(G) for K butterflies: 6 instead of 20 for four
-// values over a warp. For kernels that need each sum in one lane only (the GAT
-// backward's per-edge terms).
+// values over a warp. The first half of group_sum_many.
 template <int G, int K>
 __device__ __forceinline__ float group_reduce_scatter(float* x, unsigned mask) {
   static_assert((K & (K - 1)) == 0 && K <= G, "K must be a power of two <= G");
@@ -167,6 +166,16 @@ __device__ __forceinline__ float dropout_scale(float p, uint64_t seed, uint64_t 
                      AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
 
 inline void check_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
+
+// Threads per block of the SMMF forward and the backward kernels (node-parallel
+// lane groups, no shared memory). A block holds its SM slot until its slowest
+// warp is done, and the items of one block differ in length (power-law rows,
+// split-row tails), so small blocks keep the SMs fuller: 64 against 256 measured
+// 10-20 % faster on GitHub and PubMed, 3-5 % on the sparse batches, within
+// +-3 % on the dense batches and Reddit-like (NOTES.md, v7). 32 was no faster.
+// The edge-parallel PMF kernels keep 256 (their warps are short-lived: 64 made
+// PMF's SDDMM up to 1.7x slower).
+constexpr int kNodeBlock = 64;
 
 inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
@@ -566,26 +575,42 @@ __device__ __forceinline__ void load_edge_row(
   }
 }
 
-// The SpMM steps of one tile of NbrTile (GAT SMMF and PMF forward): acc += w_e x_e
-// over the tile's edges, each step's neighbours and weights (this lane's edge's
-// weight is wl) taken from their lanes by shuffle.
-template <typename T, int VEC, int G, int NV, int U, int DEPTH>
-__device__ __forceinline__ void tile_spmm(const NbrTile<G, DEPTH>& nt, float wl,
-                                          const T* __restrict__ x, int64_t HC, int64_t head_off,
-                                          int gl, int nvec, float (&acc)[NV][VEC]) {
+// The SpMM steps of one tile of NbrTile with K weights per edge: acc[k] +=
+// w_e[k] x_e over the tile's edges, each step's neighbours and weights (this
+// lane's edge's weights are wl) taken from their lanes by shuffle. K = 1: the
+// GAT SMMF and PMF forwards; K = 2: the GAT backward's CSC walk (dx and the
+// LeakyReLU'-weighted sum behind d a_src).
+template <typename T, int VEC, int G, int NV, int U, int DEPTH, int K>
+__device__ __forceinline__ void tile_spmm_k(const NbrTile<G, DEPTH>& nt, const float (&wl)[K],
+                                            const T* __restrict__ x, int64_t HC, int64_t head_off,
+                                            int gl, int nvec, float (&acc)[K][NV][VEC]) {
   using P = typename Packed<T, VEC>::type;
   const int te = nt.tile_end();
   for (int e0 = nt.t0; e0 < te; e0 += U) {
     int j[U];
-    float w[U];
+    float w[K][U];
     P xf[U][NV];
     nt.take(e0, j);
-    nt.share(wl, e0, w);
+#pragma unroll
+    for (int k = 0; k < K; ++k) nt.share(wl[k], e0, w[k]);
     gather_row<T, VEC, G, NV, U>(j, x, HC, head_off, gl, nvec, xf);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (j[u] >= 0) axpy_packed<T, VEC, NV>(w[u], xf[u], acc);
+    for (int u = 0; u < U; ++u) {
+      if (j[u] >= 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) axpy_packed<T, VEC, NV>(w[k][u], xf[u], acc[k]);
+      }
+    }
   }
+}
+
+template <typename T, int VEC, int G, int NV, int U, int DEPTH>
+__device__ __forceinline__ void tile_spmm(const NbrTile<G, DEPTH>& nt, float wl,
+                                          const T* __restrict__ x, int64_t HC, int64_t head_off,
+                                          int gl, int nvec, float (&acc)[NV][VEC]) {
+  const float w[1] = {wl};
+  tile_spmm_k<T, VEC, G, NV, U>(nt, w, x, HC, head_off, gl, nvec,
+                                reinterpret_cast<float(&)[1][NV][VEC]>(acc));
 }
 
 // Online softmax + SpMM of one lane group's work item (flash-attention style):

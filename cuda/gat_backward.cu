@@ -1,24 +1,24 @@
 // Backward pass of additive attention (GAT). With P the softmax, z the dropout
-// multiplier, dP_ij = dO_i . x_j and D_i = dO_i . O_i:
-//   dS_ij = P_ij (z_ij dP_ij - D_i),  dE_ij = dS_ij * LeakyReLU'(a_dst_i + a_src_j)
-//   d a_dst_i = sum_j dE_ij            (CSR walk over destinations)
-//   d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i   (CSC walk over sources)
-// Each output row is owned by one lane group (split rows: fixed-order combine):
-// no atomics, deterministic. Only lse2 [N, H] is saved by the forward.
+// multiplier, g_ij = LeakyReLU'(a_dst_i + a_src_j), dP_ij = dO_i . x_j and
+// D_i = dO_i . O_i:
+//   dE_ij = g_ij P_ij (z_ij dP_ij - D_i)
+//   d a_dst_i = sum_j dE_ij,  d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i.
+// dP enters the score gradients only through those sums, so no per-edge dot
+// product is needed (v7): with w_ij = P_ij z_ij g_ij,
+//   d a_dst_i = dO_i . (sum_j w_ij x_j) - D_i sum_j P_ij g_ij     (CSR walk)
+//   d a_src_j = x_j . (sum_i w_ij dO_i) - sum_i P_ij g_ij D_i     (CSC walk)
+// and both walks are SpMMs with one scalar weight per edge, the GAT forward's
+// loop (NbrTile: each lane weighs one edge of a tile of G, the steps take the
+// neighbours and weights by shuffle). Each output row is owned by one lane
+// group (split rows: fixed-order combine): no atomics, deterministic. Only lse2
+// [N, H] is saved by the forward.
 #include "common.cuh"
 #include "ops.h"
 
 namespace dfgnn {
 namespace {
 
-// Whether the per-edge dP sums end in the lane that owns the edge (a
-// reduce-scatter, group_reduce_scatter: 6 shuffles for four edges over a warp)
-// or in every lane (four butterflies: 20). Measured (same run, fwd+bwd): a warp
-// per head row 3-7 % faster with owners (PATTERN 1.62 -> 1.51 ms, Reddit-like
-// 4.65 -> 4.39); 8 lanes per row 1-8 % slower (COCO-SP 4 x 32 1.88 -> 2.02;
-// benchmarks/NOTES.md, v6).
-template <int G> constexpr bool kOwnerSums = G == 32;
-
+// CSR walk over destinations: D_i (for the CSC walk) and d a_dst_i.
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
@@ -27,79 +27,58 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
                    const int* __restrict__ col, const int* __restrict__ items, int chunk,
                    float* __restrict__ da_dst, float* __restrict__ partial,
                    float* __restrict__ dsum, int64_t n_units, int H, int C, float slope, float p,
-                   uint64_t seed) {
+                   uint64_t seed, int n_edges) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  using P = typename Packed<T, VEC>::type;
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
-  const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
-  const unsigned mask = g.mask;
+  const int gl = g.gl, h = g.h;
   const int64_t i = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_i = i * HC + (int64_t)h * C;
+  const float L = lse2[i * H + h];
+  const float ad = to_float(a_dst[i * H + h]);
+  auto a_of = [&](int jj) { return jj >= 0 ? to_float(__ldg(a_src + (int64_t)jj * H + h)) : 0.f; };
 
+  NbrTile<G, 2> nt(col, g.beg, g.end, gl, g.mask, n_edges);
+  float a_cur = a_of(nt.raw);  // speculative, as in gat_fwd_kernel
   float gf[NV][VEC], of[NV][VEC];
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
   load_row<T, VEC, G, NV>(out + off_i, gl, nvec, of);
-  const float D = group_sum<G>(dot_frag(gf, of), mask);
-  if (gl == 0 && beg == g.row_beg) dsum[i * H + h] = D;
-  const float L = lse2[i * H + h];
-  const float ad = to_float(a_dst[i * H + h]);
-  float acc = 0.f;  // sum of dE over the edges this lane owns (all edges: !kOwnerSums)
-  const int uo = gl / (G / U);  // the edge of each step this lane owns
-  NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
-  for (int e0 = beg; e0 < end; e0 += U) {
-    int j[U];
-    P xf[U][NV];
-    float e[U], dp[U];
-    load_edge_row<T, VEC, G, NV, U>(nb, e0, x, HC, (int64_t)h * C, gl, nvec, j, xf, e,
-                                    [&](int, int jj) {
-      return ad + to_float(__ldg(a_src + (int64_t)jj * H + h));
-    });
-#pragma unroll
-    for (int u = 0; u < U; ++u) dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, xf[u]) : 0.f;
-    if constexpr (kOwnerSums<G>) {
-      // Each dP is needed in one lane only: this lane owns edge e0 + uo and adds
-      // its dE (one edge's exp / dropout per lane instead of U).
-      const float dpo = group_reduce_scatter<G, U>(dp, mask);
-      int jo = -1;
-      float eo = 0.f;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (u == uo) {
-          jo = j[u];
-          eo = e[u];
-        }
-      }
-      if (jo >= 0) {
-        const float pe = exp2f(leaky_relu(eo, slope) * kLog2e - L);
-        float z = 1.f;
-        if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + uo) * H + h);
-        acc += pe * (z * dpo - D) * leaky_grad(eo, slope);
-      }
-    } else {  // every lane sums every edge's dE
-#pragma unroll
-      for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (j[u] >= 0) {
-          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - L);
-          float z = 1.f;
-          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-          acc += pe * (z * dp[u] - D) * leaky_grad(e[u], slope);
-        }
-      }
+  float y[1][NV][VEC];  // sum_j w_ij x_j over the item
+  zero_frag(y[0]);
+  float c = 0.f;        // this lane's sum of P_ij g_ij
+  for (; nt.valid(); nt.advance()) {
+    const float a_next = a_of(nt.ahead[0]);
+    float wl[1] = {0.f};
+    if (nt.cur >= 0) {
+      const float pre = ad + a_cur, gr = leaky_grad(pre, slope);
+      const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - L);
+      c += pe * gr;
+      wl[0] = pe * gr;
+      if constexpr (DROPOUT) wl[0] *= dropout_scale(p, seed, (uint64_t)nt.edge() * H + h);
     }
+    tile_spmm_k<T, VEC, G, NV, U>(nt, wl, x, HC, (int64_t)h * C, gl, nvec, y);
+    a_cur = a_next;
   }
-  // Owners: lanes uo * (G / U) .. hold copies of the same sums, count one of each.
-  if constexpr (kOwnerSums<G>) acc = group_sum<G>(gl % (G / U) == 0 ? acc : 0.f, mask);
+  float s[4] = {dot_frag(gf, of), dot_frag(gf, y[0]), c, 0.f};
+  group_sum_many<G, 4>(s, g.mask);
+  const float D = s[0], da = s[1] - D * s[2];  // a split row's items: partial sums of da
   if (gl == 0) {
-    if (slot < 0) da_dst[i * H + h] = acc;
-    else partial[(int64_t)slot * H + h] = acc;
+    if (g.beg == g.row_beg) dsum[i * H + h] = D;
+    if (g.slot < 0) da_dst[i * H + h] = da;
+    else partial[(int64_t)g.slot * H + h] = da;
   }
 }
 
+// This lane's edge's destination terms for the CSC walk, gathered a tile ahead:
+// a_dst_i, lse2_i, D_i and (dropout) the edge's CSR position for the mask.
+struct DstTerms {
+  float ad = 0.f, L = 0.f, D = 0.f;
+  int pos = 0;
+};
+
+// CSC walk over sources: dx_j and d a_src_j.
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
@@ -109,81 +88,59 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
                    const int* __restrict__ perm, const int* __restrict__ items, int chunk,
                    float* __restrict__ da_src, T* __restrict__ dx, float* __restrict__ partial_a,
                    float* __restrict__ partial_x, int64_t n_units, int H, int C, float slope,
-                   float p, uint64_t seed) {
+                   float p, uint64_t seed, int n_edges) {
   constexpr int U = edges_in_flight<VEC, NV>();
-  using P = typename Packed<T, VEC>::type;
   GroupItem g;
   if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
-  const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
-  const unsigned mask = g.mask;
+  const int gl = g.gl, h = g.h;
   const int64_t j = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_j = j * HC + (int64_t)h * C;
-
-  float xf[NV][VEC], dx_acc[NV][VEC];
-  load_row<T, VEC, G, NV>(x + off_j, gl, nvec, xf);
-  zero_frag(dx_acc);
   const float as = to_float(a_src[j * H + h]);
-  float da = 0.f;  // sum of d a_src over the edges this lane owns (all edges: !kOwnerSums)
-  const int uo = gl / (G / U);  // the edge of each step this lane owns
-  NbrPipe<U, kIndexAhead<T>> nb(row, beg, end);
-  for (int e0 = beg; e0 < end; e0 += U) {
-    int i[U];
-    P gf[U][NV];
-    float e[U], dp[U], lse_i[U], d_i[U];
-    load_edge_row<T, VEC, G, NV, U>(nb, e0, dout, HC, (int64_t)h * C, gl, nvec, i, gf, e,
-                                    [&](int, int ii) {
-      return to_float(__ldg(a_dst + (int64_t)ii * H + h)) + as;
-    });
-    // Issued with the row loads, not after the reductions (as in gt_bwd_dkv_kernel).
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (i[u] >= 0) {
-        lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
-        d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
-      }
+  auto terms_of = [&](int ii, int e) {
+    DstTerms d;
+    if (ii >= 0) {
+      d.ad = to_float(__ldg(a_dst + (int64_t)ii * H + h));
+      d.L = __ldg(lse2 + (int64_t)ii * H + h);
+      d.D = __ldg(dsum + (int64_t)ii * H + h);
+      if constexpr (DROPOUT) d.pos = __ldg(perm + e);
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(xf, gf[u]) : 0.f;
-    if constexpr (kOwnerSums<G>) {
-      // Each dP is needed in one lane only (as in gat_bwd_dst_kernel).
-      const float dpo = group_reduce_scatter<G, U>(dp, mask);
-      float da_o = 0.f;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (i[u] >= 0) {
-          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
-          float z = 1.f;
-          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
-          axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
-          if (u == uo) da_o = pe * (z * dpo - d_i[u]) * leaky_grad(e[u], slope);
-        }
-      }
-      da += da_o;
-    } else {  // every lane sums every edge's d a_src (two loops, not one with the
-              // choice inside: that measured 4-5 % slower at G = 8; NOTES.md, v6.1)
-#pragma unroll
-      for (int u = 0; u < U; ++u) dp[u] = group_sum<G>(dp[u], mask);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (i[u] >= 0) {
-          const float pe = exp2f(leaky_relu(e[u], slope) * kLog2e - lse_i[u]);
-          float z = 1.f;
-          if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
-          axpy_packed<T, VEC, NV>(pe * z, gf[u], dx_acc);
-          da += pe * (z * dp[u] - d_i[u]) * leaky_grad(e[u], slope);
-        }
-      }
+    return d;
+  };
+
+  NbrTile<G, 2> nt(row, g.beg, g.end, gl, g.mask, n_edges);
+  DstTerms cur = terms_of(nt.raw, g.beg + gl);  // speculative, as in gat_fwd_kernel
+  float xf[NV][VEC];
+  load_row<T, VEC, G, NV>(x + off_j, gl, nvec, xf);
+  float acc[2][NV][VEC];  // dx_j and sum_i w_ij dO_i over the item
+  zero_frag(acc[0]);
+  zero_frag(acc[1]);
+  float cd = 0.f;         // this lane's sum of P_ij g_ij D_i
+  for (; nt.valid(); nt.advance()) {
+    const DstTerms next = terms_of(nt.ahead[0], nt.t0 + G + gl);
+    float wl[2] = {0.f, 0.f};
+    if (nt.cur >= 0) {
+      const float pre = cur.ad + as, gr = leaky_grad(pre, slope);
+      const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - cur.L);
+      cd += pe * gr * cur.D;
+      float w = pe;
+      if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)cur.pos * H + h);
+      wl[0] = w;
+      wl[1] = w * gr;
     }
+    tile_spmm_k<T, VEC, G, NV, U>(nt, wl, dout, HC, (int64_t)h * C, gl, nvec, acc);
+    cur = next;
   }
-  if constexpr (kOwnerSums<G>) da = group_sum<G>(gl % (G / U) == 0 ? da : 0.f, mask);
-  if (slot < 0) {
-    store_row<T, VEC, G, NV>(dx + off_j, gl, nvec, dx_acc, 1.f);
+  float s[2] = {dot_frag(xf, acc[1]), cd};
+  group_sum_many<G, 2>(s, g.mask);
+  const float da = s[0] - s[1];
+  if (g.slot < 0) {
+    store_row<T, VEC, G, NV>(dx + off_j, gl, nvec, acc[0], 1.f);
     if (gl == 0) da_src[j * H + h] = da;
   } else {
-    store_partial<VEC, G, NV>(partial_x + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dx_acc);
-    if (gl == 0) partial_a[(int64_t)slot * H + h] = da;
+    store_partial<VEC, G, NV>(partial_x + (int64_t)g.slot * HC + (int64_t)h * C, gl, nvec, acc[0]);
+    if (gl == 0) partial_a[(int64_t)g.slot * H + h] = da;
   }
 }
 
@@ -207,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
@@ -221,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           lse2.data_ptr<float>(),
           rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
           da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
-          n_dst_units, H, C, slope, p, (uint64_t)seed);
+          n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0));
       check_launch();
     }
     if (n_src_units > 0) {
@@ -233,7 +190,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
           cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
           mptr<T>(dx), part_a.data_ptr<float>(),
-          part_x.data_ptr<float>(), n_src_units, H, C, slope, p, (uint64_t)seed);
+          part_x.data_ptr<float>(), n_src_units, H, C, slope, p, (uint64_t)seed,
+          (int)row.size(0));
       check_launch();
     }
   });

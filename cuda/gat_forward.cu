@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
   const int64_t n_units = rw.items.size(0) * H;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = 256;  // edge-parallel PMF kernels
   auto stream = at::cuda::getCurrentCUDAStream();
   const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto T_, auto VEC_, auto G_,
@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     }
     if (n_units == 0) return;
     auto launch = [&](auto kern, int lanes) {
-      kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
+      kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0, stream>>>(
           cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
           fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units,

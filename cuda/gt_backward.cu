@@ -171,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
                        is_aligned16(out) && is_aligned16(grad_out);
   auto stream = at::cuda::getCurrentCUDAStream();
-  constexpr int kThreads = 256;
+  constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {

@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   const float p = (float)dropout;
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(fc.out);
   auto stream = at::cuda::getCurrentCUDAStream();
-  constexpr int kThreads = 256;
+  constexpr int kThreads = 256;  // edge-parallel PMF kernels
   const int64_t n_units = rw.items.size(0) * H;
   const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
@@ -108,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     }
     if (n_units == 0) return;
     auto launch = [&](auto kern, int lanes) {
-      kern<<<ceil_div(n_units * lanes, kThreads), kThreads, 0, stream>>>(
+      kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0, stream>>>(
           cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out),
           fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
