@@ -173,12 +173,18 @@ Tensor3 l2norm_autograd(const Tensor& x, const Tensor& beta, double eps) {
 // over q = beta k, k = x / max(||x||, eps), v = x (scale 1). Composing the two ops
 // in Python cost a second op call, Python glue and two more autograd nodes: on
 // Cora that host time was three times the GPU time (benchmarks/NOTES.md, v5.1).
+// fp32 runs dfgnn::cos_fwd instead (v8): the kernel gathers x_j once per edge for
+// both the score and the sum, and k, q are only built in the backward (for
+// gt_bwd). fp16 / bf16 keep l2norm_fwd + gt_fwd, whose lse matches the rounded
+// k and q that gt_bwd recomputes the scores from.
 using Tensor2 = std::tuple<Tensor, Tensor>;
+using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using L2FwdSig = Tensor3(const Tensor&, const Tensor&, double);
 using L2BwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&);
+using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, int64_t, int64_t, bool);
 
-// The schema's parameters, shared by the op's three C++ entry points below.
 #define DFGNN_AGNN_PARAMS                                                                  \
   const Tensor &x, const Tensor &beta, double eps, const Tensor &rowptr, const Tensor &col, \
       const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
@@ -190,10 +196,17 @@ using L2BwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tens
       col_combine, col_slots, chunk, need_attn
 constexpr size_t kAgnnArgs = 16;
 
-// k, q, rnorm, then (out, lse2, attn) of the attention; no dropout, SMMF.
+// k, q (undefined on the fp32 cos_fwd path), rnorm, then (out, lse2, attn) of the
+// attention; no dropout, SMMF.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> agnn_forward(DFGNN_AGNN_PARAMS) {
   static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
   static const auto gt = find_op<FwdSig>(kGtFwd);
+  static const auto cos = find_op<CosFwdSig>("dfgnn::cos_fwd");
+  if (x.scalar_type() == at::kFloat) {
+    auto [out, lse2, attn, rnorm] =
+        cos.call(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn);
+    return {Tensor(), Tensor(), rnorm, out, lse2, attn};
+  }
   auto [k, q, rnorm] = l2.call(x, beta, eps);
   auto [out, lse2, attn] = gt.call(q, k, x, rowptr, col, row_items, row_combine, row_slots,
                                    c10::nullopt, colptr, row, perm, col_items, col_combine,
@@ -216,6 +229,7 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     }
     save_layout(ctx, {x, beta, k, q, rnorm, out, lse2}, rowptr, col, row_items, row_combine,
                 row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk);
+    ctx->saved_data["eps"] = eps;
     ctx->mark_non_differentiable({attn});
     return {out, attn};
   }
@@ -226,10 +240,13 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     variable_list res(kAgnnArgs);
     if (!grads[0].defined()) return res;
     static const auto gt_bwd = find_op<BwdSig>(kGtBwd);
+    static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
     static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
-    const auto s = ctx->get_saved_variables();
+    auto s = ctx->get_saved_variables();
     check_saved_csc(s, 7, "dfgnn::agnn_fwd");
     const auto& d = ctx->saved_data;
+    if (!s[2].defined())  // the fp32 forward (cos_fwd) did not build k and q
+      std::tie(s[2], s[3], std::ignore) = l2.call(s[0], s[1], d.at("eps").toDouble());
     auto [dq, dk, dv] =
         gt_bwd.call(grads[0].contiguous(), s[3], s[2], s[0], s[5], s[6], s[7], s[8], s[9], s[10],
                     d.at("row_slots").toInt(), s[11], s[12], s[13], s[14], s[15],

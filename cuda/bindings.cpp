@@ -231,6 +231,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
   return l2norm_forward_cuda(x, beta, eps);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
+    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
+    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
+    int64_t row_slots, int64_t chunk, bool need_attn) {
+  TORCH_CHECK(x.is_cuda(), "dfgnn::cos_fwd: x must be a CUDA tensor, got device ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "dfgnn::cos_fwd: x must be float32, got ",
+              x.scalar_type(), " (fp16 / bf16 AGNN runs l2norm_fwd then gt_fwd)");
+  check_qkv(x, x, x, rowptr, col);
+  check_beta(beta, x);
+  TORCH_CHECK(eps > 0.0, "dfgnn::cos_fwd: eps must be > 0, got ", std::to_string(eps));
+  TORCH_CHECK(chunk > 0, "dfgnn::cos_fwd: chunk must be > 0, got ", num(chunk));
+  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
+  return cosine_forward_cuda(x, beta, eps, rowptr, col, rw, chunk, need_attn);
+}
+
 std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Tensor& dq,
                                               const at::Tensor& k, const at::Tensor& rnorm,
                                               const at::Tensor& beta) {
@@ -254,12 +269,18 @@ TORCH_LIBRARY(dfgnn, m) {
   m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
   m.def("l2norm_fwd(Tensor x, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("l2norm_bwd(Tensor dk, Tensor dq, Tensor k, Tensor rnorm, Tensor beta) -> (Tensor, Tensor)");
-  // AGNN: l2norm_fwd then gt_fwd (SMMF, scale 1) in one call (cuda/autograd.cpp).
+  // AGNN in one call (cuda/autograd.cpp): cos_fwd for fp32, else l2norm_fwd then gt_fwd
+  // (SMMF, scale 1).
   m.def(
       "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, Tensor? perm, "
       "Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, bool need_attn) "
       "-> (Tensor, Tensor)");
+  // AGNN's attention over unnormalised x (fp32): (out, lse, attn, rnorm).
+  m.def(
+      "cos_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
+      "Tensor row_combine, int row_slots, int chunk, bool need_attn) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
@@ -294,6 +315,7 @@ TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
   m.impl("gat_fwd", &gat_fwd);
   m.impl("gat_bwd", &gat_bwd);
   m.impl("l2norm_fwd", &l2norm_fwd);
+  m.impl("cos_fwd", &cos_fwd);
   m.impl("l2norm_bwd", &l2norm_bwd);
 }
 

@@ -21,14 +21,20 @@ namespace {
 
 // UF > 0 overrides the edges in flight (the two-rows-per-warp variant below
 // uses 2, capped to 3 blocks per SM like the default shape).
-template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0>
+// COS (AGNN's cosine score, cosine_forward_cuda): q = k = v = x, unnormalised,
+// and rnorm [N, H] = +-1 / max(||x||, eps); the score of edge j -> i is
+// beta log2(e) rnorm_i rnorm_j (x_i . x_j), so each edge gathers one row (used
+// for the dot product and the SpMM) and one scalar instead of a normalised k row
+// and a v row.
+template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0, bool COS = false>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const int* __restrict__ rowptr, const int* __restrict__ col,
                    const int* __restrict__ items, int chunk, T* __restrict__ out,
                    float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
-                   float p, uint64_t seed) {
+                   float p, uint64_t seed, const float* __restrict__ rnorm,
+                   const float* __restrict__ beta) {
   constexpr int U = UF ? UF : edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -41,18 +47,34 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
 
   float qf[NV][VEC];
   load_row<T, VEC, G, NV>(q + i * HC + (int64_t)h * C, gl, nvec, qf);
+  if constexpr (COS) scale2 = __ldg(beta) * kLog2e * fabsf(__ldg(rnorm + i * H + h));
   scale_frag(scale2, qf);
   OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
   NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
-    P kf[U][NV], vf[U][NV];
     float s[U];
-    load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+    if constexpr (COS) {
+      P xf[U][NV];
+      float rj[U];
+      load_edge_row<T, VEC, G, NV, U>(nb, e0, k, HC, (int64_t)h * C, gl, nvec, j, xf, rj,
+                                      [&](int, int jj) {
+        return fabsf(__ldg(rnorm + (int64_t)jj * H + h));
+      });
 #pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
-    group_sum_many<G, U>(s, mask);
-    os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
+      for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, xf[u]) : 0.f;
+      group_sum_many<G, U>(s, mask);
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[u] *= j[u] >= 0 ? rj[u] : 0.f;
+      os.step(j, s, xf, e0, H, h, p, seed, attn, gl);
+    } else {
+      P kf[U][NV], vf[U][NV];
+      load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
+      group_sum_many<G, U>(s, mask);
+      os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
+    }
   }
   os.finish(g, H, C, out, lse2, attn, partial, partial_ml);
 }
@@ -78,6 +100,40 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
   if (gl == 0) score[unit] = s;
 }
 
+// The SMMF launch of gt_forward_cuda and cosine_forward_cuda: two rows per warp
+// where use_two_rows says so (G / 2 lanes x 2 vectors per row, 2 edges in flight),
+// the dropout variant when p > 0 (never for COS).
+template <typename T, int VEC, int G, int NV, bool COS>
+void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
+                 ForwardCall& fc, int H, int C, float scale2, float p, int64_t seed,
+                 const float* rnorm, const float* beta, bool two_rows) {
+  const int64_t n_units = rw.items.size(0) * H;
+  if (n_units == 0) return;
+  auto launch = [&](auto kern, int lanes) {
+    kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0,
+           at::cuda::getCurrentCUDAStream()>>>(
+        cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
+        fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units, H,
+        C, scale2, p, (uint64_t)seed, rnorm, beta);
+    check_launch();
+  };
+  auto pick = [&](auto g, auto nv, auto uf) {
+    constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value, UF = decltype(uf)::value;
+    if constexpr (COS) {
+      launch(gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, true>, G_);
+    } else {
+      launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF>
+                     : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF>, G_);
+    }
+  };
+  if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
+    if (two_rows) return pick(IntC<G / 2>{}, IntC<2>{}, IntC<2>{});
+  }
+  pick(IntC<G>{}, IntC<NV>{}, IntC<0>{});
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
@@ -91,7 +147,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(fc.out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
-  const int64_t n_units = rw.items.size(0) * H;
   const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
@@ -106,27 +161,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
       check_launch();
       return;
     }
-    if (n_units == 0) return;
-    auto launch = [&](auto kern, int lanes) {
-      kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0, stream>>>(
-          cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out),
-          fc.lse2.data_ptr<float>(), fc.attn_ptr(), fc.partial.data_ptr<float>(),
-          fc.partial_ml.data_ptr<float>(), n_units, H, C, scale2, p, (uint64_t)seed);
-      check_launch();
-    };
-    if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
-      if (two_rows) {  // G / 2 lanes x 2 vectors per row, 2 edges in flight
-        launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G / 2, 2, true, 2>
-                       : gt_fwd_smmf_kernel<T, VEC, G / 2, 2, false, 2>, G / 2);
-        return;
-      }
-    }
-    launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G, NV, true>
-                   : gt_fwd_smmf_kernel<T, VEC, G, NV, false>, G);
+    launch_smmf<T, VEC, G, NV, false>(q, k, v, rowptr, col, rw, chunk, fc, (int)H, (int)C, scale2,
+                                      p, seed, nullptr, nullptr, two_rows);
   });
   fc.finish(v, rowptr, col, rw, chunk, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
+    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
+    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn) {
+  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), E = col.size(0);
+  auto rnorm = l2norm_rnorm_cuda(x, eps);
+  ForwardCall fc(x, N, E, rw, false, need_attn);
+  const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
+  const bool two_rows = use_two_rows(false, E, rw.num_slots);  // common.cuh
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::cos_fwd", [&](auto T_, auto VEC_, auto G_,
+                                                                  auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if constexpr (std::is_same_v<T, float>)  // bindings.cpp admits fp32 only
+      launch_smmf<T, VEC, G, NV, true>(x, x, x, rowptr, col, rw, chunk, fc, (int)H, (int)C, 0.f,
+                                       0.f, 0, rnorm.data_ptr<float>(), beta.data_ptr<float>(),
+                                       two_rows);
+  });
+  fc.finish(x, rowptr, col, rw, chunk, 0.0, 0);
+  return {fc.out, fc.lse2, fc.attn, rnorm};
 }
 
 }  // namespace dfgnn

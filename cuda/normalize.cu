@@ -28,8 +28,10 @@ l2norm_fwd_kernel(const T* __restrict__ x, const float* __restrict__ beta, T* __
   const float n = sqrtf(group_sum<G>(dot_frag(xf, xf), group_mask<G>()));
   const bool clamped = !(n > eps);
   const float r = 1.f / (clamped ? eps : n);
-  store_row<T, VEC, G, NV>(k + off, gl, nvec, xf, r);
-  store_row<T, VEC, G, NV>(q + off, gl, nvec, xf, r * __ldg(beta));
+  if (k != nullptr) {  // nullptr: rnorm only (l2norm_rnorm_cuda)
+    store_row<T, VEC, G, NV>(k + off, gl, nvec, xf, r);
+    store_row<T, VEC, G, NV>(q + off, gl, nvec, xf, r * __ldg(beta));
+  }
   if (gl == 0) rnorm[unit] = clamped ? -r : r;
 }
 
@@ -86,6 +88,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Ten
     check_launch();
   });
   return {k, q, rnorm};
+}
+
+at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps) {
+  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), n_units = N * H;
+  auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  constexpr int kThreads = 256;
+  dispatch_rows(x.scalar_type(), C, is_aligned16(x), "dfgnn::cos_fwd", [&](auto T_, auto VEC_,
+                                                                          auto G_, auto NV_) {
+    using T = typename decltype(T_)::type;
+    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+    if (n_units == 0) return;
+    l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+        cptr<T>(x), nullptr, nullptr, nullptr, rnorm.data_ptr<float>(), n_units, C, (float)eps);
+    check_launch();
+  });
+  return rnorm;
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,

@@ -82,6 +82,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
                                                                    const at::Tensor& beta,
                                                                    double eps);
+// rnorm [N, H] of l2norm_forward_cuda alone (no k, q written).
+at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps);
+
+// AGNN's attention over x (gt_forward.cu): softmax of beta cos(x_i, x_j) over the
+// in-edges, aggregating the unnormalised x_j; SMMF, no dropout, fp32. Returns
+// (out, lse2, attn, rnorm), lse2 as gt_forward_cuda's for q = beta k,
+// k = x / max(||x||, eps), scale 1.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
+    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
+    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn);
+
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
                                                         const at::Tensor& k,
                                                         const at::Tensor& rnorm,

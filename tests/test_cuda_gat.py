@@ -337,6 +337,34 @@ def test_agnn_op_opcheck_and_bad_input():
         torch.ops.dfgnn.agnn_fwd(x[:-1], beta, *args[2:])
 
 
+def test_cos_op_opcheck_and_bad_input():
+    """dfgnn::cos_fwd (AGNN's fp32 attention over unnormalised x): opcheck, its
+    outputs against the composed l2norm_fwd + gt_fwd, and clear errors."""
+    torch.manual_seed(25)
+    ei, n, _ = GRAPHS["super_node"]()
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    x = torch.randn(n, 2, 32, device=DEV)
+    beta = torch.tensor([1.1], device=DEV)
+    rw, _, chunk = ops._work_args(lay, False)
+    args = (x, beta, 1e-12, lay.rowptr, lay.col, *rw, chunk, True)
+    torch.library.opcheck(torch.ops.dfgnn.cos_fwd.default, args)
+    out, lse, attn, rnorm = torch.ops.dfgnn.cos_fwd(*args)
+    k, q, rnorm2 = torch.ops.dfgnn.l2norm_fwd(x, beta, 1e-12)
+    want = torch.ops.dfgnn.gt_fwd(q, k, x, *ops.gt_op_args(lay, q, k, x, 1.0, need_attn=True,
+                                                           need_grad=False)[3:])
+    assert torch.equal(rnorm, rnorm2)
+    empty = lay.in_degree() == 0  # lse = -inf there, in both
+    assert empty.any() and torch.isneginf(lse[empty]).all() and torch.isneginf(want[1][empty]).all()
+    for got, ref in ((out, want[0]), (lse[~empty], want[1][~empty]), (attn, want[2])):
+        assert rel_err(got, ref) < 1e-5
+    with pytest.raises(RuntimeError, match="x must be float32"):
+        torch.ops.dfgnn.cos_fwd(x.half(), *args[1:])
+    with pytest.raises(RuntimeError, match="beta must be a float32"):
+        torch.ops.dfgnn.cos_fwd(x, beta.double(), *args[2:])
+    with pytest.raises(RuntimeError, match="rowptr must have"):
+        torch.ops.dfgnn.cos_fwd(x[:-1], *args[1:])
+
+
 def test_l2norm_opcheck_and_bad_input():
     torch.manual_seed(22)
     x = torch.randn(50, 2, 32, device=DEV)

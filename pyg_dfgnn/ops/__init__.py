@@ -165,8 +165,10 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     folded into the queries), so gradients reach ``beta`` and ``x`` through the
     normalisation and the aggregation. With ``x_dst`` ``None`` on the fused-kernel
     path, the normalisation and the SMMF attention are one op call
-    (``torch.ops.dfgnn.agnn_fwd``, one autograd node); PMF and bipartite calls
-    normalise first and call :func:`gt_attention`.
+    (``torch.ops.dfgnn.agnn_fwd``, one autograd node); in fp32 its kernel scores
+    ``beta rnorm_i rnorm_j (x_i . x_j)`` on the unnormalised rows, one row gather
+    per edge for the score and the sum (``torch.ops.dfgnn.cos_fwd``). PMF and
+    bipartite calls normalise first and call :func:`gt_attention`.
 
     Args:
         x_src (Tensor): ``[N_src, C]`` (or ``[N_src, H, C]``) source features.
@@ -191,7 +193,7 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
         strat = choose_strategy(layout.max_in_degree, "cosine", xs.element_size(), strategy)
     if fused_norm and strat == "smmf":
         # Normalisation (k = x / max(||x||, eps), q = beta k) and SMMF attention in
-        # one op call, one autograd node (cuda/autograd.cpp).
+        # one op call, one autograd node (cuda/autograd.cpp; fp32: cos_fwd).
         need_grad = torch.is_grad_enabled() and (xs.requires_grad or b.requires_grad)
         rw, csc, chunk = _work_args(layout, need_grad)
         out, attn = torch.ops.dfgnn.agnn_fwd.default(

@@ -6,8 +6,8 @@ through the fused ops. Their autograd is registered in C++
 (``torch.library.register_autograd``) ran Python on every call, also under
 ``no_grad``, and most of a Cora-sized layer's wall time was that host work
 (benchmarks/NOTES.md). ``dfgnn::agnn_fwd`` needs no fake: its
-CompositeExplicitAutograd kernel composes ``l2norm_fwd`` and ``gt_fwd``. Only
-imported when the extension loaded.
+CompositeExplicitAutograd kernel composes ``cos_fwd`` (fp32) or ``l2norm_fwd`` and
+``gt_fwd``. Only imported when the extension loaded.
 """
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ def _gat_bwd_fake(grad_out, a_dst, a_src, x, out, lse, rowptr, col, row_items, r
 def _l2norm_fwd_fake(x, beta, eps):
     return (torch.empty_like(x), torch.empty_like(x),
             x.new_empty((x.size(0), x.size(1)), dtype=_FLOAT))
+
+
+@torch.library.register_fake("dfgnn::cos_fwd")
+def _cos_fwd_fake(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn):
+    n, h = x.size(0), x.size(1)
+    return (torch.empty_like(x), x.new_empty((n, h), dtype=_FLOAT),
+            x.new_empty((col.size(0), h) if need_attn else (0,), dtype=_FLOAT),
+            x.new_empty((n, h), dtype=_FLOAT))
 
 
 @torch.library.register_fake("dfgnn::l2norm_bwd")
