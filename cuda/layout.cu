@@ -51,7 +51,9 @@ reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__
     n = combine[r * 3 + 2];
   }
   const int64_t HC = (int64_t)H * C;
-  auto ml = [&](int s, int k) { return __ldg(partial_ml + (((int64_t)first + s) * H + h) * 2 + k); };
+  auto ml = [&](int s, int k) {
+    return __ldg(partial_ml + (((int64_t)first + s) * H + h) * 2 + k);
+  };
 
   // This group's max first (independent loads, no data-dependent branch in the
   // loop that gathers the rows).
@@ -92,7 +94,9 @@ reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__
       float M = m;
       if constexpr (SOFTMAX)
         for (int q = 1; q < P; ++q) M = fmaxf(M, red_m[base + q * W + cv]);
-      auto scale_of = [&](float mq) { return !SOFTMAX ? 1.f : (mq == kNegInf ? 0.f : exp2f(mq - M)); };
+      auto scale_of = [&](float mq) {
+        return !SOFTMAX ? 1.f : (mq == kNegInf ? 0.f : exp2f(mq - M));
+      };
       const float c0 = scale_of(m);
       l *= c0;
 #pragma unroll
@@ -182,6 +186,7 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows) {
 }
 
 void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out) {
+  if (combine.size(0) == 0) return;  // also: no rows, so no division by out.size(0) = 0
   // Heads are not told apart: each row's H * C values are summed slot by slot.
   reduce_slots<false>(partial, nullptr, combine, out, nullptr, 1, out.numel() / out.size(0));
 }
