@@ -185,6 +185,7 @@ using L2BwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tens
 using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, int64_t, int64_t, bool);
 
+// The schema's parameters, shared by the op's three C++ entry points below.
 #define DFGNN_AGNN_PARAMS                                                                  \
   const Tensor &x, const Tensor &beta, double eps, const Tensor &rowptr, const Tensor &col, \
       const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \

@@ -82,35 +82,9 @@ template <int G> __device__ __forceinline__ float group_sum(float x, unsigned ma
   return x;
 }
 
-// Sums each of K values over the group, leaving the sum of value k in the lanes
-// k * (G / K) .. (k + 1) * (G / K) - 1 (returned; value gl / (G / K) in lane gl):
-// a reduce-scatter (each halving step ships half of the remaining values), then
-// the plain butterfly on what is left. K - 1 + log2(G / K) shuffles in log2(G)
-// dependent steps, against K log2(G) for K butterflies: 6 instead of 20 for four
-// values over a warp. The first half of group_sum_many.
-template <int G, int K>
-__device__ __forceinline__ float group_reduce_scatter(float* x, unsigned mask) {
-  static_assert((K & (K - 1)) == 0 && K <= G, "K must be a power of two <= G");
-  const int lane = threadIdx.x & (G - 1);
-#pragma unroll
-  for (int m = K, o = G / 2; m > 1; m >>= 1, o >>= 1) {
-    const bool hi = lane & o;  // keeps the upper half, ships the lower one
-#pragma unroll
-    for (int k = 0; k < m / 2; ++k) {
-      const float send = hi ? x[k] : x[k + m / 2];
-      const float keep = hi ? x[k + m / 2] : x[k];
-      x[k] = keep + __shfl_xor_sync(mask, send, o);
-    }
-  }
-  // x[0] is now a partial of value lane / (G / K) over the lanes that differ in
-  // the upper bits; finish it over the lower bits.
-#pragma unroll
-  for (int o = G / (2 * K); o > 0; o >>= 1) x[0] += __shfl_xor_sync(mask, x[0], o);
-  return x[0];
-}
-
-// Sums each of K values over the group and leaves all K sums in every lane: the
-// reduce-scatter above, then a broadcast of each sum from its owner.
+// Sums each of K values over the group and leaves all K sums in every lane:
+// a reduce-scatter (each halving step ships half of the remaining values), the
+// plain butterfly on what is left, then a broadcast of each sum from its owner.
 // 2K - 1 + log2(G / K) shuffles instead of K log2(G): 10 instead of 20 for four
 // scores over a warp, 17 instead of 40 for the backward's eight. Shuffles, not
 // FMAs, bound the issue rate of the per-edge dot products (benchmarks/NOTES.md).
@@ -122,7 +96,23 @@ __device__ __forceinline__ void group_sum_many(float* x, unsigned mask) {
     group_sum_many<G, K / 2>(x, mask);
     group_sum_many<G, K / 2>(x + K / 2, mask);
   } else {
-    const float mine = group_reduce_scatter<G, K>(x, mask);
+    static_assert((K & (K - 1)) == 0, "K must be a power of two");
+    const int lane = threadIdx.x & (G - 1);
+#pragma unroll
+    for (int m = K, o = G / 2; m > 1; m >>= 1, o >>= 1) {
+      const bool hi = lane & o;  // keeps the upper half, ships the lower one
+#pragma unroll
+      for (int k = 0; k < m / 2; ++k) {
+        const float send = hi ? x[k] : x[k + m / 2];
+        const float keep = hi ? x[k + m / 2] : x[k];
+        x[k] = keep + __shfl_xor_sync(mask, send, o);
+      }
+    }
+    // x[0] is now a partial of value lane / (G / K) over the lanes that differ in
+    // the upper bits; finish it over the lower bits.
+#pragma unroll
+    for (int o = G / (2 * K); o > 0; o >>= 1) x[0] += __shfl_xor_sync(mask, x[0], o);
+    const float mine = x[0];
 #pragma unroll
     for (int k = 0; k < K; ++k) x[k] = __shfl_sync(mask, mine, k * (G / K), G);
   }
@@ -251,6 +241,17 @@ template <typename T, int VEC, int G, int NV>
 constexpr bool kHasTwoRowsShape = std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1;
 inline bool use_two_rows(bool pmf, int64_t n_edges, int64_t num_slots) {
   return !pmf && n_edges >= kTwoRowsMinEdges && num_slots == 0;
+}
+
+// Calls f(IntC<G'>, IntC<NV'>, IntC<U'>) with an SMMF forward's row shape: two rows
+// per warp (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds
+// and the shape has that variant, else (G, NV) with the default edges in flight (0).
+template <typename T, int VEC, int G, int NV, typename F>
+void with_smmf_shape(bool two_rows, F&& f) {
+  if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
+    if (two_rows) return f(IntC<G / 2>{}, IntC<2>{}, IntC<2>{});
+  }
+  f(IntC<G>{}, IntC<NV>{}, IntC<0>{});
 }
 
 // Edges whose k / v rows a lane loads before the first use (all loads of a step

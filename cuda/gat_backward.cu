@@ -175,8 +175,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_dst_kernel<T, VEC, G, NV, false>;
       kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
-          lse2.data_ptr<float>(),
-          rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
+          lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          rw.items.data_ptr<int>(), (int)chunk,
           da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0));
       check_launch();
@@ -186,12 +186,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_src_kernel<T, VEC, G, NV, false>;
       kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), lse2.data_ptr<float>(),
-          dsum.data_ptr<float>(),
-          colptr.data_ptr<int>(), row.data_ptr<int>(), perm.data_ptr<int>(),
-          cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
-          mptr<T>(dx), part_a.data_ptr<float>(),
-          part_x.data_ptr<float>(), n_src_units, H, C, slope, p, (uint64_t)seed,
-          (int)row.size(0));
+          dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
+          perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
+          mptr<T>(dx), part_a.data_ptr<float>(), part_x.data_ptr<float>(), n_src_units, H, C,
+          slope, p, (uint64_t)seed, (int)row.size(0));
       check_launch();
     }
   });

@@ -114,14 +114,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           H, C, slope, p, (uint64_t)seed, (int)E);
       check_launch();
     };
-    if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
-      if (two_rows) {  // G / 2 lanes x 2 vectors per row
-        launch(p > 0.f ? gat_fwd_kernel<T, VEC, G / 2, 2, true>
-                       : gat_fwd_kernel<T, VEC, G / 2, 2, false>, G / 2);
-        return;
-      }
-    }
-    launch(p > 0.f ? gat_fwd_kernel<T, VEC, G, NV, true> : gat_fwd_kernel<T, VEC, G, NV, false>, G);
+    with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto) {
+      constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value;
+      launch(p > 0.f ? gat_fwd_kernel<T, VEC, G_, NV_, true>
+                     : gat_fwd_kernel<T, VEC, G_, NV_, false>, G_);
+    });
   });
   fc.finish(x, rowptr, col, rw, chunk, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};

@@ -193,7 +193,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(),
           dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
-          part_k.data_ptr<float>(), part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p, (uint64_t)seed);
+          part_k.data_ptr<float>(), part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p,
+          (uint64_t)seed);
       check_launch();
     }
   });

@@ -53,26 +53,24 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
-    float s[U];
+    float s[U], rj[U];
+    P kf[U][NV], vf[U][NV];  // COS: the x row is both k and v (vf, rj unused otherwise)
     if constexpr (COS) {
-      P xf[U][NV];
-      float rj[U];
-      load_edge_row<T, VEC, G, NV, U>(nb, e0, k, HC, (int64_t)h * C, gl, nvec, j, xf, rj,
+      load_edge_row<T, VEC, G, NV, U>(nb, e0, k, HC, (int64_t)h * C, gl, nvec, j, kf, rj,
                                       [&](int, int jj) {
         return fabsf(__ldg(rnorm + (int64_t)jj * H + h));
       });
+    } else {
+      load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+    }
 #pragma unroll
-      for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, xf[u]) : 0.f;
-      group_sum_many<G, U>(s, mask);
+    for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
+    group_sum_many<G, U>(s, mask);
+    if constexpr (COS) {
 #pragma unroll
       for (int u = 0; u < U; ++u) s[u] *= j[u] >= 0 ? rj[u] : 0.f;
-      os.step(j, s, xf, e0, H, h, p, seed, attn, gl);
+      os.step(j, s, kf, e0, H, h, p, seed, attn, gl);
     } else {
-      P kf[U][NV], vf[U][NV];
-      load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
-#pragma unroll
-      for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
-      group_sum_many<G, U>(s, mask);
       os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
     }
   }
@@ -100,9 +98,8 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
   if (gl == 0) score[unit] = s;
 }
 
-// The SMMF launch of gt_forward_cuda and cosine_forward_cuda: two rows per warp
-// where use_two_rows says so (G / 2 lanes x 2 vectors per row, 2 edges in flight),
-// the dropout variant when p > 0 (never for COS).
+// The SMMF launch of gt_forward_cuda and cosine_forward_cuda: the row shape of
+// with_smmf_shape (common.cuh), the dropout variant when p > 0 (never for COS).
 template <typename T, int VEC, int G, int NV, bool COS>
 void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
@@ -119,7 +116,7 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         C, scale2, p, (uint64_t)seed, rnorm, beta);
     check_launch();
   };
-  auto pick = [&](auto g, auto nv, auto uf) {
+  with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto uf) {
     constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value, UF = decltype(uf)::value;
     if constexpr (COS) {
       launch(gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, true>, G_);
@@ -127,11 +124,7 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF>
                      : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF>, G_);
     }
-  };
-  if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
-    if (two_rows) return pick(IntC<G / 2>{}, IntC<2>{}, IntC<2>{});
-  }
-  pick(IntC<G>{}, IntC<NV>{}, IntC<0>{});
+  });
 }
 
 }  // namespace

@@ -67,44 +67,44 @@ l2norm_bwd_kernel(const T* __restrict__ dk, const T* __restrict__ dq, const T* _
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
-                                                                   const at::Tensor& beta,
-                                                                   double eps) {
+namespace {
+
+// rnorm [N, H], and k and q when `with_kq` (cos_fwd needs the norms alone: then
+// the kernel writes nothing else and k, q are undefined).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
+    const at::Tensor& x, const float* beta, double eps, bool with_kq, const char* op) {
   const int64_t N = x.size(0), H = x.size(1), C = x.size(2), n_units = N * H;
-  auto k = at::empty_like(x);
-  auto q = at::empty_like(x);
+  at::Tensor k, q;
+  if (with_kq) {
+    k = at::empty_like(x);
+    q = at::empty_like(x);
+  }
   auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
-  const bool aligned = is_aligned16(x) && is_aligned16(k) && is_aligned16(q);
+  const bool aligned = is_aligned16(x) && (!with_kq || (is_aligned16(k) && is_aligned16(q)));
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::l2norm_fwd", [&](auto T_, auto VEC_,
-                                                                       auto G_, auto NV_) {
+  dispatch_rows(x.scalar_type(), C, aligned, op, [&](auto T_, auto VEC_, auto G_, auto NV_) {
     using T = typename decltype(T_)::type;
     constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
     if (n_units == 0) return;
     l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-        cptr<T>(x), beta.data_ptr<float>(), mptr<T>(k), mptr<T>(q), rnorm.data_ptr<float>(),
-        n_units, C, (float)eps);
+        cptr<T>(x), beta, with_kq ? mptr<T>(k) : nullptr, with_kq ? mptr<T>(q) : nullptr,
+        rnorm.data_ptr<float>(), n_units, C, (float)eps);
     check_launch();
   });
   return {k, q, rnorm};
 }
 
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+                                                                   const at::Tensor& beta,
+                                                                   double eps) {
+  return l2norm_launch(x, beta.data_ptr<float>(), eps, true, "dfgnn::l2norm_fwd");
+}
+
 at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps) {
-  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), n_units = N * H;
-  auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
-  auto stream = at::cuda::getCurrentCUDAStream();
-  constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, is_aligned16(x), "dfgnn::cos_fwd", [&](auto T_, auto VEC_,
-                                                                          auto G_, auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-    if (n_units == 0) return;
-    l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-        cptr<T>(x), nullptr, nullptr, nullptr, rnorm.data_ptr<float>(), n_units, C, (float)eps);
-    check_launch();
-  });
-  return rnorm;
+  return std::get<2>(l2norm_launch(x, nullptr, eps, false, "dfgnn::cos_fwd"));
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,

@@ -26,6 +26,17 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def assert_matches_ref(lay, out, alpha, ref, ref_alpha, grads):
+    """The fp32 bar against the float64 reference: output and attention weights
+    < 1e-5, each (got, want) gradient pair < 1e-4; isolated destinations exactly 0."""
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
+    for got, want in grads:
+        assert rel_err(got, want) < 1e-4
+    isolated = lay.in_degree() == 0
+    assert isolated.any() and (out[isolated] == 0).all()
+
+
 def poison():
     """Fill freed allocator blocks with NaN so outputs that are not written show up."""
     x = torch.empty(64 * 2**20, device=DEV).fill_(float("nan"))
@@ -88,13 +99,7 @@ def test_forward_backward_fp32(graph, strategy, H, C):
     poison()
     out.backward(g)
     ref, ref_alpha, (dq, dk, dv) = ref64(lay, q, k, v, g)
-    assert rel_err(out, ref) < 1e-5
-    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
-    assert rel_err(q.grad, dq) < 1e-4
-    assert rel_err(k.grad, dk) < 1e-4
-    assert rel_err(v.grad, dv) < 1e-4
-    isolated = lay.in_degree() == 0
-    assert isolated.any() and (out[isolated] == 0).all()
+    assert_matches_ref(lay, out, alpha, ref, ref_alpha, ((q.grad, dq), (k.grad, dk), (v.grad, dv)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -182,12 +187,7 @@ def test_two_rows_per_warp_forward(H, C):
     out, alpha = ops.gt_attention(lay, q, k, v, return_attention=True)
     out.backward(g)
     ref, ref_alpha, (dq, dk, dv) = ref64(lay, q, k, v, g)
-    assert rel_err(out, ref) < 1e-5
-    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
-    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
-        assert rel_err(got, want) < 1e-4
-    isolated = lay.in_degree() == 0
-    assert isolated.any() and (out[isolated] == 0).all()
+    assert_matches_ref(lay, out, alpha, ref, ref_alpha, ((q.grad, dq), (k.grad, dk), (v.grad, dv)))
 
 
 def test_two_rows_per_warp_dropout():
