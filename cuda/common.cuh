@@ -423,6 +423,148 @@ __device__ __forceinline__ bool group_item(const int* __restrict__ items,
   return true;
 }
 
+// Split rows merged inside the kernel that computes them (v9), instead of by a
+// separate merge launch (reduce_slots_kernel) that the stream has to wait for.
+// A row of n slots is merged up a tree of fan-out kMergeFanout: a node's slot
+// partials are merged by the group whose child arrives last (a counter per node
+// in `counters`, set back to zero by that group, so the buffer is zero again for
+// the next launch; split_row_counters, layout.cu), into the slot of its first
+// child, and the group that completes the root holds the row's result. Every
+// node merges its children in slot order, so the result does not depend on which
+// group does it (deterministic). A tree, not one merge by the last item: a
+// super node's 171 slots (Reddit-like, chunk 128) would be a chain of 171
+// dependent steps for one group, and are 3 levels of at most 8 here. Fences
+// order the partial stores before a count and the count before the merge's
+// loads, which read L2 (__ldcg, load_partial): L1 is not coherent between SMs.
+constexpr int kMergeFanout = 8;
+// Which kernels carry the merge code. Compiled in, it made the fp16 / bf16
+// kernels' main loops slower even where it never runs (bf16 GT forward 4 %,
+// forward + backward 5-6 % on the batch graphs, which have no split rows; fp32
+// within 1 %; NOTES.md, v9). So the fp32 kernels always carry it (skipped at run
+// time without counters), the half-precision forwards have a variant with it
+// that is launched only when the call merges in the kernel (with_merge_variant),
+// and the half-precision backward kernels keep the separate merge launch.
+template <typename T> constexpr bool kMergeInBackward = std::is_same_v<T, float>;
+
+// Calls f(std::bool_constant<MERGE>) with the SMMF forward variant for a call
+// that merges split rows in the kernel (`merge`: it has counters) or not.
+template <typename T, typename F>
+void with_merge_variant(bool merge, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    f(std::true_type{});
+  } else {
+    if (merge) f(std::true_type{}); else f(std::false_type{});
+  }
+}
+
+// Whether this group is the last of `n` to count itself in at *counter (which
+// it then sets back to zero).
+template <int G>
+__device__ __forceinline__ bool arrive_last(const GroupItem& g, int* __restrict__ counter, int n) {
+  __threadfence();
+  __syncwarp(g.mask);
+  int last = 0;
+  if (g.gl == 0) {
+    last = atomicAdd(counter, 1) == n - 1;
+    if (last) atomicExch(counter, 0);
+  }
+  last = __shfl_sync(g.mask, last, 0, G);
+  if (last) __threadfence();
+  return last != 0;
+}
+
+// After this group stored its item's partial in slot g.slot: walks the row's
+// merge tree up from that slot. merge(c0, stride, cnt, root) merges the cnt
+// children in slots c0 + c * stride (c = 0 .. cnt - 1) into slot c0, or, when
+// `root`, into the caller's registers. Returns true (and the row's edge range,
+// read from `ptr`, in beg / end) when this group merged the root.
+template <int G, typename Merge>
+__device__ __forceinline__ bool merge_split_row(const GroupItem& g, int H, int chunk,
+                                                const int* __restrict__ ptr,
+                                                int* __restrict__ counters, int& beg, int& end,
+                                                Merge&& merge) {
+  beg = __ldg(ptr + g.row);
+  end = __ldg(ptr + g.row + 1);
+  int width = (end - beg + chunk - 1) / chunk;  // nodes of the current level
+  int a = (g.beg - beg) / chunk;                // this group's node in it
+  const int first = g.slot - a;                 // the row's first slot
+  int stride = 1, off = 0;                      // slot step and counter offset of the level
+  while (true) {
+    const int parent = a / kMergeFanout, pw = (width + kMergeFanout - 1) / kMergeFanout;
+    const int cnt = min(kMergeFanout, width - parent * kMergeFanout);
+    // Counters of the row's nodes: [first, first + n) (fewer nodes than slots).
+    if (!arrive_last<G>(g, counters + (int64_t)(first + off + parent) * H + g.h, cnt))
+      return false;
+    merge(first + parent * kMergeFanout * stride, stride, cnt, pw == 1);
+    if (pw == 1) return true;
+    a = parent;
+    width = pw;
+    stride *= kMergeFanout;
+    off += pw;
+  }
+}
+
+// Lane gl's vectors of an fp32 partial row written by other blocks (L2 loads).
+template <int VEC, int G, int NV>
+__device__ __forceinline__ void load_partial(const float* __restrict__ row, int gl, int nvec,
+                                             float (&x)[NV][VEC]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+#pragma unroll
+    for (int c = 0; c < VEC; c += (VEC % 4 == 0 ? 4 : 1)) {
+      if constexpr (VEC % 4 == 0) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < nvec) v = __ldcg(reinterpret_cast<const float4*>(row + (int64_t)t * VEC + c));
+        x[r][c] = v.x; x[r][c + 1] = v.y; x[r][c + 2] = v.z; x[r][c + 3] = v.w;
+      } else {
+        x[r][c] = t < nvec ? __ldcg(row + (int64_t)t * VEC + c) : 0.f;
+      }
+    }
+  }
+}
+
+// After this group stored its partials in slot g.slot: merges the split row's
+// plain sums (merge_split_row) and, if this group completes the row, writes them:
+// up to two [slots, H, C] partials p0 / p1 into rows of out0 / out1 ([N, H, C])
+// and one [slots, H] partial ps into out_s ([N, H]); nullptr: not used.
+// UNROLL: children loads in flight (1 for the GT dQ kernel, whose registers it
+// would raise from 80 to 88-91).
+template <typename T, int VEC, int G, int NV, int UNROLL = 4>
+__device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int C, int chunk,
+                                                 const int* __restrict__ ptr,
+                                                 int* __restrict__ counters, float* p0, T* out0,
+                                                 float* p1, T* out1, float* ps, float* out_s) {
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
+  float acc0[NV][VEC], acc1[NV][VEC], a = 0.f;
+  auto sum = [&](float* p, int c0, int stride, int cnt, bool root, float (&acc)[NV][VEC]) {
+    zero_frag(acc);
+#pragma unroll UNROLL
+    for (int c = 0; c < cnt; ++c) {
+      float x[NV][VEC];
+      load_partial<VEC, G, NV>(p + (int64_t)(c0 + c * stride) * HC + head_off, g.gl, nvec, x);
+      axpy_frag(1.f, x, acc);
+    }
+    if (!root) store_partial<VEC, G, NV>(p + (int64_t)c0 * HC + head_off, g.gl, nvec, acc);
+  };
+  int beg, end;
+  const bool done = merge_split_row<G>(g, H, chunk, ptr, counters, beg, end,
+                                       [&](int c0, int stride, int cnt, bool root) {
+    if (p0 != nullptr) sum(p0, c0, stride, cnt, root, acc0);
+    if (p1 != nullptr) sum(p1, c0, stride, cnt, root, acc1);
+    if (ps != nullptr) {
+      a = 0.f;
+      for (int c = 0; c < cnt; ++c) a += __ldcg(ps + (int64_t)(c0 + c * stride) * H + g.h);
+      if (!root && g.gl == 0) ps[(int64_t)c0 * H + g.h] = a;
+    }
+  });
+  if (!done) return;
+  if (p0 != nullptr) store_row<T, VEC, G, NV>(out0 + g.row * HC + head_off, g.gl, nvec, acc0, 1.f);
+  if (p1 != nullptr) store_row<T, VEC, G, NV>(out1 + g.row * HC + head_off, g.gl, nvec, acc1, 1.f);
+  if (ps != nullptr && g.gl == 0) out_s[g.row * H + g.h] = a;
+}
+
 // The neighbour indices (col or row) of a work item. With AHEAD they are loaded
 // one step of U edges ahead of their use: the next step's index loads go out
 // together with this step's row gathers, so a step waits on one dependent memory
@@ -614,6 +756,70 @@ __device__ __forceinline__ void tile_spmm(const NbrTile<G, DEPTH>& nt, float wl,
                                 reinterpret_cast<float(&)[1][NV][VEC]>(acc));
 }
 
+// A finished softmax row: out = acc / l, lse2 = m + log2(l), and the raw
+// base-2 scores of its edges [beg, end) in attn (if any) turned into weights;
+// `merged`: some were written by other groups (read from L2).
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void write_softmax_row(const GroupItem& g, int H, int C, int beg,
+                                                  int end, const float (&acc)[NV][VEC], float m,
+                                                  float l, T* __restrict__ out,
+                                                  float* __restrict__ lse2,
+                                                  float* __restrict__ attn, bool merged) {
+  const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  store_row<T, VEC, G, NV>(out + g.row * HC + head_off, g.gl, C / VEC, acc, inv);
+  const float L = l > 0.f ? m + log2f(l) : kNegInf;
+  if (g.gl == 0) lse2[g.row * H + g.h] = L;
+  if (attn != nullptr) {
+    __syncwarp(g.mask);  // raw scores written by lane 0 become visible to the group
+    for (int e = beg + g.gl; e < end; e += G) {
+      const int64_t a = (int64_t)e * H + g.h;
+      attn[a] = exp2f((merged ? __ldcg(attn + a) : attn[a]) - L);
+    }
+  }
+}
+
+// After this group stored its (m, l, acc) partial in slot g.slot: merges the
+// split row's partials up its tree (M = max m_c, L = sum l_c 2^(m_c - M),
+// acc = sum acc_c 2^(m_c - M)) and, if this group completes it, writes the row.
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void merge_split_softmax(const GroupItem& g, int H, int C, int chunk,
+                                                    const int* __restrict__ ptr, T* out,
+                                                    float* lse2, float* attn, float* partial,
+                                                    float* partial_ml, int* __restrict__ counters) {
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
+  float acc[NV][VEC], M = kNegInf, L = 0.f;
+  int beg, end;
+  const bool done = merge_split_row<G>(g, H, chunk, ptr, counters, beg, end,
+                                       [&](int c0, int stride, int cnt, bool root) {
+    auto ml = [&](int c, int k) {
+      return __ldcg(partial_ml + ((int64_t)(c0 + c * stride) * H + g.h) * 2 + k);
+    };
+    M = kNegInf;
+    L = 0.f;
+    for (int c = 0; c < cnt; ++c) M = fmaxf(M, ml(c, 0));
+    zero_frag(acc);
+    for (int c = 0; c < cnt; ++c) {
+      const float mc = ml(c, 0);
+      const float w = mc == kNegInf ? 0.f : exp2f(mc - M);
+      L += w * ml(c, 1);
+      float x[NV][VEC];
+      load_partial<VEC, G, NV>(partial + (int64_t)(c0 + c * stride) * HC + head_off, g.gl, nvec,
+                               x);
+      axpy_frag(w, x, acc);
+    }
+    if (!root) {
+      store_partial<VEC, G, NV>(partial + (int64_t)c0 * HC + head_off, g.gl, nvec, acc);
+      if (g.gl == 0) {
+        partial_ml[((int64_t)c0 * H + g.h) * 2] = M;
+        partial_ml[((int64_t)c0 * H + g.h) * 2 + 1] = L;
+      }
+    }
+  });
+  if (done) write_softmax_row<T, VEC, G, NV>(g, H, C, beg, end, acc, M, L, out, lse2, attn, true);
+}
+
 // Online softmax + SpMM of one lane group's work item (flash-attention style):
 // a running max `m` and sum `l` in base 2 and an unnormalised accumulator, so a
 // row of any length is one pass with the scores in registers. Used by every
@@ -667,11 +873,18 @@ struct OnlineSoftmax {
 
   // A whole row: out = acc / l, lse2 = m + log2(l), attention weights from the
   // raw scores. Part of a split row (g.slot >= 0): the unnormalised partial and
-  // (m, l), merged later by merge_softmax_partials.
-  __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, T* __restrict__ out,
+  // (m, l) go to its slot, and merge_split_softmax writes the row when this group
+  // completes its merge tree (counters nullptr: merge_softmax_partials merges
+  // later). MERGE = false compiles the merge out: the two-rows-per-warp shapes
+  // (they only run on graphs without split rows, use_two_rows) and the
+  // half-precision variants for calls without counters (with_merge_variant).
+  template <bool MERGE = true>
+  __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, int chunk,
+                                         const int* __restrict__ ptr, T* __restrict__ out,
                                          float* __restrict__ lse2, float* __restrict__ attn,
                                          float* __restrict__ partial,
-                                         float* __restrict__ partial_ml) {
+                                         float* __restrict__ partial_ml,
+                                         int* __restrict__ counters) {
     const int nvec = C / VEC;
     const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
     if (g.slot >= 0) {
@@ -680,19 +893,14 @@ struct OnlineSoftmax {
         partial_ml[((int64_t)g.slot * H + g.h) * 2] = m;
         partial_ml[((int64_t)g.slot * H + g.h) * 2 + 1] = l;
       }
+      if constexpr (MERGE) {
+        if (counters != nullptr)
+          merge_split_softmax<T, VEC, G, NV>(g, H, C, chunk, ptr, out, lse2, attn, partial,
+                                             partial_ml, counters);
+      }
       return;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    store_row<T, VEC, G, NV>(out + g.row * HC + head_off, g.gl, nvec, acc, inv);
-    const float L = l > 0.f ? m + log2f(l) : kNegInf;
-    if (g.gl == 0) lse2[g.row * H + g.h] = L;
-    if (attn != nullptr) {
-      __syncwarp(g.mask);  // raw scores written by lane 0 become visible to the group
-      for (int e = g.beg + g.gl; e < g.end; e += G) {
-        const int64_t a = (int64_t)e * H + g.h;
-        attn[a] = exp2f(attn[a] - L);
-      }
-    }
+    write_softmax_row<T, VEC, G, NV>(g, H, C, g.beg, g.end, acc, m, l, out, lse2, attn, false);
   }
 };
 

@@ -27,7 +27,7 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
                    const int* __restrict__ col, const int* __restrict__ items, int chunk,
                    float* __restrict__ da_dst, float* __restrict__ partial,
                    float* __restrict__ dsum, int64_t n_units, int H, int C, float slope, float p,
-                   uint64_t seed, int n_edges) {
+                   uint64_t seed, int n_edges, int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
@@ -69,6 +69,11 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     if (g.slot < 0) da_dst[i * H + h] = da;
     else partial[(int64_t)g.slot * H + h] = da;
   }
+  if constexpr (kMergeInBackward<T>) {
+    if (g.slot >= 0 && counters != nullptr)
+      merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, rowptr, counters, nullptr, (T*)nullptr,
+                                      nullptr, (T*)nullptr, partial, da_dst);
+  }
 }
 
 // This lane's edge's destination terms for the CSC walk, gathered a tile ahead:
@@ -88,7 +93,7 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
                    const int* __restrict__ perm, const int* __restrict__ items, int chunk,
                    float* __restrict__ da_src, T* __restrict__ dx, float* __restrict__ partial_a,
                    float* __restrict__ partial_x, int64_t n_units, int H, int C, float slope,
-                   float p, uint64_t seed, int n_edges) {
+                   float p, uint64_t seed, int n_edges, int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
@@ -141,6 +146,11 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   } else {
     store_partial<VEC, G, NV>(partial_x + (int64_t)g.slot * HC + (int64_t)h * C, gl, nvec, acc[0]);
     if (gl == 0) partial_a[(int64_t)g.slot * H + h] = da;
+    if constexpr (kMergeInBackward<T>) {
+      if (counters != nullptr)
+        merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_x, dx, nullptr,
+                                        (T*)nullptr, partial_a, da_src);
+    }
   }
 }
 
@@ -166,6 +176,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
+  // Split rows and columns merged in the kernels (one after the other: one buffer).
+  int* counters = x.scalar_type() == at::kFloat  // kMergeInBackward (common.cuh)
+                      ? split_row_counters(std::max(rw.num_slots, cw.num_slots) * H)
+                      : nullptr;
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
     using T = typename decltype(T_)::type;
@@ -178,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk,
           da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
-          n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0));
+          n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();
     }
     if (n_src_units > 0) {
@@ -189,13 +203,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
           mptr<T>(dx), part_a.data_ptr<float>(), part_x.data_ptr<float>(), n_src_units, H, C,
-          slope, p, (uint64_t)seed, (int)row.size(0));
+          slope, p, (uint64_t)seed, (int)row.size(0), counters);
       check_launch();
     }
   });
-  combine_partials(part_d, rw.combine, da_dst);
-  combine_partials(part_a, cw.combine, da_src);
-  combine_partials(part_x, cw.combine, dx);
+  if (counters == nullptr) {
+    combine_partials(part_d, rw.combine, da_dst);
+    combine_partials(part_a, cw.combine, da_src);
+    combine_partials(part_x, cw.combine, dx);
+  }
   return {da_dst.to(a_dst.scalar_type()), da_src.to(a_src.scalar_type()), dx};
 }
 

@@ -19,14 +19,15 @@ namespace {
 
 // G < 32 with NV = 2 is the two-rows-per-warp shape (host code below), held to
 // 3 blocks per SM.
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+// MERGE: the variant that merges split rows in the kernel (with_merge_variant).
+template <typename T, int VEC, int G, int NV, bool DROPOUT, bool MERGE = true>
 __global__ void __launch_bounds__(256, (G < 32 && NV == 2) ? 3 : 0)
 gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T* __restrict__ x,
                const int* __restrict__ rowptr, const int* __restrict__ col,
                const int* __restrict__ items, int chunk, T* __restrict__ out,
                float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                float* __restrict__ partial_ml, int64_t n_units, int H, int C, float slope,
-               float p, uint64_t seed, int n_edges) {
+               float p, uint64_t seed, int n_edges, int* __restrict__ counters) {
   // The GT kernel's edges in flight, although GAT loads one row per edge, not
   // two: twice as many measured 10-20 % slower (registers; benchmarks/NOTES.md).
   constexpr int U = edges_in_flight<VEC, NV>();
@@ -60,7 +61,8 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
     a_cur = a_next;
   }
   os.l = group_sum<G>(os.l, mask);
-  os.finish(g, H, C, out, lse2, attn, partial, partial_ml);
+  os.template finish<MERGE && !(G < 32 && NV == 2)>(g, H, C, chunk, rowptr, out, lse2, attn,
+                                                     partial, partial_ml, counters);
 }
 
 // PMF step 1: one thread per (edge, head), CSR order, base-2 scores.
@@ -111,13 +113,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
           fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units,
-          H, C, slope, p, (uint64_t)seed, (int)E);
+          H, C, slope, p, (uint64_t)seed, (int)E, fc.counters);
       check_launch();
     };
     with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto) {
       constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value;
-      launch(p > 0.f ? gat_fwd_kernel<T, VEC, G_, NV_, true>
-                     : gat_fwd_kernel<T, VEC, G_, NV_, false>, G_);
+      with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
+        constexpr bool M = decltype(merge)::value;
+        launch(p > 0.f ? gat_fwd_kernel<T, VEC, G_, NV_, true, M>
+                       : gat_fwd_kernel<T, VEC, G_, NV_, false, M>, G_);
+      });
     });
   });
   fc.finish(x, rowptr, col, rw, chunk, dropout, seed);

@@ -26,7 +26,8 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
                  const int* __restrict__ rowptr, const int* __restrict__ col,
                  const int* __restrict__ items, int chunk, T* __restrict__ dq,
                  float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
-                 int C, float scale, float scale2, float p, uint64_t seed) {
+                 int C, float scale, float scale2, float p, uint64_t seed,
+                 int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -77,6 +78,11 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   } else {
     scale_frag(scale, acc);
     store_partial<VEC, G, NV>(partial + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, acc);
+    if constexpr (kMergeInBackward<T>) {
+      if (counters != nullptr)
+        merge_split_sums<T, VEC, G, NV, 1>(g, H, C, chunk, rowptr, counters, partial, dq,
+                                           nullptr, nullptr, nullptr, nullptr);
+    }
   }
 }
 
@@ -88,7 +94,8 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
                   const int* __restrict__ row, const int* __restrict__ perm,
                   const int* __restrict__ items, int chunk, T* __restrict__ dk,
                   T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
-                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed) {
+                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed,
+                  int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -147,6 +154,11 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
     scale_frag(scale, dk_acc);
     store_partial<VEC, G, NV>(partial_dk + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dk_acc);
     store_partial<VEC, G, NV>(partial_dv + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dv_acc);
+    if constexpr (kMergeInBackward<T>) {
+      if (counters != nullptr)
+        merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_dk, dk,
+                                        partial_dv, dv, nullptr, nullptr);
+    }
   }
 }
 
@@ -173,6 +185,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
+  // Split rows and columns merged in the kernels (one after the other: one buffer).
+  int* counters = q.scalar_type() == at::kFloat  // kMergeInBackward (common.cuh)
+                      ? split_row_counters(std::max(rw.num_slots, cw.num_slots) * H)
+                      : nullptr;
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
@@ -184,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
           part_q.data_ptr<float>(), dsum.data_ptr<float>(), n_dst_units, H, C, sc, scale2, p,
-          (uint64_t)seed);
+          (uint64_t)seed, counters);
       check_launch();
     }
     if (n_src_units > 0) {
@@ -194,13 +210,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
           part_k.data_ptr<float>(), part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p,
-          (uint64_t)seed);
+          (uint64_t)seed, counters);
       check_launch();
     }
   });
-  combine_partials(part_q, rw.combine, dq);
-  combine_partials(part_k, cw.combine, dk);
-  combine_partials(part_v, cw.combine, dv);
+  if (counters == nullptr) {
+    combine_partials(part_q, rw.combine, dq);
+    combine_partials(part_k, cw.combine, dk);
+    combine_partials(part_v, cw.combine, dv);
+  }
   return {dq, dk, dv};
 }
 

@@ -26,7 +26,9 @@ namespace {
 // beta log2(e) rnorm_i rnorm_j (x_i . x_j), so each edge gathers one row (used
 // for the dot product and the SpMM) and one scalar instead of a normalised k row
 // and a v row.
-template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0, bool COS = false>
+// MERGE: the variant that merges split rows in the kernel (with_merge_variant).
+template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0, bool COS = false,
+          bool MERGE = true>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const int* __restrict__ rowptr, const int* __restrict__ col,
@@ -34,7 +36,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
                    float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
                    float p, uint64_t seed, const float* __restrict__ rnorm,
-                   const float* __restrict__ beta) {
+                   const float* __restrict__ beta, int* __restrict__ counters) {
   constexpr int U = UF ? UF : edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -74,7 +76,8 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
       os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
     }
   }
-  os.finish(g, H, C, out, lse2, attn, partial, partial_ml);
+  os.template finish<MERGE && UF != 2>(g, H, C, chunk, rowptr, out, lse2, attn, partial,
+                                       partial_ml, counters);
 }
 
 // PMF step 1: edge-parallel SDDMM, one group per (edge, head), CSR order.
@@ -113,17 +116,20 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
         rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
         fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units, H,
-        C, scale2, p, (uint64_t)seed, rnorm, beta);
+        C, scale2, p, (uint64_t)seed, rnorm, beta, fc.counters);
     check_launch();
   };
   with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto uf) {
     constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value, UF = decltype(uf)::value;
-    if constexpr (COS) {
-      launch(gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, true>, G_);
-    } else {
-      launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF>
-                     : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF>, G_);
-    }
+    with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
+      constexpr bool M = decltype(merge)::value;
+      if constexpr (COS) {
+        launch(gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, true, M>, G_);
+      } else {
+        launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF, false, M>
+                       : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, false, M>, G_);
+      }
+    });
   });
 }
 

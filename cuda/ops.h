@@ -8,6 +8,13 @@ namespace dfgnn {
 
 at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 
+// Arrival counters for split rows merged by their last item (arrive_last,
+// common.cuh): int32 zeros, at least n of them, for the current device and
+// stream, zero again after every kernel that uses them. nullptr when n is 0,
+// or while the stream is captured into a CUDA graph and has no buffer that
+// large yet: the caller then merges with the separate kernels below.
+int* split_row_counters(int64_t n);
+
 // Sums the fp32 partial rows of split rows into `out` (dtype of out):
 // combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...].
 void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out);
@@ -39,15 +46,17 @@ void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor
 
 // Outputs and scratch of one forward call, SMMF or PMF (softmax_spmm.cu):
 // out [N_dst, H, C] (dtype of x), lse2 [N_dst, H] and attn [E, H] (or [0]);
-// SMMF's split-row partials, or PMF's base-2 scores [E, H].
+// SMMF's split-row partials (merged in the kernel when `counters` is set), or
+// PMF's base-2 scores [E, H].
 struct ForwardCall {
   bool pmf, need_attn;
   at::Tensor out, lse2, attn, partial, partial_ml, score;
+  int* counters = nullptr;
   ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,
               bool need_attn);
   float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
   // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
-  // x; SMMF merges the split rows' partials.
+  // x; SMMF merges the split rows' partials unless the kernel did.
   void finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
               const Work& rw, int64_t chunk, double dropout, int64_t seed);
 };

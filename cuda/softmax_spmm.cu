@@ -116,6 +116,7 @@ ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, co
   } else {
     partial = at::empty({rw.num_slots, H, C}, f32);
     partial_ml = at::empty({rw.num_slots, H, 2}, f32);
+    counters = split_row_counters(rw.num_slots * H);
   }
 }
 
@@ -123,7 +124,7 @@ void ForwardCall::finish(const at::Tensor& x, const at::Tensor& rowptr, const at
                          const Work& rw, int64_t chunk, double dropout, int64_t seed) {
   if (pmf) {
     softmax_spmm(x, score, rowptr, col, rw, chunk, out, lse2, attn_ptr(), dropout, seed);
-  } else if (rw.combine.size(0) > 0) {
+  } else if (rw.combine.size(0) > 0 && counters == nullptr) {
     merge_softmax_partials(partial, partial_ml, rw.combine, out, lse2);
     if (need_attn) normalize_split_attn(rw.combine, rowptr, lse2, attn);
   }

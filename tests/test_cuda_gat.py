@@ -158,15 +158,16 @@ def test_two_rows_per_warp_dropout():
 @pytest.mark.parametrize("model", ["gt", "gat"])
 @pytest.mark.parametrize("H,C", [(4, 32), (1, 128), (2, 100), (1, 7)])
 def test_many_split_rows(monkeypatch, model, H, C):
-    """Work items of 4 edges: thousands of split rows (and columns) whose partials
-    the slot reduction merges with several rows per block and fewer slot groups
-    per row (layout.cu, reduce_slots); forward and backward against float64."""
+    """Work items of 4 edges: thousands of split rows (and columns) of a few slots,
+    and a super node of 6,000 in-edges, 1,500 slots merged up a 4-level tree
+    (common.cuh, merge_split_row); forward and backward against float64."""
     monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 4)
     torch.manual_seed(H * 1000 + C)
     n = 12_000
-    ei = random_graph(n, n, 150_000)
+    ei = random_graph(n, n, 150_000, super_deg=6_000)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    assert schedule.row_work(lay, 4)[1].shape[0] > 8000  # split rows
+    combine = schedule.row_work(lay, 4)[1]
+    assert combine.shape[0] > 8000 and combine[:, 2].max() > 8 ** 3  # split rows, a deep tree
     g = torch.randn(n, H, C, device=DEV)
     if model == "gat":
         a_src, a_dst = (torch.randn(n, H, device=DEV, requires_grad=True) for _ in range(2))

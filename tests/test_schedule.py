@@ -64,7 +64,7 @@ def test_choose_chunk_default_and_override(monkeypatch):
     assert schedule.choose_chunk(small) == schedule.DEFAULT_CHUNK
     monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 48)
     assert schedule.choose_chunk(small) == 48
-    assert schedule.row_work(small, 48)[0][:, 1].tolist() == small.rowptr[:-1].tolist()
+    assert schedule.row_work(small, 48)[0][:, 1].tolist() == small.rowptr[:-1].tolist()  # row order
 
 
 @pytest.mark.parametrize("forced", ["smmf", "pmf"])
@@ -191,6 +191,12 @@ def test_split_work_on_any_pointer():
     items, combine, num_slots = split_work(ptr.int(), 3)
     per_row = check_split(ptr, items, combine, num_slots, 3)
     assert per_row.tolist() == [max(1, -(-d // 3)) for d in deg.tolist()]
+    # split rows: items longest first, equal lengths in row order (3, 1, 0 edges)
+    n_edges = [min(int(ptr[r + 1]) - s, 3) for r, s in items[:, :2].tolist()]
+    assert n_edges == sorted(n_edges, reverse=True)
+    assert items[:, 0].tolist() == [2, 2, 2, 3, 5, 5, 5, 1, 5, 0, 4]
+    in_row_order = split_work(ptr.int(), 3, long_first=False)[0]
+    assert in_row_order[:, 0].tolist() == [0, 1, 2, 2, 2, 3, 4, 5, 5, 5, 5]
 
 
 def test_work_is_cached_per_chunk():
@@ -209,4 +215,4 @@ def test_work_without_split_rows():
     lay = GraphLayout.from_edge_index(ei, (10, 10))
     items, combine, num_slots = row_work(lay, chunk=1000)
     assert items.size(0) == 10 and combine.size(0) == 0 and num_slots == 0
-    assert torch.equal(items[:, 1].long(), lay.rowptr[:-1].long())
+    assert torch.equal(items[:, 1].long(), lay.rowptr[:-1].long())  # no split rows: row order

@@ -40,6 +40,9 @@ SMALL_GRAPH_EDGES = 1 << 18
 SMALL_GRAPH_CHUNK = 32
 #: Forces the chunk (benchmarks sweep it); ``None``: :func:`choose_chunk` decides.
 CHUNK_OVERRIDE = None
+#: Work items of graphs with split rows ordered by their number of edges, longest
+#: first (:func:`split_work`); benchmarks turn it off to compare with row order.
+LONG_ITEMS_FIRST = True
 #: How "auto" decides: "measured" (SMMF everywhere, see the module docstring) or
 #: "paper" (paper §4.2: PMF for dot-product scores when a row exceeds shared memory).
 RULE = "measured"
@@ -109,17 +112,23 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
     return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
 
 
-def split_work(ptr: Tensor, chunk: int) -> Tuple[Tensor, Tensor, int]:
+def split_work(ptr: Tensor, chunk: int,
+               long_first: Optional[bool] = None) -> Tuple[Tensor, Tensor, int]:
     r"""Node-parallel work items over a CSR (or CSC) pointer.
 
     Every row gets ``max(1, ceil(deg / chunk))`` items of at most ``chunk``
     consecutive edges, so one super node is spread over many lane groups; rows
-    split over several items write partial results to slots that a combine
-    kernel sums in a fixed order (deterministic, no atomics).
+    split over several items write partial results to slots, which the kernel
+    itself merges up a tree of slots in a fixed order (``merge_split_row`` in
+    ``cuda/common.cuh``), or a combine kernel (``combine``) where it cannot:
+    deterministic either way.
 
     Args:
         ptr (Tensor): ``[N + 1]`` row pointer.
         chunk (int): edges per item.
+        long_first (bool, optional): on a pointer with split rows, order the
+            items by their number of edges, longest first (stable), instead of
+            by row; :data:`LONG_ITEMS_FIRST` by default.
 
     Returns:
         ``items`` int32 ``[I, 3]`` (row, first edge, partial slot or -1),
@@ -139,7 +148,19 @@ def split_work(ptr: Tensor, chunk: int) -> Tuple[Tensor, Tensor, int]:
     slots_per_row = torch.where(split, n_items, torch.zeros_like(n_items))
     first_slot = torch.cumsum(slots_per_row, 0) - slots_per_row
     slot = torch.where(split[row], first_slot[row] + local, torch.full_like(local, -1))
-    items = torch.stack([row, start, slot], 1).to(torch.int32).contiguous()
+    # Split rows' items first (stable): they are the long ones (a full chunk each)
+    # and the last of each merges its row, so started first they do not finish the
+    # kernel after the short ones (longest first; v9.1 in benchmarks/NOTES.md).
+    items = torch.stack([row, start, slot], 1)
+    if (LONG_ITEMS_FIRST if long_first is None else long_first) and bool(split.any()):
+        # Longest first (stable): a kernel ends with its last-started long items
+        # otherwise, and a split row's last item merges the row. Only where rows
+        # are split (power-law graphs): on graphs whose rows all fit one item (the
+        # batch graphs) row order keeps neighbouring rows, which share neighbours,
+        # together in L2, and sorting made them 1.2-1.8x slower (v9.1, NOTES.md).
+        n_edges = torch.clamp(ptr[1:][row] - start, max=chunk)
+        items = items[torch.argsort(-n_edges, stable=True)]
+    items = items.to(torch.int32).contiguous()
     split_rows = split.nonzero().flatten()
     combine = torch.stack([split_rows, first_slot[split_rows], n_items[split_rows]], 1)
     return items, combine.to(torch.int32).contiguous(), int(slots_per_row.sum())
@@ -166,7 +187,7 @@ def choose_chunk(layout) -> int:
 
 def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSR (destinations), cached on the layout."""
-    key = ("row_work", chunk)
+    key = ("row_work", chunk, LONG_ITEMS_FIRST)
     if key not in layout._cache:
         layout._cache[key] = split_work(layout.rowptr, chunk)
     return layout._cache[key]
@@ -174,7 +195,7 @@ def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
 
 def col_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSC (sources, for dK / dV), cached on the layout."""
-    key = ("col_work", chunk)
+    key = ("col_work", chunk, LONG_ITEMS_FIRST)
     if key not in layout._cache:
         layout._cache[key] = split_work(layout.colptr, chunk)
     return layout._cache[key]
