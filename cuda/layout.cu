@@ -27,7 +27,7 @@ __global__ void csr_rowptr_kernel(const I* __restrict__ index, int64_t n, int64_
 
 // The merge launch for split rows that their kernels do not merge themselves
 // (merge_split_row, common.cuh: half-precision backward kernels, PMF, CUDA-graph
-// captures without a counter buffer).
+// captures).
 // Sums (plain: combine) or softmax-merges (SOFTMAX) the fp32 partials of split
 // rows. A unit is one (split row, head); its W * P threads form P slot groups of
 // W threads, and the W threads of a group cover the head's C elements, V at a
@@ -196,23 +196,25 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows) {
 // finds the counters zero; kernels of two streams may overlap and get two
 // buffers. A buffer is zeroed once, when it is allocated or grown, and kept (the
 // map is never destroyed: tensors freed at exit could outlive the CUDA context).
-// A stream under CUDA-graph capture gets no new buffer: its zeroing would only
-// run at replay, so an eager call on that stream before a replay would find
-// garbage.
+// Under CUDA-graph capture there are no counters (the merge launches run): a
+// graph can be replayed on any stream, also while kernels of the stream it was
+// captured on use that stream's buffer, and a buffer allocated in the capture
+// would only be zeroed at replay.
 int* split_row_counters(int64_t n) {
   if (n <= 0) return nullptr;
-  static std::mutex mu;
-  static auto* buffers = new std::map<std::pair<int, int64_t>, at::Tensor>();
   const auto stream = at::cuda::getCurrentCUDAStream();
-  std::lock_guard<std::mutex> lock(mu);
-  at::Tensor& buf = (*buffers)[{(int)stream.device_index(), (int64_t)stream.id()}];
-  if (buf.defined() && buf.numel() >= n) return buf.data_ptr<int>();
   cudaStreamCaptureStatus status;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
   if (status != cudaStreamCaptureStatusNone) return nullptr;
-  const int64_t size = std::max<int64_t>(n, buf.defined() ? 2 * buf.numel() : 1024);
-  buf = at::zeros({size}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA,
-                                                                      stream.device_index()));
+  static std::mutex mu;
+  static auto* buffers = new std::map<std::pair<int, int64_t>, at::Tensor>();
+  std::lock_guard<std::mutex> lock(mu);
+  at::Tensor& buf = (*buffers)[{(int)stream.device_index(), (int64_t)stream.id()}];
+  if (!buf.defined() || buf.numel() < n) {
+    const int64_t size = std::max<int64_t>(n, buf.defined() ? 2 * buf.numel() : 1024);
+    buf = at::zeros({size}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA,
+                                                                        stream.device_index()));
+  }
   return buf.data_ptr<int>();
 }
 

@@ -10,9 +10,9 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 
 // Arrival counters for split rows merged by their last item (arrive_last,
 // common.cuh): int32 zeros, at least n of them, for the current device and
-// stream, zero again after every kernel that uses them. nullptr when n is 0,
-// or while the stream is captured into a CUDA graph and has no buffer that
-// large yet: the caller then merges with the separate kernels below.
+// stream, zero again after every kernel that uses them. nullptr when n is 0 or
+// while the stream is captured into a CUDA graph: the caller then merges with
+// the separate kernels below.
 int* split_row_counters(int64_t n);
 
 // Sums the fp32 partial rows of split rows into `out` (dtype of out):
