@@ -13,6 +13,8 @@
 // Scores are kept in base 2 (scale already multiplied by log2(e)) so every
 // exponential is a single exp2f; `lse2` is the per-row log2-sum-exp saved for
 // the backward (O(N H) memory).
+#include <cstdlib>
+
 #include "common.cuh"
 #include "ops.h"
 
@@ -133,6 +135,13 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   });
 }
 
+// The tensor-core forward (gt_forward_mma.cu) where it applies, unless the
+// environment sets PYG_DFGNN_NO_MMA (for same-build comparisons in the benchmarks).
+bool use_mma() {
+  static const bool off = std::getenv("PYG_DFGNN_NO_MMA") != nullptr;
+  return !off;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
@@ -146,6 +155,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(fc.out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
+  if (!pmf && p == 0.f && !need_attn && rw.num_slots == 0 && use_mma() &&
+      gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
+    gt_forward_mma(q, k, v, rowptr, col, fc.out, fc.lse2, scale);
+    return {fc.out, fc.lse2, fc.attn};
+  }
   const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {

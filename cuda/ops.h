@@ -66,6 +66,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
     int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn);
 
+// The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
+// {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
+// [N_dst, H] for graphs without split rows (any in-degree works, but a warp owns
+// 8 whole rows), no dropout and no attention weights.
+bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
+void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                    at::Tensor& lse2, double scale);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,

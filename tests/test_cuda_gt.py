@@ -121,6 +121,59 @@ def test_half_precision(graph, strategy, dtype, H, C):
         assert rel_err(got, want) < 1e-2
 
 
+def _kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+MMA_GRAPHS = {
+    # rows of ~90 edges (many 16-edge tiles per row, rows crossing tiles), 200
+    # destinations (not a multiple of the kernel's 8 rows per warp)
+    "dense": lambda: (random_graph(500, 200, 10_000), 500, 200),
+    "small": GRAPHS["small"],
+    "bipartite": GRAPHS["bipartite"],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("graph,H,C", [("dense", 1, 128), ("small", 4, 32), ("bipartite", 2, 64),
+                                       ("bipartite", 1, 128), ("dense", 2, 32)])
+def test_tensor_core_forward(graph, dtype, H, C, monkeypatch):
+    """The tensor-core forward (gt_forward_mma.cu: fp16 / bf16, C in {32, 64, 128},
+    no split rows, no dropout, no attention weights) runs, matches the float64
+    reference, and so does the backward that uses its lse; scores of a few units
+    make the running maximum of a row rise across its tiles. The chunk of large
+    graphs keeps these small graphs' rows whole."""
+    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", schedule.DEFAULT_CHUNK)
+    torch.manual_seed(hash((graph, str(dtype), H, C)) % 2**31)
+    ei, ns, nd = MMA_GRAPHS[graph]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    assert lay.max_in_degree <= schedule.DEFAULT_CHUNK  # no split rows
+    q, k, v = qkv(lay, H, C, dtype)
+    q = (q * 3).requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
+    assert any("gt_fwd_mma_kernel" in n for n in _kernel_names(lambda: ops.gt_attention(lay, q, k, v)))
+    poison()
+    out = ops.gt_attention(lay, q, k, v)
+    poison()
+    out.backward(g)
+    ref, _, (dq, dk, dv) = ref64(lay, q, k, v, g)
+    assert rel_err(out, ref) < 1e-2
+    isolated = lay.in_degree() == 0
+    assert isolated.any() and (out[isolated] == 0).all()
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert rel_err(got, want) < 1e-2
+    # The CUDA-core kernel (taken when attention weights are requested) agrees.
+    names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v, return_attention=True))
+    assert not any("gt_fwd_mma_kernel" in n for n in names)
+    other, _ = ops.gt_attention(lay, q, k, v, return_attention=True)
+    assert rel_err(out, other) < 1e-2
+
+
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 def test_backward_deterministic(strategy):
     torch.manual_seed(2)
@@ -310,6 +363,18 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
     torch.library.opcheck(torch.ops.dfgnn.csr_rowptr.default,
                           (lay.csr_row.sort().values, lay.num_dst))
+
+
+def test_opcheck_tensor_core(monkeypatch):
+    """opcheck of gt_fwd on a call that takes the tensor-core forward (bf16, no
+    split rows), against the same call on the CUDA-core kernel."""
+    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", schedule.DEFAULT_CHUNK)
+    torch.manual_seed(7)
+    lay = make_layout("small")
+    q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
+    args = ops.gt_op_args(lay, q, k, v, 1 / 8, pmf=False, need_attn=False)
+    assert any("gt_fwd_mma_kernel" in n for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
+    torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
 
 
 def test_csr_rowptr_matches_torch():

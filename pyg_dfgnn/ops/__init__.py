@@ -127,6 +127,14 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     Raises:
         ValueError: mismatched shapes, dtypes or devices, bad ``strategy``, or
             ``dropout`` outside ``[0, 1)``.
+
+    .. note::
+        In float16 / bfloat16 with ``C`` in {32, 64, 128}, no dropout, no returned
+        attention and no row longer than a work item (the batch graphs), the SMMF
+        forward runs on tensor cores (``cuda/gt_forward_mma.cu``); the softmax
+        weights then enter the aggregation rounded to the input dtype, as in flash
+        attention. The environment variable ``PYG_DFGNN_NO_MMA`` (read once per
+        process) turns that off, for comparisons.
     """
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
