@@ -235,6 +235,19 @@ def test_graph_without_edges():
         assert torch.equal(out, torch.zeros_like(out)) and out.shape[0] == 3, name
 
 
+def test_graph_without_edges_backward():
+    """Zero outputs that still belong to the autograd graph: backward runs and
+    gives zero gradients (a fresh zeros tensor would make backward() raise)."""
+    lay = csr(torch.empty(2, 0, dtype=torch.long), 4, 3)
+    q = torch.randn(3, 2, 4, dtype=DT, requires_grad=True)
+    k = torch.randn(4, 2, 4, dtype=DT, requires_grad=True)
+    v = torch.randn(4, 2, 4, dtype=DT, requires_grad=True)
+    out, _ = reference.dot_attention(lay.rowptr, lay.col, q, k, v)
+    assert out.requires_grad
+    out.sum().backward()
+    assert torch.equal(v.grad, torch.zeros_like(v))
+
+
 def test_attention_rows_sum_to_one():
     ns, nd = 15, 12
     ei = random_graph(ns, nd, num_edges=60, num_isolated=3, num_duplicates=5)

@@ -42,7 +42,10 @@ def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tens
     ``[N_src, H, C]`` -> ``[N_dst, H, C]``."""
     msg = value[col.long()] * alpha.unsqueeze(-1)
     if msg.numel() == 0:
-        return value.new_zeros(rowptr.numel() - 1, value.size(1), value.size(2))
+        # No edges: zeros, still connected to the inputs (out.backward() works and
+        # gives zero gradients, as with PyG's scatter), which segment() would not do.
+        out = value.new_zeros(rowptr.numel() - 1, value.size(1), value.size(2))
+        return out.index_add(0, _csr_dst(rowptr, msg.size(0)), msg)
     return segment(msg, rowptr.long(), reduce="sum")
 
 
