@@ -148,9 +148,6 @@ def split_work(ptr: Tensor, chunk: int,
     slots_per_row = torch.where(split, n_items, torch.zeros_like(n_items))
     first_slot = torch.cumsum(slots_per_row, 0) - slots_per_row
     slot = torch.where(split[row], first_slot[row] + local, torch.full_like(local, -1))
-    # Split rows' items first (stable): they are the long ones (a full chunk each)
-    # and the last of each merges its row, so started first they do not finish the
-    # kernel after the short ones (longest first; v9.1 in benchmarks/NOTES.md).
     items = torch.stack([row, start, slot], 1)
     if (LONG_ITEMS_FIRST if long_first is None else long_first) and bool(split.any()):
         # Longest first (stable): a kernel ends with its last-started long items
