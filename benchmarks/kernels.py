@@ -158,17 +158,17 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
     return res
 
 
-def chunk_sweep(graphs, chunks):
+def chunk_sweep(graphs, chunks, dtype=torch.float32):
     """Fused fwd / fwd+bwd time per work-item chunk (tunes schedule.choose_chunk)."""
     from pyg_dfgnn.ops import schedule
     rows = []
     for name, (ei, n, kind) in graphs.items():
         for chunk in chunks + [None]:
             schedule.CHUNK_OVERRIDE = chunk
-            r = run_case(name, ei, n, kind, 1, 128, torch.float32, ["fused-auto"])
+            r = run_case(name, ei, n, kind, 1, 128, dtype, ["fused-auto"])
             m = r["methods"]["fused-auto"]
             lay_chunk = chunk if chunk else "auto"
-            rows.append({"graph": name, "chunk": lay_chunk, **m})
+            rows.append({"graph": name, "chunk": lay_chunk, "dtype": r["dtype"], **m})
             print(f"{name:<13} chunk={str(lay_chunk):>5}  fwd {m.get('fwd_ms', float('nan')):.3f} ms"
                   f"  fwd+bwd {m.get('fwd_bwd_ms', float('nan')):.3f} ms")
     schedule.CHUNK_OVERRIDE = None
@@ -269,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
     ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
+    ap.add_argument("--sweep-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="dtype of the chunk sweep")
     ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
@@ -285,7 +287,8 @@ def main(argv=None):
     if args.graphs:
         graphs = {k: v for k, v in graphs.items() if k in args.graphs.split(",")}
     if args.chunk_sweep:
-        rows = chunk_sweep(graphs, [int(c) for c in args.chunk_sweep.split(",")])
+        rows = chunk_sweep(graphs, [int(c) for c in args.chunk_sweep.split(",")],
+                           getattr(torch, args.sweep_dtype))
         with open(args.out, "w") as f:
             json.dump({"info": info, "chunk_sweep": rows}, f, indent=1)
         return 0

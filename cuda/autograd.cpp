@@ -75,6 +75,22 @@ void check_saved_csc(const variable_list& s, size_t first, const char* op) {
 // gradients at argument positions 0, 1, 2.
 template <const char* kFwd, const char* kBwd>
 struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
+  // The op's CUDA kernel, below autograd.
+  static Tensor3 call_below(const Tensor& a, const Tensor& b, const Tensor& c,
+                            const Tensor& rowptr, const Tensor& col, const Tensor& row_items,
+                            const Tensor& row_combine, int64_t row_slots,
+                            const OptTensor& csr_row, const OptTensor& colptr,
+                            const OptTensor& row, const OptTensor& perm,
+                            const OptTensor& col_items, const OptTensor& col_combine,
+                            int64_t col_slots, int64_t chunk, double param, double dropout,
+                            int64_t seed, bool pmf, bool need_attn) {
+    static const auto op = find_op<FwdSig>(kFwd);
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
+                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
+                   need_attn);
+  }
+
   static variable_list forward(AutogradContext* ctx, const Tensor& a, const Tensor& b,
                                const Tensor& c, const Tensor& rowptr, const Tensor& col,
                                const Tensor& row_items, const Tensor& row_combine,
@@ -84,15 +100,10 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
                                const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
                                double param, double dropout, int64_t seed, bool pmf,
                                bool need_attn) {
-    static const auto op = find_op<FwdSig>(kFwd);
-    Tensor out, lse2, attn;
-    {
-      at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(out, lse2, attn) =
-          op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                  perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                  need_attn);
-    }
+    auto [out, lse2, attn] =
+        call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
+                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
+                   need_attn);
     save_layout(ctx, {a, b, c, out, lse2}, rowptr, col, row_items, row_combine, row_slots,
                 colptr, row, perm, col_items, col_combine, col_slots, chunk);
     ctx->saved_data["param"] = param;
@@ -131,6 +142,14 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const OptTensor& col_items, const OptTensor& col_combine,
                            int64_t col_slots, int64_t chunk, double param, double dropout,
                            int64_t seed, bool pmf, bool need_attn) {
+  // Without grad (no_grad, inference, no input requiring it) there is nothing to
+  // record: Function::apply would still build a node and fill its context.
+  if (!at::GradMode::is_enabled() ||
+      !(a.requires_grad() || b.requires_grad() || c.requires_grad())) {
+    return F::call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
+                         row, perm, col_items, col_combine, col_slots, chunk, param, dropout,
+                         seed, pmf, need_attn);
+  }
   auto o = F::apply(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
                     perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
                     need_attn);

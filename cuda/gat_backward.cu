@@ -167,19 +167,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   auto da_dst = at::empty({N_dst, H}, f32);
   auto da_src = at::empty({N_src, H}, f32);
   auto dx = at::empty_like(x);
-  auto dsum = at::empty({N_dst, H}, f32);
-  auto part_d = at::empty({rw.num_slots, H}, f32);
-  auto part_a = at::empty({cw.num_slots, H}, f32);
-  auto part_x = at::empty({cw.num_slots, H, C}, f32);
+  // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows.
+  const Scratch scratch(x, {N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
+  float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
-  // Split rows and columns merged in the kernels (one after the other: one buffer).
-  int* counters = x.scalar_type() == at::kFloat  // kMergeInBackward (common.cuh)
-                      ? split_row_counters(std::max(rw.num_slots, cw.num_slots) * H)
-                      : nullptr;
+  int* counters = backward_split_counters(x.scalar_type(), rw, cw, H);
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
     using T = typename decltype(T_)::type;
@@ -191,7 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk,
-          da_dst.data_ptr<float>(), part_d.data_ptr<float>(), dsum.data_ptr<float>(),
+          da_dst.data_ptr<float>(), part_d, dsum,
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();
     }
@@ -200,17 +196,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_src_kernel<T, VEC, G, NV, false>;
       kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), lse2.data_ptr<float>(),
-          dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
+          dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
-          mptr<T>(dx), part_a.data_ptr<float>(), part_x.data_ptr<float>(), n_src_units, H, C,
+          mptr<T>(dx), part_a, part_x, n_src_units, H, C,
           slope, p, (uint64_t)seed, (int)row.size(0), counters);
       check_launch();
     }
   });
   if (counters == nullptr) {
-    combine_partials(part_d, rw.combine, da_dst);
-    combine_partials(part_a, cw.combine, da_src);
-    combine_partials(part_x, cw.combine, dx);
+    combine_partials(part_d, rw.num_slots, rw.combine, da_dst);
+    combine_partials(part_a, cw.num_slots, cw.combine, da_src);
+    combine_partials(part_x, cw.num_slots, cw.combine, dx);
   }
   return {da_dst.to(a_dst.scalar_type()), da_src.to(a_src.scalar_type()), dx};
 }

@@ -103,7 +103,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
       if (E * H == 0) return;
       gat_score_kernel<T><<<ceil_div(E * H, kThreads), kThreads, 0, stream>>>(
           cptr<T>(a_dst), cptr<T>(a_src), csr_row->data_ptr<int>(), col.data_ptr<int>(),
-          fc.score.data_ptr<float>(), E * H, H, slope);
+          fc.score(), E * H, H, slope);
       check_launch();
       return;
     }
@@ -112,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
       kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0, stream>>>(
           cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
-          fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units,
+          fc.attn_ptr(), fc.partial(), fc.partial_ml(), n_units,
           H, C, slope, p, (uint64_t)seed, (int)E, fc.counters);
       check_launch();
     };

@@ -173,11 +173,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto dq = at::empty_like(q);
   auto dk = at::empty_like(k);
   auto dv = at::empty_like(v);
-  auto f32 = q.options().dtype(at::kFloat);
-  auto dsum = at::empty({N_dst, H}, f32);
-  auto part_q = at::empty({rw.num_slots, H, C}, f32);
-  auto part_k = at::empty({cw.num_slots, H, C}, f32);
-  auto part_v = at::empty({cw.num_slots, H, C}, f32);
+  // D = rowsum(P * dP) [N_dst, H] and the split rows' partial dQ, dK, dV rows.
+  const Scratch scratch(q, {N_dst * H, rw.num_slots * H * C, cw.num_slots * H * C,
+                            cw.num_slots * H * C});
+  float *dsum = scratch[0], *part_q = scratch[1], *part_k = scratch[2], *part_v = scratch[3];
   const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const bool drop = p > 0.f;
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
@@ -185,10 +184,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
-  // Split rows and columns merged in the kernels (one after the other: one buffer).
-  int* counters = q.scalar_type() == at::kFloat  // kMergeInBackward (common.cuh)
-                      ? split_row_counters(std::max(rw.num_slots, cw.num_slots) * H)
-                      : nullptr;
+  int* counters = backward_split_counters(q.scalar_type(), rw, cw, H);
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
@@ -199,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
-          part_q.data_ptr<float>(), dsum.data_ptr<float>(), n_dst_units, H, C, sc, scale2, p,
+          part_q, dsum, n_dst_units, H, C, sc, scale2, p,
           (uint64_t)seed, counters);
       check_launch();
     }
@@ -207,17 +203,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
       kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(),
-          dsum.data_ptr<float>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
+          dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
-          part_k.data_ptr<float>(), part_v.data_ptr<float>(), n_src_units, H, C, sc, scale2, p,
+          part_k, part_v, n_src_units, H, C, sc, scale2, p,
           (uint64_t)seed, counters);
       check_launch();
     }
   });
   if (counters == nullptr) {
-    combine_partials(part_q, rw.combine, dq);
-    combine_partials(part_k, cw.combine, dk);
-    combine_partials(part_v, cw.combine, dv);
+    combine_partials(part_q, rw.num_slots, rw.combine, dq);
+    combine_partials(part_k, cw.num_slots, cw.combine, dk);
+    combine_partials(part_v, cw.num_slots, cw.combine, dv);
   }
   return {dq, dk, dv};
 }

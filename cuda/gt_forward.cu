@@ -117,7 +117,7 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
            at::cuda::getCurrentCUDAStream()>>>(
         cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
         rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
-        fc.attn_ptr(), fc.partial.data_ptr<float>(), fc.partial_ml.data_ptr<float>(), n_units, H,
+        fc.attn_ptr(), fc.partial(), fc.partial_ml(), n_units, H,
         C, scale2, p, (uint64_t)seed, rnorm, beta, fc.counters);
     check_launch();
   };
@@ -170,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
       if (n_edge_units == 0) return;
       gt_sddmm_kernel<T, VEC, G, NV><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(q), cptr<T>(k), csr_row->data_ptr<int>(), col.data_ptr<int>(),
-          fc.score.data_ptr<float>(), n_edge_units, H, C, scale2);
+          fc.score(), n_edge_units, H, C, scale2);
       check_launch();
       return;
     }

@@ -138,14 +138,14 @@ inline int slot_group_width(int64_t C, int V) {
 // rows average at most half as many slots (many split rows with few slots
 // each: one block per unit there measured 14-26 % slower on Reddit-like 4 x 32).
 template <bool SOFTMAX>
-void reduce_slots(const at::Tensor& partial, const float* partial_ml, const at::Tensor& combine,
-                  at::Tensor& out, float* lse2, int64_t H, int64_t C) {
+void reduce_slots(const float* partial, int64_t num_slots, const float* partial_ml,
+                  const at::Tensor& combine, at::Tensor& out, float* lse2, int64_t H, int64_t C) {
   const int64_t n_rows = combine.size(0);
   if (n_rows == 0) return;
   const int V = C % 4 == 0 ? 4 : 1;
   const int W = slot_group_width(C, V);
   const int64_t n_units = n_rows * H;
-  const double avg_slots = (double)partial.size(0) / (double)n_rows;
+  const double avg_slots = (double)num_slots / (double)n_rows;
   int P = 256 / W;
   while (P > 1 && n_units * W * P > (int64_t(1) << 21) && P / 2 >= avg_slots) P >>= 1;
   const int per_block = 256 / (W * P);
@@ -154,7 +154,7 @@ void reduce_slots(const at::Tensor& partial, const float* partial_ml, const at::
     using T = typename cuda_type<scalar_t>::type;
     auto kern = V == 4 ? reduce_slots_kernel<T, 4, SOFTMAX> : reduce_slots_kernel<T, 1, SOFTMAX>;
     kern<<<ceil_div(n_units, per_block), 256, 0, stream>>>(
-        partial.data_ptr<float>(), partial_ml, combine.data_ptr<int>(),
+        partial, partial_ml, combine.data_ptr<int>(),
         reinterpret_cast<T*>(out.data_ptr<scalar_t>()), lse2, n_units, (int)H, (int)C, W, P);
   });
   check_launch();
@@ -218,15 +218,22 @@ int* split_row_counters(int64_t n) {
   return buf.data_ptr<int>();
 }
 
-void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out) {
-  if (combine.size(0) == 0) return;  // also: no rows, so no division by out.size(0) = 0
-  // Heads are not told apart: each row's H * C values are summed slot by slot.
-  reduce_slots<false>(partial, nullptr, combine, out, nullptr, 1, out.numel() / out.size(0));
+int* backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw, int64_t heads) {
+  if (st != at::kFloat) return nullptr;
+  return split_row_counters(std::max(rw.num_slots, cw.num_slots) * heads);
 }
 
-void merge_softmax_partials(const at::Tensor& partial, const at::Tensor& partial_ml,
+void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,
+                      at::Tensor& out) {
+  if (combine.size(0) == 0) return;  // also: no rows, so no division by out.size(0) = 0
+  // Heads are not told apart: each row's H * C values are summed slot by slot.
+  reduce_slots<false>(partial, num_slots, nullptr, combine, out, nullptr, 1,
+                      out.numel() / out.size(0));
+}
+
+void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
                             const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2) {
-  reduce_slots<true>(partial, partial_ml.data_ptr<float>(), combine, out, lse2.data_ptr<float>(),
+  reduce_slots<true>(partial, num_slots, partial_ml, combine, out, lse2.data_ptr<float>(),
                      out.size(1), out.size(2));
 }
 

@@ -2,6 +2,7 @@
 // registers them under TORCH_LIBRARY(dfgnn).
 #pragma once
 #include <ATen/ATen.h>
+#include <initializer_list>
 #include <tuple>
 
 namespace dfgnn {
@@ -16,17 +17,48 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 int* split_row_counters(int64_t n);
 
 // Sums the fp32 partial rows of split rows into `out` (dtype of out):
-// combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...].
-void combine_partials(const at::Tensor& partial, const at::Tensor& combine, at::Tensor& out);
+// combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...]
+// (partial: [num_slots, out.size(1) * ...] floats).
+void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,
+                      at::Tensor& out);
 
 // Split rows of an online-softmax kernel: merges each item's (max, sum,
-// unnormalised acc) partial into out [N, H, C] and lse2 [N, H].
-void merge_softmax_partials(const at::Tensor& partial, const at::Tensor& partial_ml,
+// unnormalised acc) partial ([num_slots, H, C] and [num_slots, H, 2] floats) into
+// out [N, H, C] and lse2 [N, H].
+void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
                             const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2);
 
 // Attention weights of split rows: raw base-2 scores -> softmax once lse2 is final.
 void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
                           const at::Tensor& lse2, at::Tensor& attn);
+
+// The float32 scratch of one call (split-row partials, row sums, PMF scores) in
+// one allocation, carved into regions of the given numbers of floats; an empty
+// region is nullptr. Each at::empty costs a few µs of host time and a small
+// graph's call is host-bound: a GT backward used to allocate D and three
+// partial buffers separately (benchmarks/NOTES.md, v11). Regions start on 256-byte boundaries (the kernels
+// store 16-byte vectors).
+class Scratch {
+ public:
+  Scratch(const at::Tensor& like, std::initializer_list<int64_t> floats) {
+    TORCH_INTERNAL_ASSERT(floats.size() <= kMaxRegions);
+    int64_t total = 0;
+    size_t i = 0;
+    for (int64_t n : floats) {
+      offset_[i++] = n > 0 ? total : -1;
+      total += n > 0 ? (n + 63) / 64 * 64 : 0;
+    }
+    if (total > 0) base_ = at::empty({total}, like.options().dtype(at::kFloat));
+  }
+  float* operator[](size_t i) const {
+    return offset_[i] < 0 ? nullptr : base_.data_ptr<float>() + offset_[i];
+  }
+
+ private:
+  static constexpr size_t kMaxRegions = 4;
+  at::Tensor base_;
+  int64_t offset_[kMaxRegions] = {-1, -1, -1, -1};
+};
 
 // Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.ops.schedule.split_work):
 // items [I, 3] = (row, first edge, partial slot or -1), at most `chunk` edges each;
@@ -37,24 +69,36 @@ struct Work {
   int64_t num_slots;
 };
 
+// The counters of a backward call (layout.cu): its CSR and CSC walks merge their
+// split rows in the kernels one after the other, so they share one buffer; only
+// the fp32 backward kernels carry the merge (kMergeInBackward, common.cuh), so
+// other dtypes get nullptr and the separate combine launches.
+int* backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw, int64_t heads);
+
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
 // receives the softmax weights.
-void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor& rowptr,
-                  const at::Tensor& col, const Work& rw, int64_t chunk, at::Tensor& out,
-                  at::Tensor& lse2, float* attn, double dropout, int64_t seed);
+// `partial`: [rw.num_slots, H, C] floats of scratch for the split rows.
+void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
+                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
+                  at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed);
 
 // Outputs and scratch of one forward call, SMMF or PMF (softmax_spmm.cu):
 // out [N_dst, H, C] (dtype of x), lse2 [N_dst, H] and attn [E, H] (or [0]);
-// SMMF's split-row partials (merged in the kernel when `counters` is set), or
-// PMF's base-2 scores [E, H].
+// scratch: the split rows' partial rows [slots, H, C] (merged in the kernel
+// when `counters` is set), SMMF's partial (max, sum) [slots, H, 2] and PMF's
+// base-2 scores [E, H].
 struct ForwardCall {
   bool pmf, need_attn;
-  at::Tensor out, lse2, attn, partial, partial_ml, score;
+  at::Tensor out, lse2, attn;
+  Scratch scratch;
   int* counters = nullptr;
   ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,
               bool need_attn);
   float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
+  float* partial() const { return scratch[0]; }
+  float* partial_ml() const { return scratch[1]; }
+  float* score() const { return scratch[2]; }
   // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
   // x; SMMF merges the split rows' partials unless the kernel did.
   void finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,

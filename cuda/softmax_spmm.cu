@@ -75,12 +75,11 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
 
 }  // namespace
 
-void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor& rowptr,
-                  const at::Tensor& col, const Work& rw, int64_t chunk, at::Tensor& out,
-                  at::Tensor& lse2, float* attn, double dropout, int64_t seed) {
+void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
+                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
+                  at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed) {
   const int64_t H = x.size(1), C = x.size(2);
   const int64_t n_units = rw.items.size(0) * H;
-  auto partial = at::empty({rw.num_slots, H, C}, x.options().dtype(at::kFloat));
   const float p = (float)dropout;
   const bool aligned = is_aligned16(x) && is_aligned16(out);
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -95,37 +94,34 @@ void softmax_spmm(const at::Tensor& x, const at::Tensor& score, const at::Tensor
     auto kern = p > 0.f ? softmax_spmm_kernel<T, VEC, G, NV, true>
                         : softmax_spmm_kernel<T, VEC, G, NV, false>;
     kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
-        cptr<T>(x), score.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(out), partial.data_ptr<float>(),
+        cptr<T>(x), score, rowptr.data_ptr<int>(), col.data_ptr<int>(),
+        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(out), partial,
         lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed, (int)col.size(0));
     check_launch();
   });
-  combine_partials(partial, rw.combine, out);
+  combine_partials(partial, rw.num_slots, rw.combine, out);
 }
 
 ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw,
                          bool pmf_, bool need_attn_)
-    : pmf(pmf_), need_attn(need_attn_) {
-  const int64_t H = x.size(1), C = x.size(2);
-  auto f32 = x.options().dtype(at::kFloat);
-  out = at::empty({n_dst, H, C}, x.options());
-  lse2 = at::empty({n_dst, H}, f32);
-  attn = need_attn ? at::empty({n_edges, H}, f32) : at::empty({0}, f32);
-  if (pmf) {
-    score = at::empty({n_edges, H}, f32);
-  } else {
-    partial = at::empty({rw.num_slots, H, C}, f32);
-    partial_ml = at::empty({rw.num_slots, H, 2}, f32);
-    counters = split_row_counters(rw.num_slots * H);
-  }
+    : pmf(pmf_),
+      need_attn(need_attn_),
+      out(at::empty({n_dst, x.size(1), x.size(2)}, x.options())),
+      lse2(at::empty({n_dst, x.size(1)}, x.options().dtype(at::kFloat))),
+      attn(need_attn_ ? at::empty({n_edges, x.size(1)}, x.options().dtype(at::kFloat))
+                      : at::empty({0}, x.options().dtype(at::kFloat))),
+      scratch(x, {rw.num_slots * x.size(1) * x.size(2), pmf_ ? 0 : rw.num_slots * x.size(1) * 2,
+                  pmf_ ? n_edges * x.size(1) : 0}) {
+  if (!pmf) counters = split_row_counters(rw.num_slots * x.size(1));
 }
 
 void ForwardCall::finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
                          const Work& rw, int64_t chunk, double dropout, int64_t seed) {
   if (pmf) {
-    softmax_spmm(x, score, rowptr, col, rw, chunk, out, lse2, attn_ptr(), dropout, seed);
+    softmax_spmm(x, score(), partial(), rowptr, col, rw, chunk, out, lse2, attn_ptr(), dropout,
+                 seed);
   } else if (rw.combine.size(0) > 0 && counters == nullptr) {
-    merge_softmax_partials(partial, partial_ml, rw.combine, out, lse2);
+    merge_softmax_partials(partial(), partial_ml(), rw.num_slots, rw.combine, out, lse2);
     if (need_attn) normalize_split_attn(rw.combine, rowptr, lse2, attn);
   }
 }

@@ -62,6 +62,20 @@ def test_no_grad_call_records_nothing():
     assert out.grad_fn is None and not out.requires_grad
 
 
+@pytest.mark.parametrize("which", [(), (2,), (0, 1)])
+def test_node_only_when_an_input_requires_grad(which):
+    # With grad enabled but no input requiring it, the autograd kernel calls the
+    # op directly (no node); with some, only those inputs get a gradient.
+    lay = _layout()
+    args = _meta(ops.gt_op_args(lay, *(torch.randn(N, H, C) for _ in range(3)), 0.3))
+    args[:3] = [torch.empty(N, H, C, device="meta", requires_grad=i in which) for i in range(3)]
+    out, _, _ = torch.ops.dfgnn.gt_fwd.default(*args)
+    assert out.requires_grad == bool(which) and (out.grad_fn is not None) == bool(which)
+    if which:
+        out.sum().backward()
+        assert [args[i].grad is not None for i in range(3)] == [i in which for i in range(3)]
+
+
 def test_backward_without_csc_raises_clearly():
     lay = _layout()
     args = _meta(ops.gt_op_args(lay, *(torch.randn(N, H, C) for _ in range(3)), 0.3,

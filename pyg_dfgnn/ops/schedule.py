@@ -63,7 +63,7 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
     """
     if dtype not in (torch.float32, torch.float16, torch.bfloat16) or head_size <= 0:
         return False
-    row_bytes = head_size * torch.empty((), dtype=dtype).element_size()
+    row_bytes = head_size * dtype.itemsize
     if row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES:
         return True
     return head_size <= MAX_SCALAR_C
