@@ -37,6 +37,9 @@ from pyg_dfgnn import generators, ops  # noqa: E402
 from pyg_dfgnn.layout import GraphLayout  # noqa: E402
 
 DEV = "cuda"
+#: fwd+bwd steps accumulate into the leaves' ``.grad`` (the tables before v11) instead
+#: of starting from ``None``; ``--accumulate-grads``.
+ACCUMULATE_GRADS = False
 
 
 def bench(fn, warmup_ms=25, rep_ms=150):
@@ -104,13 +107,19 @@ def sparse_pipeline(lay, q, k, v, scale):
 def measure(f, g, leaves, with_backward=True):
     """``fwd_ms`` of ``f()`` under ``no_grad``; with ``with_backward``, also the peak
     extra memory (``peak_MB``) and time (``fwd_bwd_ms``) of ``f()`` then backward of
-    ``g``. A method that fails is recorded as ``error``, not dropped."""
+    ``g``, each step starting with the ``leaves``' gradients set to ``None`` as a
+    training step after ``optimizer.zero_grad()`` does (accumulated over the timed
+    steps, each step also paid one addition kernel per leaf). A method that fails is
+    recorded as ``error``, not dropped."""
     r = {}
     try:
         with torch.no_grad():
             r["fwd_ms"] = bench(f)
         if with_backward:
             def fb():
+                if not ACCUMULATE_GRADS:
+                    for t in leaves:
+                        t.grad = None
                 torch.autograd.backward(f(), g)
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -271,10 +280,15 @@ def main(argv=None):
     ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
     ap.add_argument("--sweep-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the chunk sweep")
+    ap.add_argument("--accumulate-grads", action="store_true",
+                    help="fwd+bwd steps accumulate into .grad (one addition kernel per leaf "
+                         "and step, as the tables before v11) instead of starting from None")
     ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
     args = ap.parse_args(argv)
+    global ACCUMULATE_GRADS
+    ACCUMULATE_GRADS = args.accumulate_grads
     if not torch.cuda.is_available():
         print("kernels.py: no CUDA device: the kernel benchmark could not run")
         return 1
