@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <functional>
+#include <initializer_list>
 #include <tuple>
 
 namespace dfgnn {
@@ -42,6 +44,18 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
 }
 
 Tensor value_or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
+
+// Whether a call records an autograd node: grad mode is on and one of its
+// differentiable inputs requires a gradient. Otherwise every autograd kernel
+// below calls its op directly, below autograd: Function::apply would still build
+// a node and fill its context, host time that a small graph's call is made of
+// (benchmarks/NOTES.md, v11).
+bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
 
 // What every fused op saves after its own tensors (`head`): the CSR and its work
 // items, the CSC and its work items (undefined when the call did not pass them),
@@ -142,10 +156,7 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const OptTensor& col_items, const OptTensor& col_combine,
                            int64_t col_slots, int64_t chunk, double param, double dropout,
                            int64_t seed, bool pmf, bool need_attn) {
-  // Without grad (no_grad, inference, no input requiring it) there is nothing to
-  // record: Function::apply would still build a node and fill its context.
-  if (!at::GradMode::is_enabled() ||
-      !(a.requires_grad() || b.requires_grad() || c.requires_grad())) {
+  if (!records_grad({a, b, c})) {
     return F::call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
                          row, perm, col_items, col_combine, col_slots, chunk, param, dropout,
                          seed, pmf, need_attn);
@@ -159,15 +170,16 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
 // AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
 // rnorm (not). An unused k or q gets a zero gradient (materialised by autograd).
 struct L2Norm : torch::autograd::Function<L2Norm> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& beta,
-                               double eps) {
+  static Tensor3 call_below(const Tensor& x, const Tensor& beta, double eps) {
     static const auto op =
         find_op<Tensor3(const Tensor&, const Tensor&, double)>("dfgnn::l2norm_fwd");
-    Tensor k, q, rnorm;
-    {
-      at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(k, q, rnorm) = op.call(x, beta, eps);
-    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, beta, eps);
+  }
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& beta,
+                               double eps) {
+    auto [k, q, rnorm] = call_below(x, beta, eps);
     ctx->save_for_backward({k, rnorm, beta});
     ctx->mark_non_differentiable({rnorm});
     return {k, q, rnorm};
@@ -184,6 +196,7 @@ struct L2Norm : torch::autograd::Function<L2Norm> {
 };
 
 Tensor3 l2norm_autograd(const Tensor& x, const Tensor& beta, double eps) {
+  if (!records_grad({x, beta})) return L2Norm::call_below(x, beta, eps);
   auto o = L2Norm::apply(x, beta, eps);
   return {o[0], o[1], o[2]};
 }
@@ -279,6 +292,10 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
 };
 
 Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
+  if (!records_grad({x, beta})) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return agnn_composite(DFGNN_AGNN_ARGS);
+  }
   auto o = AGNNAttention::apply(DFGNN_AGNN_ARGS);
   return {o[0], o[1]};
 }

@@ -76,6 +76,25 @@ def test_node_only_when_an_input_requires_grad(which):
         assert [args[i].grad is not None for i in range(3)] == [i in which for i in range(3)]
 
 
+@pytest.mark.parametrize("op", ["l2norm", "agnn"])
+@pytest.mark.parametrize("which", [(), ("beta",), ("x", "beta")])
+def test_normalised_ops_node_only_when_required(op, which):
+    # The same rule for l2norm_fwd and agnn_fwd: a node only when x or beta needs it.
+    lay = _layout()
+    x = torch.empty(N, H, C, device="meta", requires_grad="x" in which)
+    beta = torch.empty(1, device="meta", requires_grad="beta" in which)
+    if op == "l2norm":
+        out = torch.ops.dfgnn.l2norm_fwd.default(x, beta, 1e-12)[1]  # q = beta k
+    else:
+        rw, csc, chunk = ops._work_args(lay, True)
+        layout_args = _meta([lay.rowptr, lay.col, *rw, *csc])
+        out = torch.ops.dfgnn.agnn_fwd.default(x, beta, 1e-12, *layout_args, chunk, False)[0]
+    assert out.requires_grad == bool(which) and (out.grad_fn is not None) == bool(which)
+    if which:
+        out.sum().backward()
+        assert (x.grad is not None) == ("x" in which) and beta.grad.shape == beta.shape
+
+
 def test_backward_without_csc_raises_clearly():
     lay = _layout()
     args = _meta(ops.gt_op_args(lay, *(torch.randn(N, H, C) for _ in range(3)), 0.3,
