@@ -32,6 +32,12 @@ namespace dfgnn {
 namespace {
 
 constexpr int kMmaRows = 8;  // destination rows per warp (the mma's N)
+// One warp per block. A block holds its SM slot until its slowest warp is done
+// (kNodeBlock, common.cuh); this kernel's warps are independent, so single-warp
+// blocks free each slot as soon as its warp ends: 2-3 % faster than 64 threads on the
+// sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER
+// (benchmarks/NOTES.md, v12).
+constexpr int kMmaBlock = 32;
 
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -120,7 +126,7 @@ __device__ __forceinline__ void store_words(uint32_t* __restrict__ row, int g,
 }
 
 template <typename T, int C>
-__global__ void __launch_bounds__(kNodeBlock)
+__global__ void __launch_bounds__(kMmaBlock)
 gt_fwd_mma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   const int* __restrict__ rowptr, const int* __restrict__ col, T* __restrict__ out,
                   float* __restrict__ lse2, int64_t n_rows, int64_t n_units, int H, float scale2) {
@@ -284,7 +290,7 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   auto launch = [&](auto T_, auto C_) {
     using T = typename decltype(T_)::type;
     constexpr int CC = decltype(C_)::value;
-    gt_fwd_mma_kernel<T, CC><<<ceil_div(n_units * 32, kNodeBlock), kNodeBlock, 0, stream>>>(
+    gt_fwd_mma_kernel<T, CC><<<ceil_div(n_units * 32, kMmaBlock), kMmaBlock, 0, stream>>>(
         cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
         mptr<T>(out), lse2.data_ptr<float>(), N, n_units, (int)H, scale2);
     check_launch();
