@@ -573,10 +573,14 @@ __device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int 
 // round trip (the rows) instead of two (the indices, then the rows). On small
 // graphs the longest item's chain of steps is the kernel time. It costs U to 13
 // registers: free for the fp32 GT kernels and both backward families (same
-// blocks per SM; 5-11 % faster fwd+bwd), a lost block per SM for the packed
-// fp16/bf16 kernels (GT forward bf16 up to 41 % slower) and for softmax_spmm, and
-// 5-7 % slower in GAT's SMMF forward (benchmarks/NOTES.md, v5). kIndexAhead<T>
-// picks for the kernels that use it.
+// blocks per SM; 5-11 % faster fwd+bwd), a lost 256-thread block per SM for the
+// packed fp16/bf16 kernels (GT forward bf16 up to 41 % slower) and for
+// softmax_spmm, and 5-7 % slower in GAT's SMMF forward (benchmarks/NOTES.md, v5).
+// With 64-thread blocks (v7) the bf16 GT forward goes from 24 to 20 warps per SM
+// with it and is 3-10 % faster (v12.1), so that kernel looks ahead for rows of
+// one vector per lane in every dtype; the GT backward's bf16 kernels moved between
+// 2 % faster and 3 % slower with it (v12.1) and keep kIndexAhead<T>, which picks
+// for the kernels that use it.
 template <int U, bool AHEAD> struct NbrPipe {
   const int* __restrict__ nbr;
   int end;
