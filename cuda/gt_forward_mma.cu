@@ -34,8 +34,8 @@ namespace {
 constexpr int kMmaRows = 8;  // destination rows per warp (the mma's N)
 // One warp per block. A block holds its SM slot until its slowest warp is done
 // (kNodeBlock, common.cuh); this kernel's warps are independent, so single-warp
-// blocks free each slot as soon as its warp ends: 1.5-3 % faster than 64 threads on the
-// sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER
+// blocks free each slot as soon as its warp ends: 1.5-3 % faster than 64 threads
+// on the sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER
 // (benchmarks/NOTES.md, v12).
 constexpr int kMmaBlock = 32;
 
