@@ -283,10 +283,18 @@ __device__ __forceinline__ void load_packed(const T* __restrict__ row, int gl, i
   }
 }
 
+// Element c of a packed slice as fp32. A bf16 is the high half of an fp32, so
+// element c of a 32-bit word of two is one shift (c even) or one mask (c odd) of
+// the word; the generic conversion extracted the half first and then shifted it
+// (three instructions per pair instead of two, in the loops that are issue-bound
+// in bf16: benchmarks/NOTES.md, v12.2).
 template <typename T, int VEC>
 __device__ __forceinline__ float packed_elem(const typename Packed<T, VEC>::type& x, int c) {
   if constexpr (VEC == 1) {
     return to_float(x);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t w = reinterpret_cast<const uint32_t*>(&x)[c / 2];
+    return __uint_as_float(c % 2 == 0 ? w << 16 : w & 0xffff0000u);
   } else {
     return to_float(reinterpret_cast<const T*>(&x)[c]);
   }
@@ -826,6 +834,17 @@ __device__ __forceinline__ void merge_split_softmax(const GroupItem& g, int H, i
   if (done) write_softmax_row<T, VEC, G, NV>(g, H, C, beg, end, acc, M, L, out, lse2, attn, true);
 }
 
+// 2^x as one MUFU.EX2 (ex2.approx.ftz): exp2f adds a compare and two predicated
+// multiplies per call to keep results below 2^-126 (subnormal) exact. Those are
+// weights under 2^-126 of the row's largest (which is 1 here), far below the
+// fp32 resolution of the row's sum, so flushing them to 0 changes nothing
+// measurable; the online-softmax step takes U + 1 of them per step (NOTES.md, v12.3).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Online softmax + SpMM of one lane group's work item (flash-attention style):
 // a running max `m` and sum `l` in base 2 and an unnormalised accumulator, so a
 // row of any length is one pass with the scores in registers. Used by every
@@ -848,13 +867,13 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (j[u] >= 0) mc = fmaxf(mc, s[u]);
-    const float corr = exp2f(m - mc);  // 0 on the first step (m = -inf)
+    const float corr = fast_exp2(m - mc);  // 0 on the first step (m = -inf)
     l *= corr;
     scale_frag(corr, acc);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (j[u] >= 0) {
-        const float pe = exp2f(s[u] - mc);
+        const float pe = fast_exp2(s[u] - mc);
         l += pe;
         float w = pe;
         if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
@@ -870,7 +889,7 @@ struct OnlineSoftmax {
   // whole tile's scores at once (GAT): one rescale per tile instead of per step.
   __device__ __forceinline__ float raise_max(float mt) {
     const float mc = fmaxf(m, mt);
-    const float corr = exp2f(m - mc);  // 0 while m = -inf
+    const float corr = fast_exp2(m - mc);  // 0 while m = -inf
     l *= corr;
     scale_frag(corr, acc);
     m = mc;

@@ -68,13 +68,6 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
   return r;
 }
 
-// 2^x without exp2f's rescaling of tiny results (ex2.approx.ftz: a flushed
-// subnormal weight is below bf16 / fp16 resolution of the sum anyway).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The transpose of an 8 x 8 matrix of 16-bit values held one row pair per lane
 // (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1).
