@@ -585,10 +585,9 @@ __device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int 
 // packed fp16/bf16 kernels (GT forward bf16 up to 41 % slower) and for
 // softmax_spmm, and 5-7 % slower in GAT's SMMF forward (benchmarks/NOTES.md, v5).
 // With 64-thread blocks (v7) the bf16 GT forward goes from 24 to 20 warps per SM
-// with it and is 3-10 % faster (v12.1), so that kernel looks ahead for rows of
-// one vector per lane in every dtype; the GT backward's bf16 kernels moved between
-// 2 % faster and 3 % slower with it (v12.1) and keep kIndexAhead<T>, which picks
-// for the kernels that use it.
+// with it and is 3-10 % faster (v12.1); the GT backward's bf16 kernels moved between
+// 2 % faster and 3 % slower (v12.1). kIndexAhead<T> picks for the backward kernels,
+// kForwardIndexAhead<T, NV> for the SMMF forward.
 template <int U, bool AHEAD> struct NbrPipe {
   const int* __restrict__ nbr;
   int end;
@@ -612,6 +611,10 @@ template <int U, bool AHEAD> struct NbrPipe {
 };
 
 template <typename T> constexpr bool kIndexAhead = sizeof(T) == 4;
+// The SMMF forward looks ahead in every dtype where a lane holds one vector per
+// row (C <= 256 in fp16 / bf16); wider packed rows keep kIndexAhead (it took the
+// C = 512 bf16 kernel from 128 to 146 registers, not measured).
+template <typename T, int NV> constexpr bool kForwardIndexAhead = kIndexAhead<T> || NV == 1;
 
 // The neighbour indices of a work item, one tile of G edges at a time: lane gl of
 // the group holds the index of edge t0 + gl (one coalesced load per G edges, the

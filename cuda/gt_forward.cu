@@ -54,10 +54,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   if constexpr (COS) scale2 = __ldg(beta) * kLog2e * fabsf(__ldg(rnorm + i * H + h));
   scale_frag(scale2, qf);
   OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
-  // Look-ahead for every dtype where a lane holds one vector per row (C <= 256 in
-  // fp16 / bf16; common.cuh, NbrPipe); wider packed rows keep kIndexAhead (the
-  // look-ahead took the C = 512 bf16 kernel from 128 to 146 registers, unmeasured).
-  NbrPipe<U, kIndexAhead<T> || NV == 1> nb(col, beg, end);
+  NbrPipe<U, kForwardIndexAhead<T, NV>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
     float s[U], rj[U];

@@ -36,8 +36,8 @@ void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
 // one allocation, carved into regions of the given numbers of floats; an empty
 // region is nullptr. Each at::empty costs a few µs of host time and a small
 // graph's call is host-bound: a GT backward used to allocate D and three
-// partial buffers separately (benchmarks/NOTES.md, v11). Regions start on 256-byte boundaries (the kernels
-// store 16-byte vectors).
+// partial buffers separately (benchmarks/NOTES.md, v11). Regions start on 256-byte
+// boundaries (the kernels store 16-byte vectors).
 class Scratch {
  public:
   Scratch(const at::Tensor& like, std::initializer_list<int64_t> floats) {
