@@ -36,7 +36,6 @@ using BwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor
                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, int64_t, int64_t, double, double, int64_t);
-constexpr size_t kFwdArgs = 21;
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
@@ -57,29 +56,75 @@ bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> in
   return false;
 }
 
-// What every fused op saves after its own tensors (`head`): the CSR and its work
-// items, the CSC and its work items (undefined when the call did not pass them),
-// and the three work sizes; gradients of unused outputs are not materialised.
-void save_layout(AutogradContext* ctx, variable_list head, const Tensor& rowptr,
-                 const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
-                 int64_t row_slots, const OptTensor& colptr, const OptTensor& row,
-                 const OptTensor& perm, const OptTensor& col_items, const OptTensor& col_combine,
-                 int64_t col_slots, int64_t chunk) {
-  head.insert(head.end(), {rowptr, col, row_items, row_combine, value_or_undefined(colptr),
-                           value_or_undefined(row), value_or_undefined(perm),
-                           value_or_undefined(col_items), value_or_undefined(col_combine)});
-  ctx->save_for_backward(std::move(head));
-  ctx->saved_data["row_slots"] = row_slots;
-  ctx->saved_data["col_slots"] = col_slots;
-  ctx->saved_data["chunk"] = chunk;
+// The graph-layout arguments of a call (CSR and its work items, CSC and its
+// work items, work sizes), passed to Function::apply as one non-tensor argument
+// next to the differentiable tensors. apply's host cost grows with its number
+// of tensor arguments (an input VariableInfo, an edge and a saved variable
+// each): with the nine layout tensors as arguments, building the node took
+// about half of a Cora-sized forward's host time (benchmarks/NOTES.md, v13).
+// The members refer to the caller's arguments and live for the call.
+struct LayoutArgs {
+  const Tensor& rowptr;
+  const Tensor& col;
+  const Tensor& row_items;
+  const Tensor& row_combine;
+  int64_t row_slots;
+  const OptTensor& colptr;
+  const OptTensor& row;
+  const OptTensor& perm;
+  const OptTensor& col_items;
+  const OptTensor& col_combine;
+  int64_t col_slots;
+  int64_t chunk;
+};
+
+// What a node keeps of its layout, and the op's tensors that carry no gradient
+// (`extra`: row statistics, intermediates; may be undefined), as one tensor
+// list in the context's saved_data, not as saved variables: none of them is an
+// input that requires a gradient or a differentiable output, so the version
+// checks and graph edges of saved variables have nothing to guard. The CSC
+// entries are undefined when the call did not pass them; the backward checks.
+constexpr int kSavedLayout = 9;  // rowptr, col, row_items, row_combine, 5 CSC tensors
+void save_layout(AutogradContext* ctx, const LayoutArgs& L,
+                 std::initializer_list<Tensor> extra) {
+  c10::List<Tensor> t;
+  t.reserve(kSavedLayout + extra.size());
+  for (const Tensor& x : {L.rowptr, L.col, L.row_items, L.row_combine})
+    t.push_back(x);
+  for (const OptTensor* x : {&L.colptr, &L.row, &L.perm, &L.col_items, &L.col_combine})
+    t.push_back(value_or_undefined(*x));
+  for (const Tensor& x : extra) t.push_back(x);
+  ctx->saved_data["layout"] = std::move(t);
+  ctx->saved_data["sizes"] = std::vector<int64_t>{L.row_slots, L.col_slots, L.chunk};
   ctx->set_materialize_grads(false);
 }
 
-// The saved CSC starts at s[first + 4] (after rowptr, col and the CSR items).
-void check_saved_csc(const variable_list& s, size_t first, const char* op) {
-  for (size_t i = first + 4; i < first + 9; ++i)
-    TORCH_CHECK(s[i].defined(), op, " was called without the CSC layout (colptr, row, perm, "
-                "col_items, col_combine), so it cannot be differentiated");
+// The saved layout (save_layout) of a node, for its backward.
+struct SavedLayout {
+  std::vector<Tensor> t;  // the layout's nine tensors, then `extra`
+  int64_t row_slots, col_slots, chunk;
+  SavedLayout(const AutogradContext* ctx, const char* op) {
+    const auto& d = ctx->saved_data;
+    t = d.at("layout").toTensorVector();
+    const auto sizes = d.at("sizes").toIntVector();
+    row_slots = sizes[0];
+    col_slots = sizes[1];
+    chunk = sizes[2];
+    for (int i = 4; i < kSavedLayout; ++i)
+      TORCH_CHECK(t[i].defined(), op, " was called without the CSC layout (colptr, row, perm, "
+                  "col_items, col_combine), so it cannot be differentiated");
+  }
+  const Tensor& extra(int i) const { return t[kSavedLayout + i]; }
+};
+
+// A backward op call. Without create_graph (grad mode off in the backward) it
+// goes below autograd: the backward ops have no autograd kernel, and the boxed
+// autograd fallback would box and unbox their 21 arguments for nothing.
+template <typename Sig, typename... Args>
+auto call_backward_op(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
+  if (at::GradMode::is_enabled()) return op.call(std::forward<Args>(args)...);
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(std::forward<Args>(args)...);
 }
 
 // One attention op: outputs (out, lse2, attn); out is differentiable, the row
@@ -106,20 +151,15 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
   }
 
   static variable_list forward(AutogradContext* ctx, const Tensor& a, const Tensor& b,
-                               const Tensor& c, const Tensor& rowptr, const Tensor& col,
-                               const Tensor& row_items, const Tensor& row_combine,
-                               int64_t row_slots, const OptTensor& csr_row,
-                               const OptTensor& colptr, const OptTensor& row,
-                               const OptTensor& perm, const OptTensor& col_items,
-                               const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
+                               const Tensor& c, const LayoutArgs& L, const OptTensor& csr_row,
                                double param, double dropout, int64_t seed, bool pmf,
                                bool need_attn) {
     auto [out, lse2, attn] =
-        call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                   need_attn);
-    save_layout(ctx, {a, b, c, out, lse2}, rowptr, col, row_items, row_combine, row_slots,
-                colptr, row, perm, col_items, col_combine, col_slots, chunk);
+        call_below(a, b, c, L.rowptr, L.col, L.row_items, L.row_combine, L.row_slots, csr_row,
+                   L.colptr, L.row, L.perm, L.col_items, L.col_combine, L.col_slots, L.chunk,
+                   param, dropout, seed, pmf, need_attn);
+    ctx->save_for_backward({a, b, c, out});
+    save_layout(ctx, L, {lse2});
     ctx->saved_data["param"] = param;
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["seed"] = seed;
@@ -127,18 +167,19 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
     return {out, lse2, attn};
   }
 
+  // One gradient per forward argument: a, b, c, then none for the other seven.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(kFwdArgs);
+    variable_list res(10);
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
     static const auto op = find_op<BwdSig>(kBwd);
     const auto s = ctx->get_saved_variables();
-    check_saved_csc(s, 5, kFwd);
+    const SavedLayout L(ctx, kFwd);
+    const auto& t = L.t;
     const auto& d = ctx->saved_data;
-    std::tie(res[0], res[1], res[2]) =
-        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8],
-                d.at("row_slots").toInt(), s[9], s[10], s[11], s[12], s[13],
-                d.at("col_slots").toInt(), d.at("chunk").toInt(), d.at("param").toDouble(),
-                d.at("dropout").toDouble(), d.at("seed").toInt());
+    std::tie(res[0], res[1], res[2]) = call_backward_op(
+        op, grads[0].contiguous(), s[0], s[1], s[2], s[3], L.extra(0), t[0], t[1], t[2], t[3],
+        L.row_slots, t[4], t[5], t[6], t[7], t[8], L.col_slots, L.chunk,
+        d.at("param").toDouble(), d.at("dropout").toDouble(), d.at("seed").toInt());
     return res;
   }
 };
@@ -161,9 +202,9 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                          row, perm, col_items, col_combine, col_slots, chunk, param, dropout,
                          seed, pmf, need_attn);
   }
-  auto o = F::apply(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                    perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                    need_attn);
+  const LayoutArgs L{rowptr, col,  row_items,   row_combine, row_slots,
+                     colptr, row, perm, col_items, col_combine, col_slots, chunk};
+  auto o = F::apply(a, b, c, L, csr_row, param, dropout, seed, pmf, need_attn);
   return {o[0], o[1], o[2]};
 }
 
@@ -190,7 +231,8 @@ struct L2Norm : torch::autograd::Function<L2Norm> {
         find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                            const Tensor&, const Tensor&)>("dfgnn::l2norm_bwd");
     const auto s = ctx->get_saved_variables();
-    auto [dx, dbeta_part] = op.call(grads[0].contiguous(), grads[1].contiguous(), s[0], s[1], s[2]);
+    auto [dx, dbeta_part] =
+        call_backward_op(op, grads[0].contiguous(), grads[1].contiguous(), s[0], s[1], s[2]);
     return {dx, dbeta_part.sum().reshape(s[2].sizes()), Tensor()};
   }
 };
@@ -227,7 +269,6 @@ using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, c
 #define DFGNN_AGNN_ARGS                                                                     \
   x, beta, eps, rowptr, col, row_items, row_combine, row_slots, colptr, row, perm, col_items, \
       col_combine, col_slots, chunk, need_attn
-constexpr size_t kAgnnArgs = 16;
 
 // k, q (undefined on the fp32 cos_fwd path), rnorm, then (out, lse2, attn) of the
 // attention; no dropout, SMMF.
@@ -254,14 +295,18 @@ Tensor2 agnn_composite(DFGNN_AGNN_PARAMS) {
 }
 
 struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
-  static variable_list forward(AutogradContext* ctx, DFGNN_AGNN_PARAMS) {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& beta,
+                               double eps, const LayoutArgs& L, bool need_attn) {
     Tensor k, q, rnorm, out, lse2, attn;
     {
       at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(k, q, rnorm, out, lse2, attn) = agnn_forward(DFGNN_AGNN_ARGS);
+      std::tie(k, q, rnorm, out, lse2, attn) =
+          agnn_forward(x, beta, eps, L.rowptr, L.col, L.row_items, L.row_combine, L.row_slots,
+                       L.colptr, L.row, L.perm, L.col_items, L.col_combine, L.col_slots,
+                       L.chunk, need_attn);
     }
-    save_layout(ctx, {x, beta, k, q, rnorm, out, lse2}, rowptr, col, row_items, row_combine,
-                row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk);
+    ctx->save_for_backward({x, beta, out});
+    save_layout(ctx, L, {k, q, rnorm, lse2});
     ctx->saved_data["eps"] = eps;
     ctx->mark_non_differentiable({attn});
     return {out, attn};
@@ -270,21 +315,22 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
   // dx = (normalisation backward of dk, dq) + dv, since x is both v and the
   // normalised k / q; dbeta from the normalisation's per-row terms.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(kAgnnArgs);
+    variable_list res(5);  // x, beta, eps, the layout, need_attn
     if (!grads[0].defined()) return res;
     static const auto gt_bwd = find_op<BwdSig>(kGtBwd);
     static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
     static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
-    auto s = ctx->get_saved_variables();
-    check_saved_csc(s, 7, "dfgnn::agnn_fwd");
-    const auto& d = ctx->saved_data;
-    if (!s[2].defined())  // the fp32 forward (cos_fwd) did not build k and q
-      std::tie(s[2], s[3], std::ignore) = l2.call(s[0], s[1], d.at("eps").toDouble());
-    auto [dq, dk, dv] =
-        gt_bwd.call(grads[0].contiguous(), s[3], s[2], s[0], s[5], s[6], s[7], s[8], s[9], s[10],
-                    d.at("row_slots").toInt(), s[11], s[12], s[13], s[14], s[15],
-                    d.at("col_slots").toInt(), d.at("chunk").toInt(), 1.0, 0.0, 0);
-    auto [dxn, dbeta_part] = l2_bwd.call(dk, dq, s[2], s[4], s[1]);
+    const auto s = ctx->get_saved_variables();  // x, beta, out
+    const SavedLayout L(ctx, "dfgnn::agnn_fwd");
+    const auto& t = L.t;
+    Tensor k = L.extra(0), q = L.extra(1);
+    if (!k.defined())  // the fp32 forward (cos_fwd) did not build k and q
+      std::tie(k, q, std::ignore) = call_backward_op(l2, s[0], s[1],
+                                                     ctx->saved_data.at("eps").toDouble());
+    auto [dq, dk, dv] = call_backward_op(
+        gt_bwd, grads[0].contiguous(), q, k, s[0], s[2], L.extra(3), t[0], t[1], t[2], t[3],
+        L.row_slots, t[4], t[5], t[6], t[7], t[8], L.col_slots, L.chunk, 1.0, 0.0, 0);
+    auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, L.extra(2), s[1]);
     res[0] = dxn.add(dv);
     res[1] = dbeta_part.sum().reshape(s[1].sizes());
     return res;
@@ -296,7 +342,9 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
     at::AutoDispatchBelowADInplaceOrView below;
     return agnn_composite(DFGNN_AGNN_ARGS);
   }
-  auto o = AGNNAttention::apply(DFGNN_AGNN_ARGS);
+  const LayoutArgs L{rowptr, col,  row_items,   row_combine, row_slots,
+                     colptr, row, perm, col_items, col_combine, col_slots, chunk};
+  auto o = AGNNAttention::apply(x, beta, eps, L, need_attn);
   return {o[0], o[1]};
 }
 

@@ -248,6 +248,8 @@ class GraphLayout:
         if self._csc is not None:
             new._csc = tuple(t.to(device) for t in self._csc)
         for key, val in self._cache.items():  # work items, csr_row, degree statistics
+            if isinstance(key, tuple) and key[0] == "op_args":
+                continue  # tuples of the tensors above, rebuilt on the first call
             new._cache[key] = (tuple(t.to(device) if isinstance(t, Tensor) else t for t in val)
                                if isinstance(val, tuple) else
                                val.to(device) if isinstance(val, Tensor) else val)

@@ -82,23 +82,34 @@ def _work_args(layout, need_grad: bool) -> tuple:
     return rw, csc, chunk
 
 
+def _layout_args(layout, need_grad: bool, pmf: bool) -> tuple:
+    """The arguments of ``gt_fwd`` / ``gat_fwd`` between the three feature tensors
+    and the scalars (CSR, its work items, ``csr_row`` for PMF, the CSC and its work
+    items when ``need_grad``, the chunk), cached on the layout: a small graph's
+    call is host-bound, and this runs on every call."""
+    key = ("op_args", schedule.choose_chunk(layout), schedule.LONG_ITEMS_FIRST, need_grad, pmf)
+    args = layout._cache.get(key)
+    if args is None:
+        rw, csc, chunk = _work_args(layout, need_grad)
+        args = layout._cache[key] = (layout.rowptr, layout.col, *rw,
+                                     layout.csr_row if pmf else None, *csc, chunk)
+    return args
+
+
 def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
                seed: int = 0, pmf: bool = False, need_attn: bool = False,
                need_grad: bool = True) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout."""
-    rw, csc, chunk = _work_args(layout, need_grad)
-    return (q, k, v, layout.rowptr, layout.col, *rw, layout.csr_row if pmf else None, *csc, chunk,
-            float(scale), float(dropout), int(seed), bool(pmf), bool(need_attn))
+    return (q, k, v, *_layout_args(layout, need_grad, pmf), float(scale), float(dropout),
+            int(seed), bool(pmf), bool(need_attn))
 
 
 def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
                 dropout: float = 0.0, seed: int = 0, pmf: bool = False, need_attn: bool = False,
                 need_grad: bool = True) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gat_fwd`` for a layout."""
-    rw, csc, chunk = _work_args(layout, need_grad)
-    return (a_dst, a_src, x, layout.rowptr, layout.col, *rw, layout.csr_row if pmf else None,
-            *csc, chunk, float(negative_slope), float(dropout), int(seed), bool(pmf),
-            bool(need_attn))
+    return (a_dst, a_src, x, *_layout_args(layout, need_grad, pmf), float(negative_slope),
+            float(dropout), int(seed), bool(pmf), bool(need_attn))
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
