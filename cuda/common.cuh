@@ -312,6 +312,18 @@ __device__ __forceinline__ float dot_packed(const float (&a)[NV][VEC],
 }
 
 template <typename T, int VEC, int NV>
+__device__ __forceinline__ float dot_packed2(const typename Packed<T, VEC>::type (&a)[NV],
+                                             const typename Packed<T, VEC>::type (&b)[NV]) {
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < NV; ++r)
+#pragma unroll
+    for (int c = 0; c < VEC; ++c)
+      s = fmaf(packed_elem<T, VEC>(a[r], c), packed_elem<T, VEC>(b[r], c), s);
+  return s;
+}
+
+template <typename T, int VEC, int NV>
 __device__ __forceinline__ void axpy_packed(float a, const typename Packed<T, VEC>::type (&x)[NV],
                                             float (&y)[NV][VEC]) {
 #pragma unroll
@@ -412,11 +424,14 @@ struct GroupItem {
   int row_beg, row_end;    // the whole row's edges
 };
 
+// `block`: the block's index in its kernel's share of the grid (blockIdx.x unless
+// two kernels share one launch, as the small-graph GT backward does).
 template <int G>
 __device__ __forceinline__ bool group_item(const int* __restrict__ items,
                                            const int* __restrict__ ptr, int chunk,
-                                           int64_t n_units, int H, GroupItem& g) {
-  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+                                           int64_t n_units, int H, GroupItem& g,
+                                           unsigned block) {
+  const int64_t unit = ((int64_t)block * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return false;
   g.gl = threadIdx.x & (G - 1);
   g.mask = group_mask<G>();
@@ -429,6 +444,13 @@ __device__ __forceinline__ bool group_item(const int* __restrict__ items,
   g.row_end = ptr[g.row + 1];
   g.end = min(g.beg + chunk, g.row_end);
   return true;
+}
+
+template <int G>
+__device__ __forceinline__ bool group_item(const int* __restrict__ items,
+                                           const int* __restrict__ ptr, int chunk,
+                                           int64_t n_units, int H, GroupItem& g) {
+  return group_item<G>(items, ptr, chunk, n_units, H, g, blockIdx.x);
 }
 
 // Split rows merged inside the kernel that computes them (v9), instead of by a

@@ -11,7 +11,11 @@
 //   dkv kernel (CSC, node-parallel over src): dV_j = sum_i P'_ij dO_i and
 //     dK_j = scale * sum_i dS_ij q_i, walking each source's out-edges through
 //     the cached CSC permutation.
-// Each output row is owned by one lane group: no atomics, deterministic.
+// Each output row is owned by one lane group: no atomics, deterministic. On small
+// graphs both walks run in one launch and the dkv groups compute the D_i they
+// need themselves (gt_bwd_one_launch_kernel).
+#include <cstdlib>
+
 #include "common.cuh"
 #include "ops.h"
 
@@ -20,18 +24,18 @@ namespace {
 
 
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
-gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                 const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
-                 const int* __restrict__ rowptr, const int* __restrict__ col,
-                 const int* __restrict__ items, int chunk, T* __restrict__ dq,
-                 float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
-                 int C, float scale, float scale2, float p, uint64_t seed,
-                 int* __restrict__ counters) {
+__device__ __forceinline__ void gt_bwd_dq(
+          const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+          const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
+          const int* __restrict__ rowptr, const int* __restrict__ col,
+          const int* __restrict__ items, int chunk, T* __restrict__ dq,
+          float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H, int C,
+          float scale, float scale2, float p, uint64_t seed, int* __restrict__ counters,
+          unsigned block) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
-  if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
+  if (!group_item<G>(items, rowptr, chunk, n_units, H, g, block)) return;
   const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
   const unsigned mask = g.mask;
   const int64_t i = g.row;
@@ -86,20 +90,24 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
   }
 }
 
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
-gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                  const T* __restrict__ v, const float* __restrict__ lse2,
-                  const float* __restrict__ dsum, const int* __restrict__ colptr,
-                  const int* __restrict__ row, const int* __restrict__ perm,
-                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
-                  T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
-                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed,
-                  int* __restrict__ counters) {
+// OWN_D: D_i = dO_i . O_i computed here per edge from a gathered O_i row instead
+// of read from dsum, so the kernel does not wait for the dq kernel (the
+// small-graph backward runs both in one launch).
+template <typename T, int VEC, int G, int NV, bool DROPOUT, bool OWN_D>
+__device__ __forceinline__ void gt_bwd_dkv(
+           const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+           const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
+           const float* __restrict__ dsum, const int* __restrict__ colptr,
+           const int* __restrict__ row, const int* __restrict__ perm,
+           const int* __restrict__ items, int chunk, T* __restrict__ dk, T* __restrict__ dv,
+           float* __restrict__ partial_dk, float* __restrict__ partial_dv, int64_t n_units,
+           int H, int C, float scale, float scale2, float p, uint64_t seed,
+           int* __restrict__ counters,
+           unsigned block) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
-  if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
+  if (!group_item<G>(items, colptr, chunk, n_units, H, g, block)) return;
   const int gl = g.gl, h = g.h, slot = g.slot, beg = g.beg, end = g.end;
   const unsigned mask = g.mask;
   const int64_t j = g.row;
@@ -121,21 +129,31 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
     float* s = sd;
     float* dp = sd + U;
     load_edge_rows<T, VEC, G, NV, U>(nb, e0, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
+    P of[OWN_D ? U : 1][NV];
+    if constexpr (OWN_D) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i[u] >= 0)
+          load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec,
+                                     of[u]);
+    }
     // The destination's row statistics are gathers too: issue them with the row
     // loads, not after the reductions (one more dependent L2 trip per step).
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
         lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
-        d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
+        if constexpr (!OWN_D) d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
       dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
+      if constexpr (OWN_D) d_i[u] = i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
+    if constexpr (OWN_D) group_sum_many<G, U>(d_i, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (i[u] >= 0) {
@@ -152,14 +170,91 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
     store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);
   } else {
     scale_frag(scale, dk_acc);
-    store_partial<VEC, G, NV>(partial_dk + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dk_acc);
-    store_partial<VEC, G, NV>(partial_dv + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, dv_acc);
+    store_partial<VEC, G, NV>(partial_dk + (int64_t)slot * HC + (int64_t)h * C, gl, nvec,
+                              dk_acc);
+    store_partial<VEC, G, NV>(partial_dv + (int64_t)slot * HC + (int64_t)h * C, gl, nvec,
+                              dv_acc);
     if constexpr (kMergeInBackward<T>) {
       if (counters != nullptr)
         merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_dk, dk,
                                         partial_dv, dv, nullptr, nullptr);
     }
   }
+}
+
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                 const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
+                 const int* __restrict__ rowptr, const int* __restrict__ col,
+                 const int* __restrict__ items, int chunk, T* __restrict__ dq,
+                 float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
+                 int C, float scale, float scale2, float p, uint64_t seed,
+                 int* __restrict__ counters) {
+  gt_bwd_dq<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, rowptr, col, items, chunk, dq,
+                                    partial, dsum, n_units, H, C, scale, scale2, p, seed,
+                                    counters, blockIdx.x);
+}
+
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                  const T* __restrict__ v, const float* __restrict__ lse2,
+                  const float* __restrict__ dsum, const int* __restrict__ colptr,
+                  const int* __restrict__ row, const int* __restrict__ perm,
+                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
+                  T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
+                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed,
+                  int* __restrict__ counters) {
+  gt_bwd_dkv<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, nullptr, lse2, dsum, colptr, row,
+                                            perm, items, chunk, dk, dv, partial_dk, partial_dv,
+                                            n_units, H, C, scale, scale2, p, seed, counters,
+                                            blockIdx.x);
+}
+
+// Small graphs (kOneLaunchBackwardMaxEdges): the dq and dkv walks in one launch,
+// the first dq_blocks blocks walking the CSR, the others the CSC, each dkv
+// group computing the D_i it needs itself (the dq groups still write dsum, which
+// nothing reads then: a check would change the dq kernel's code). Such a graph's backward is host-bound
+// and its two kernels each fill a fraction of the GPU: one launch less on the
+// host, and the two walks run side by side instead of one after the other.
+// The split rows of the two walks merge with separate counters (counters_kv).
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
+                         const T* __restrict__ k, const T* __restrict__ v,
+                         const T* __restrict__ out, const float* __restrict__ lse2,
+                         const int* __restrict__ rowptr, const int* __restrict__ col,
+                         const int* __restrict__ row_items, float* __restrict__ dsum,
+                         const int* __restrict__ colptr,
+                         const int* __restrict__ row, const int* __restrict__ perm,
+                         const int* __restrict__ col_items, int chunk, T* __restrict__ dq,
+                         T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ partial_q,
+                         float* __restrict__ partial_k, float* __restrict__ partial_v,
+                         int64_t n_dst_units, int64_t n_src_units, int H, int C, float scale,
+                         float scale2, float p, uint64_t seed, int* __restrict__ counters,
+                         int* __restrict__ counters_kv, unsigned dq_blocks) {
+  if (blockIdx.x < dq_blocks)
+    gt_bwd_dq<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, rowptr, col, row_items, chunk,
+                                      dq, partial_q, dsum, n_dst_units, H, C, scale, scale2,
+                                      p, seed, counters, blockIdx.x);
+  else
+    gt_bwd_dkv<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, nullptr, colptr, row,
+                                             perm, col_items, chunk, dk, dv, partial_k,
+                                             partial_v, n_src_units, H, C, scale, scale2, p,
+                                             seed, counters_kv, blockIdx.x - dq_blocks);
+}
+
+// Graphs of fewer edges than this run the backward in one launch
+// (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1):
+// backward GPU time on Cora 22.2 -> 15.3 us, fp32 and bf16 alike; on PubMed (89K
+// edges), whose walks each fill the GPU, 71.9 -> 78.3 us. PYG_DFGNN_BWD_TWO_LAUNCHES
+// in the environment turns it off, for comparisons and tests (read on each call:
+// a scan of the environment, well under a microsecond).
+constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 16;
+bool use_one_launch_backward(int64_t n_edges) {
+  return n_edges < kOneLaunchBackwardMaxEdges &&
+         std::getenv("PYG_DFGNN_BWD_TWO_LAUNCHES") == nullptr;
 }
 
 }  // namespace
@@ -184,14 +279,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
-  int* counters = backward_split_counters(q.scalar_type(), rw, cw, H);
+  const bool one_launch = use_one_launch_backward(col.numel());
+  // One launch: the two walks merge their split rows at the same time, so each
+  // gets its own counters.
+  int* counters = backward_split_counters(q.scalar_type(), rw, cw, H, one_launch);
+  int* counters_kv =
+      counters != nullptr && one_launch ? counters + rw.num_slots * H : counters;
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
     constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-    if (n_dst_units > 0) {  // before dkv: it writes D
+    const int64_t dq_blocks = ceil_div(n_dst_units * G, kThreads);
+    const int64_t dkv_blocks = ceil_div(n_src_units * G, kThreads);
+    if (one_launch) {
+      if (dq_blocks + dkv_blocks > 0) {
+        auto kern = drop ? gt_bwd_one_launch_kernel<T, VEC, G, NV, true>
+                         : gt_bwd_one_launch_kernel<T, VEC, G, NV, false>;
+        kern<<<dq_blocks + dkv_blocks, kThreads, 0, stream>>>(
+            cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
+            lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+            rw.items.data_ptr<int>(), dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
+            perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
+            mptr<T>(dk), mptr<T>(dv), part_q, part_k, part_v, n_dst_units, n_src_units, H, C,
+            sc, scale2, p, (uint64_t)seed, counters, counters_kv, (unsigned)dq_blocks);
+        check_launch();
+      }
+      return;
+    }
+    if (dq_blocks > 0) {  // before dkv: it writes D
       auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
-      kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
+      kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
@@ -199,9 +316,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           (uint64_t)seed, counters);
       check_launch();
     }
-    if (n_src_units > 0) {
+    if (dkv_blocks > 0) {
       auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
-      kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
+      kern<<<dkv_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(),
           dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),

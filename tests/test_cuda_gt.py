@@ -190,6 +190,46 @@ def test_backward_deterministic(strategy):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_backward_one_launch_and_two_launches_agree(dtype, dropout, monkeypatch):
+    """Graphs under 2^16 edges run the backward's CSR (dq) and CSC (dk, dv) walks in
+    one launch, the CSC walk computing D_i = dO_i . O_i itself
+    (gt_bwd_one_launch_kernel); PYG_DFGNN_BWD_TWO_LAUNCHES forces the two kernels.
+    Both match the float64 reference, with split rows merged in the kernels, a
+    super node, duplicate edges, a bipartite graph, and the same dropout mask."""
+    torch.manual_seed(hash((str(dtype), dropout)) % 2**31)
+    ei = random_graph(3_000, 2_000, 30_000, super_deg=4_000)
+    hub = torch.stack([torch.zeros(3_000, dtype=torch.long),  # a source of out-degree > 3000
+                       torch.randint(0, 2_000, (3_000,))]).to(DEV)
+    lay = GraphLayout.from_edge_index(torch.cat([ei, hub], 1), (3_000, 2_000))
+    assert lay.num_edges < 2**16
+    assert schedule.col_work(lay, schedule.choose_chunk(lay))[1].shape[0] > 0  # split CSC rows
+    q, k, v = qkv(lay, 2, 64, dtype, requires_grad=True)
+    g = torch.randn(lay.num_dst, 2, 64, device=DEV, dtype=dtype)
+    grads = {}
+    for two in (False, True):
+        if two:
+            monkeypatch.setenv("PYG_DFGNN_BWD_TWO_LAUNCHES", "1")
+        names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
+        assert any("gt_bwd_one_launch_kernel" in n for n in names) != two
+        for t in (q, k, v):
+            t.grad = None
+        poison()
+        torch.manual_seed(99)
+        out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
+        poison()
+        out.backward(g)
+        grads[two] = [t.grad.clone() for t in (q, k, v)]
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    for a, b in zip(grads[False], grads[True]):
+        assert rel_err(a, b) < tol
+    if dropout == 0.0:
+        _, _, want = ref64(lay, q, k, v, g)
+        for got, w in zip(grads[False], want):
+            assert rel_err(got, w) < tol
+
+
 def _split_row_case(seed, n=6_000, n_edges=60_000, super_deg=5_000):
     torch.manual_seed(seed)
     lay = GraphLayout.from_edge_index(random_graph(n, n, n_edges, super_deg=super_deg), (n, n))
