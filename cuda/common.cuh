@@ -874,7 +874,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // a running max `m` and sum `l` in base 2 and an unnormalised accumulator, so a
 // row of any length is one pass with the scores in registers. Used by every
 // SMMF forward kernel; only the score differs between them.
-template <typename T, int VEC, int G, int NV, int U, bool DROPOUT>
+// EXTRAS: step() applies attention dropout (when p > 0) and stores the raw
+// scores (when attn is set); without it, step() has neither. The plain variant
+// serves the common call: the per-edge check of attn and its store's address
+// were about 8 of the ~100 instructions per edge of the bf16 GT forward's loop
+// (benchmarks/NOTES.md, v13.2).
+template <typename T, int VEC, int G, int NV, int U, bool EXTRAS>
 struct OnlineSoftmax {
   using P = typename Packed<T, VEC>::type;
   float m = kNegInf, l = 0.f;
@@ -883,8 +888,8 @@ struct OnlineSoftmax {
   __device__ __forceinline__ OnlineSoftmax() { zero_frag(acc); }
 
   // Edges e0 .. e0 + U - 1 (j[u] < 0: past the item's end) with base-2 scores
-  // s[u] and rows x[u]; lane 0 of the group stores the raw scores in `attn`
-  // (finish() turns them into weights once the row's lse is known).
+  // s[u] and rows x[u]; with EXTRAS, lane 0 of the group stores the raw scores in
+  // `attn` (finish() turns them into weights once the row's lse is known).
   __device__ __forceinline__ void step(const int (&j)[U], const float (&s)[U],
                                        const P (&x)[U][NV], int e0, int H, int h, float p,
                                        uint64_t seed, float* __restrict__ attn, int gl) {
@@ -901,9 +906,11 @@ struct OnlineSoftmax {
         const float pe = fast_exp2(s[u] - mc);
         l += pe;
         float w = pe;
-        if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
+        if constexpr (EXTRAS) {
+          if (p > 0.f) w *= dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
+          if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = s[u];
+        }
         axpy_packed<T, VEC, NV>(w, x[u], acc);
-        if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = s[u];
       }
     }
     m = mc;

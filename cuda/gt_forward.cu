@@ -29,7 +29,9 @@ namespace {
 // for the dot product and the SpMM) and one scalar instead of a normalised k row
 // and a v row.
 // MERGE: the variant that merges split rows in the kernel (with_merge_variant).
-template <typename T, int VEC, int G, int NV, bool DROPOUT, int UF = 0, bool COS = false,
+// EXTRAS: the variant with attention dropout and attention weights
+// (OnlineSoftmax), for calls that ask for either.
+template <typename T, int VEC, int G, int NV, bool EXTRAS, int UF = 0, bool COS = false,
           bool MERGE = true>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -53,7 +55,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   load_row<T, VEC, G, NV>(q + i * HC + (int64_t)h * C, gl, nvec, qf);
   if constexpr (COS) scale2 = __ldg(beta) * kLog2e * fabsf(__ldg(rnorm + i * H + h));
   scale_frag(scale2, qf);
-  OnlineSoftmax<T, VEC, G, NV, U, DROPOUT> os;
+  OnlineSoftmax<T, VEC, G, NV, U, EXTRAS> os;
   NbrPipe<U, kForwardIndexAhead<T, NV>> nb(col, beg, end);
   for (int e0 = beg; e0 < end; e0 += U) {
     int j[U];
@@ -104,7 +106,8 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
 }
 
 // The SMMF launch of gt_forward_cuda and cosine_forward_cuda: the row shape of
-// with_smmf_shape (common.cuh), the dropout variant when p > 0 (never for COS).
+// with_smmf_shape (common.cuh), the EXTRAS variant when p > 0 (never for COS) or
+// the call returns attention weights.
 template <typename T, int VEC, int G, int NV, bool COS>
 void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
@@ -125,12 +128,9 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value, UF = decltype(uf)::value;
     with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
       constexpr bool M = decltype(merge)::value;
-      if constexpr (COS) {
-        launch(gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, true, M>, G_);
-      } else {
-        launch(p > 0.f ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF, false, M>
-                       : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, false, M>, G_);
-      }
+      const bool extras = p > 0.f || fc.need_attn;
+      launch(extras ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF, COS, M>
+                    : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, COS, M>, G_);
     });
   });
 }
