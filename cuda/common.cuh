@@ -703,7 +703,8 @@ template <int G, int DEPTH = 1> struct NbrTile {
 
 // Two rows (k and v, or q and dO) of each of U neighbours j[u] (< 0: none), every
 // load issued before any is used.
-template <typename T, int VEC, int G, int NV, int U>
+// FULL: all U edges exist (j[u] >= 0 is known, not tested).
+template <typename T, int VEC, int G, int NV, int U, bool FULL = false>
 __device__ __forceinline__ void gather_rows(const int (&j)[U], const T* __restrict__ a,
                                             const T* __restrict__ b, int64_t HC, int64_t head_off,
                                             int gl, int nvec,
@@ -711,7 +712,7 @@ __device__ __forceinline__ void gather_rows(const int (&j)[U], const T* __restri
                                             typename Packed<T, VEC>::type (&rb)[U][NV]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (j[u] >= 0) {
+    if (FULL || j[u] >= 0) {
       const int64_t off = (int64_t)j[u] * HC + head_off;
       load_packed<T, VEC, G, NV>(a + off, gl, nvec, ra[u]);
       load_packed<T, VEC, G, NV>(b + off, gl, nvec, rb[u]);
@@ -731,13 +732,13 @@ __device__ __forceinline__ void gather_row(const int (&j)[U], const T* __restric
 
 // Neighbours of the next U edges (-1 past the item's end) and two rows of each
 // (k and v, or q and dO), every load issued before any is used.
-template <typename T, int VEC, int G, int NV, int U, bool AHEAD>
+template <typename T, int VEC, int G, int NV, int U, bool AHEAD, bool FULL = false>
 __device__ __forceinline__ void load_edge_rows(
     NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a,
     const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
     typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
   nb.take(e0, j);
-  gather_rows<T, VEC, G, NV, U>(j, a, b, HC, head_off, gl, nvec, ra, rb);
+  gather_rows<T, VEC, G, NV, U, FULL>(j, a, b, HC, head_off, gl, nvec, ra, rb);
 }
 
 // Neighbours of the next U edges (-1 past the item's end), one row of each and a
@@ -890,19 +891,21 @@ struct OnlineSoftmax {
   // Edges e0 .. e0 + U - 1 (j[u] < 0: past the item's end) with base-2 scores
   // s[u] and rows x[u]; with EXTRAS, lane 0 of the group stores the raw scores in
   // `attn` (finish() turns them into weights once the row's lse is known).
+  // FULL: all U edges exist.
+  template <bool FULL = false>
   __device__ __forceinline__ void step(const int (&j)[U], const float (&s)[U],
                                        const P (&x)[U][NV], int e0, int H, int h, float p,
                                        uint64_t seed, float* __restrict__ attn, int gl) {
     float mc = m;
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (j[u] >= 0) mc = fmaxf(mc, s[u]);
+      if (FULL || j[u] >= 0) mc = fmaxf(mc, s[u]);
     const float corr = fast_exp2(m - mc);  // 0 on the first step (m = -inf)
     l *= corr;
     scale_frag(corr, acc);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
+      if (FULL || j[u] >= 0) {
         const float pe = fast_exp2(s[u] - mc);
         l += pe;
         float w = pe;

@@ -57,29 +57,39 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   scale_frag(scale2, qf);
   OnlineSoftmax<T, VEC, G, NV, U, EXTRAS> os;
   NbrPipe<U, kForwardIndexAhead<T, NV>> nb(col, beg, end);
-  for (int e0 = beg; e0 < end; e0 += U) {
+  // One step of U edges; FULL: all U exist (every step but an item's last
+  // partial one), and the per-edge existence tests are compiled out.
+  auto edge_step = [&](int e0, auto full) {
+    constexpr bool FULL = decltype(full)::value;
     int j[U];
-    float s[U], rj[U];
-    P kf[U][NV], vf[U][NV];  // COS: the x row is both k and v (vf, rj unused otherwise)
+    float s[U];
+    [[maybe_unused]] float rj[U];
+    P kf[U][NV];
+    [[maybe_unused]] P vf[U][NV];  // COS: the x row is both k and v (vf, rj unused otherwise)
     if constexpr (COS) {
       load_edge_row<T, VEC, G, NV, U>(nb, e0, k, HC, (int64_t)h * C, gl, nvec, j, kf, rj,
                                       [&](int, int jj) {
         return fabsf(__ldg(rnorm + (int64_t)jj * H + h));
       });
     } else {
-      load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+      load_edge_rows<T, VEC, G, NV, U, kForwardIndexAhead<T, NV>, FULL>(
+          nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
+    for (int u = 0; u < U; ++u)
+      s[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
     group_sum_many<G, U>(s, mask);
     if constexpr (COS) {
 #pragma unroll
       for (int u = 0; u < U; ++u) s[u] *= j[u] >= 0 ? rj[u] : 0.f;
-      os.step(j, s, kf, e0, H, h, p, seed, attn, gl);
+      os.template step<FULL>(j, s, kf, e0, H, h, p, seed, attn, gl);
     } else {
-      os.step(j, s, vf, e0, H, h, p, seed, attn, gl);
+      os.template step<FULL>(j, s, vf, e0, H, h, p, seed, attn, gl);
     }
-  }
+  };
+  int e0 = beg;
+  for (; e0 + U <= end; e0 += U) edge_step(e0, std::true_type{});
+  if (e0 < end) edge_step(e0, std::false_type{});
   os.template finish<MERGE && UF != 2>(g, H, C, chunk, rowptr, out, lse2, attn, partial,
                                        partial_ml, counters);
 }
