@@ -54,29 +54,31 @@ __device__ __forceinline__ void gt_bwd_dq(
   const float L = lse2[i * H + h];
 
   NbrPipe<U, kIndexAhead<T>> nb(col, beg, end);
-  for (int e0 = beg; e0 < end; e0 += U) {
+  for_each_step<U, kFullStepsInBackward<T, G>>(beg, end, [&](int e0, auto full) {
+    constexpr bool FULL = decltype(full)::value;
     int j[U];
     P kf[U][NV], vf[U][NV];
     float sd[2 * U];  // scores q.k, then dP = dO.v
     float* s = sd;
     float* dp = sd + U;
-    load_edge_rows<T, VEC, G, NV, U>(nb, e0, k, v, HC, (int64_t)h * C, gl, nvec, j, kf, vf);
+    load_edge_rows<T, VEC, G, NV, U, kIndexAhead<T>, FULL>(nb, e0, k, v, HC, (int64_t)h * C, gl,
+                                                           nvec, j, kf, vf);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      s[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
-      dp[u] = j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
+      s[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(qf, kf[u]) : 0.f;
+      dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (j[u] >= 0) {
+      if (FULL || j[u] >= 0) {
         const float pe = exp2f(s[u] - L);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
         axpy_packed<T, VEC, NV>(pe * (z * dp[u] - D), kf[u], acc);
       }
     }
-  }
+  });
   if (slot < 0) {
     store_row<T, VEC, G, NV>(dq + off_i, gl, nvec, acc, scale);
   } else {
@@ -122,18 +124,20 @@ __device__ __forceinline__ void gt_bwd_dkv(
   zero_frag(dk_acc);
   zero_frag(dv_acc);
   NbrPipe<U, kIndexAhead<T>> nb(row, beg, end);
-  for (int e0 = beg; e0 < end; e0 += U) {
+  for_each_step<U, kFullStepsInBackward<T, G>>(beg, end, [&](int e0, auto full) {
+    constexpr bool FULL = decltype(full)::value;
     int i[U];
     P qf[U][NV], gf[U][NV];
     float sd[2 * U], lse_i[U], d_i[U];  // scores q.k, then dP = dO.v
     float* s = sd;
     float* dp = sd + U;
-    load_edge_rows<T, VEC, G, NV, U>(nb, e0, q, dout, HC, (int64_t)h * C, gl, nvec, i, qf, gf);
-    P of[OWN_D ? U : 1][NV];
+    load_edge_rows<T, VEC, G, NV, U, kIndexAhead<T>, FULL>(nb, e0, q, dout, HC, (int64_t)h * C,
+                                                           gl, nvec, i, qf, gf);
+    [[maybe_unused]] P of[OWN_D ? U : 1][NV];
     if constexpr (OWN_D) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (i[u] >= 0)
+        if (FULL || i[u] >= 0)
           load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec,
                                      of[u]);
     }
@@ -141,22 +145,23 @@ __device__ __forceinline__ void gt_bwd_dkv(
     // loads, not after the reductions (one more dependent L2 trip per step).
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (i[u] >= 0) {
+      if (FULL || i[u] >= 0) {
         lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
         if constexpr (!OWN_D) d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      s[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
-      dp[u] = i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
-      if constexpr (OWN_D) d_i[u] = i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
+      s[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
+      dp[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
+      if constexpr (OWN_D)
+        d_i[u] = FULL || i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
     if constexpr (OWN_D) group_sum_many<G, U>(d_i, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (i[u] >= 0) {
+      if (FULL || i[u] >= 0) {
         const float pe = exp2f(s[u] - lse_i[u]);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)__ldg(perm + e0 + u) * H + h);
@@ -164,7 +169,7 @@ __device__ __forceinline__ void gt_bwd_dkv(
         axpy_packed<T, VEC, NV>(pe * (z * dp[u] - d_i[u]), qf[u], dk_acc);
       }
     }
-  }
+  });
   if (slot < 0) {
     store_row<T, VEC, G, NV>(dk + off_j, gl, nvec, dk_acc, scale);
     store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);

@@ -57,8 +57,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
   scale_frag(scale2, qf);
   OnlineSoftmax<T, VEC, G, NV, U, EXTRAS> os;
   NbrPipe<U, kForwardIndexAhead<T, NV>> nb(col, beg, end);
-  // One step of U edges; FULL: all U exist (every step but an item's last
-  // partial one), and the per-edge existence tests are compiled out.
+  // One step of U edges; FULL: all U exist (for_each_step).
   auto edge_step = [&](int e0, auto full) {
     constexpr bool FULL = decltype(full)::value;
     int j[U];
@@ -87,9 +86,7 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
       os.template step<FULL>(j, s, vf, e0, H, h, p, seed, attn, gl);
     }
   };
-  int e0 = beg;
-  for (; e0 + U <= end; e0 += U) edge_step(e0, std::true_type{});
-  if (e0 < end) edge_step(e0, std::false_type{});
+  for_each_step<U>(beg, end, edge_step);
   os.template finish<MERGE && UF != 2>(g, H, C, chunk, rowptr, out, lse2, attn, partial,
                                        partial_ml, counters);
 }
