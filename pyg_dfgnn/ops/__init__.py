@@ -150,7 +150,9 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         forward runs on tensor cores (``cuda/gt_forward_mma.cu``); the softmax
         weights then enter the aggregation rounded to the input dtype, as in flash
         attention. The environment variable ``PYG_DFGNN_NO_MMA`` (read once per
-        process) turns that off, for comparisons.
+        process) turns that off, for comparisons. On graphs under 2^16 edges the
+        backward runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch;
+        ``PYG_DFGNN_BWD_TWO_LAUNCHES`` (read on each call) forces two.
     """
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
