@@ -311,6 +311,7 @@ __device__ __forceinline__ float dot_packed(const float (&a)[NV][VEC],
   return s;
 }
 
+// The dot product of two packed row slices (dot_packed: fp32 and packed).
 template <typename T, int VEC, int NV>
 __device__ __forceinline__ float dot_packed2(const typename Packed<T, VEC>::type (&a)[NV],
                                              const typename Packed<T, VEC>::type (&b)[NV]) {

@@ -175,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
-  int* counters = backward_split_counters(x.scalar_type(), rw, cw, H);
+  int* counters = backward_split_counters(x.scalar_type(), rw, cw, H).csr;  // both walks
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
     using T = typename decltype(T_)::type;

@@ -218,12 +218,13 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* 
 }
 
 // Small graphs (kOneLaunchBackwardMaxEdges): the dq and dkv walks in one launch,
-// the first dq_blocks blocks walking the CSR, the others the CSC, each dkv
-// group computing the D_i it needs itself (the dq groups still write dsum, which
-// nothing reads then: a check would change the dq kernel's code). Such a graph's backward is host-bound
-// and its two kernels each fill a fraction of the GPU: one launch less on the
-// host, and the two walks run side by side instead of one after the other.
-// The split rows of the two walks merge with separate counters (counters_kv).
+// the first dq_blocks blocks walking the CSR, the others the CSC, each dkv group
+// computing the D_i it needs itself (the dq groups still write dsum, which
+// nothing reads then: a check would change the dq kernel's code). Such a graph's
+// backward is host-bound and its two kernels each fill a fraction of the GPU: one
+// launch less on the host, and the two walks run side by side instead of one
+// after the other. The split rows of the two walks merge with separate counters
+// (counters_kv).
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
@@ -285,11 +286,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   const bool one_launch = use_one_launch_backward(col.numel());
-  // One launch: the two walks merge their split rows at the same time, so each
-  // gets its own counters.
-  int* counters = backward_split_counters(q.scalar_type(), rw, cw, H, one_launch);
-  int* counters_kv =
-      counters != nullptr && one_launch ? counters + rw.num_slots * H : counters;
+  const BackwardCounters cnt = backward_split_counters(q.scalar_type(), rw, cw, H, one_launch);
+  int *counters = cnt.csr, *counters_kv = cnt.csc;
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
@@ -328,7 +326,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
           part_k, part_v, n_src_units, H, C, sc, scale2, p,
-          (uint64_t)seed, counters);
+          (uint64_t)seed, counters_kv);
       check_launch();
     }
   });

@@ -218,11 +218,15 @@ int* split_row_counters(int64_t n) {
   return buf.data_ptr<int>();
 }
 
-int* backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw, int64_t heads,
-                             bool concurrent) {
-  if (st != at::kFloat) return nullptr;
-  return split_row_counters(concurrent ? (rw.num_slots + cw.num_slots) * heads
-                                       : std::max(rw.num_slots, cw.num_slots) * heads);
+BackwardCounters backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw,
+                                         int64_t heads, bool concurrent) {
+  if (st != at::kFloat) return {nullptr, nullptr};
+  if (!concurrent) {
+    int* c = split_row_counters(std::max(rw.num_slots, cw.num_slots) * heads);
+    return {c, c};
+  }
+  int* c = split_row_counters((rw.num_slots + cw.num_slots) * heads);
+  return {c, c == nullptr ? nullptr : c + rw.num_slots * heads};
 }
 
 void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,

@@ -69,14 +69,18 @@ struct Work {
   int64_t num_slots;
 };
 
-// The counters of a backward call (layout.cu): its CSR and CSC walks merge their
-// split rows in the kernels one after the other, so they share one buffer, or,
-// when `concurrent` (one launch for both), at the same time: then the buffer
-// holds the CSR walk's counters and after them the CSC walk's. Only the fp32
-// backward kernels carry the merge (kMergeInBackward, common.cuh), so other
-// dtypes get nullptr and the separate combine launches.
-int* backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw, int64_t heads,
-                             bool concurrent = false);
+// The counters of a backward call's CSR (`csr`) and CSC (`csc`) walks (layout.cu).
+// Walks in two launches merge their split rows one after the other and share one
+// buffer; walks in one launch (`concurrent`) merge at the same time and get
+// disjoint regions of it. Only the fp32 backward kernels carry the merge
+// (kMergeInBackward, common.cuh), so other dtypes get nullptr and the separate
+// combine launches.
+struct BackwardCounters {
+  int* csr;
+  int* csc;
+};
+BackwardCounters backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw,
+                                         int64_t heads, bool concurrent = false);
 
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
