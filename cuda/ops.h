@@ -125,6 +125,12 @@ bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
                     at::Tensor& lse2, double scale);
+// The same call over dense tiles (gt_forward_dense.cu), blocks of 64 rows whose
+// key window is narrow and dense enough, the others on the sparse units; false
+// (nothing launched) when PYG_DFGNN_DENSE_TILES=off or the graph has no edges.
+bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                      at::Tensor& lse2, double scale);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

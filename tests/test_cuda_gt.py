@@ -128,6 +128,27 @@ def _kernel_names(fn):
     return {e.name for e in prof.events()}
 
 
+def _check_half_forward_backward(lay, q, k, v, g):
+    """fp16 / bf16 forward and backward on poisoned memory against the float64
+    reference (< 1e-2), isolated rows exactly 0; returns the output."""
+    poison()
+    out = ops.gt_attention(lay, q, k, v)
+    poison()
+    out.backward(g)
+    ref, _, (dq, dk, dv) = ref64(lay, q, k, v, g)
+    assert rel_err(out, ref) < 1e-2
+    isolated = lay.in_degree() == 0
+    assert isolated.any() and (out[isolated] == 0).all()
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert rel_err(got, want) < 1e-2
+    return out
+
+
+def _tensor_core(kernel_name):
+    """A tensor-core forward: the sparse units or the dense tiles."""
+    return "gt_fwd_mma_kernel" in kernel_name or "gt_fwd_dense_kernel" in kernel_name
+
+
 MMA_GRAPHS = {
     # rows of ~90 edges (many 16-edge tiles per row, rows crossing tiles), 200
     # destinations (not a multiple of the kernel's 8 rows per warp)
@@ -156,22 +177,71 @@ def test_tensor_core_forward(graph, dtype, H, C, monkeypatch):
     k.requires_grad_()
     v.requires_grad_()
     g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
-    assert any("gt_fwd_mma_kernel" in n for n in _kernel_names(lambda: ops.gt_attention(lay, q, k, v)))
-    poison()
-    out = ops.gt_attention(lay, q, k, v)
-    poison()
-    out.backward(g)
-    ref, _, (dq, dk, dv) = ref64(lay, q, k, v, g)
-    assert rel_err(out, ref) < 1e-2
-    isolated = lay.in_degree() == 0
-    assert isolated.any() and (out[isolated] == 0).all()
-    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
-        assert rel_err(got, want) < 1e-2
+    assert any(_tensor_core(n) for n in _kernel_names(lambda: ops.gt_attention(lay, q, k, v)))
+    out = _check_half_forward_backward(lay, q, k, v, g)
     # The CUDA-core kernel (taken when attention weights are requested) agrees.
     names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v, return_attention=True))
-    assert not any("gt_fwd_mma_kernel" in n for n in names)
+    assert not any(_tensor_core(n) for n in names)
     other, _ = ops.gt_attention(lay, q, k, v, return_attention=True)
     assert rel_err(out, other) < 1e-2
+
+
+def batch_graph(gen, n_graphs=40, density=0.3):
+    """A batch of small random graphs one after the other (block-diagonal, like
+    the PATTERN / CLUSTER batches), with duplicate edges and isolated rows, plus:
+    a row of 300 in-edges from a 40-node window (its 64-row block holds more than
+    255 edges in a row: the dense kernel runs that block sparse), a row whose 200
+    in-edges all come from one source (a count of 200, in another block), and a few edges from far
+    away (blocks whose key window is over 512 wide: sparse too)."""
+    src, dst, off = [], [], 0
+    for _ in range(n_graphs):
+        n = int(torch.randint(20, 150, (1,), generator=gen))
+        m = int(density * n * n)
+        s_ = torch.randint(0, n, (m,), generator=gen) + off
+        d_ = torch.randint(0, n - 1, (m,), generator=gen) + off  # node n - 1: no in-edges
+        src += [s_, s_[::9]]
+        dst += [d_, d_[::9]]
+        off += n
+    src += [torch.randint(0, 40, (300,), generator=gen), torch.full((200,), 7)]
+    dst += [torch.full((300,), 5), torch.full((200,), 100)]
+    far = torch.randint(0, off, (6,), generator=gen)
+    src += [(far + off // 2) % off]
+    dst += [far]
+    ei = torch.stack([torch.cat(src), torch.cat(dst)])
+    return ei.to(DEV), off
+
+
+@pytest.mark.parametrize("mode", [None, "force", "3", "off"])
+@pytest.mark.parametrize("dtype,H,C", [(torch.bfloat16, 1, 128), (torch.float16, 1, 128),
+                                       (torch.bfloat16, 4, 32), (torch.bfloat16, 2, 64),
+                                       (torch.float16, 3, 32), (torch.bfloat16, 1, 64),
+                                       (torch.bfloat16, 2, 32)])
+def test_dense_tile_forward(mode, dtype, H, C, monkeypatch):
+    """The dense-tile tensor-core forward (gt_forward_dense.cu; PYG_DFGNN_DENSE_TILES:
+    unset = default rule, "force", a cells-per-edge ratio, "off") on a batch of
+    small graphs: matches the float64 reference in output and (through its lse) in
+    the backward, leaves isolated rows at 0, counts duplicate edges, and agrees
+    with the sparse units, in one launch where blocks go both ways."""
+    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 512)
+    if mode is None:
+        monkeypatch.delenv("PYG_DFGNN_DENSE_TILES", raising=False)
+    else:
+        monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", mode)
+    gen = torch.Generator().manual_seed(hash((mode, str(dtype), H, C)) % 2**31)
+    ei, n = batch_graph(gen)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    assert 300 <= lay.max_in_degree <= schedule.choose_chunk(lay)
+    q, k, v = qkv(lay, H, C, dtype)
+    q = (q * 3).requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
+    names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v))
+    assert ("gt_fwd_dense_kernel" in " ".join(names)) == (mode != "off")
+    out = _check_half_forward_backward(lay, q, k, v, g)
+    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", "off")
+    sparse = ops.gt_attention(lay, q, k, v)
+    assert rel_err(out, sparse) < 1e-2
 
 
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
@@ -413,7 +483,7 @@ def test_opcheck_tensor_core(monkeypatch):
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
     args = ops.gt_op_args(lay, q, k, v, 1 / 8, pmf=False, need_attn=False)
-    assert any("gt_fwd_mma_kernel" in n for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
+    assert any(_tensor_core(n) for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
     torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
 
 

@@ -1,0 +1,409 @@
+// Forward pass of dot-product attention over dense tiles (fp16 / bf16, v14):
+//   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
+//
+// Why: on the batch graphs (PATTERN-, CLUSTER-, MNIST-like: 1024 small graphs, one
+// after the other) the sparse tensor-core forward (gt_forward_mma.cu) gathers a k
+// and a v row per edge and is bound by L1 wavefronts: PATTERN's 6 M edges move
+// 3.1 GB through L1 (benchmarks/NOTES.md, v10). But the in-neighbours of 64
+// consecutive destination rows there lie in a window of a few hundred consecutive
+// source rows (their graphs), and 30-40 % of a PATTERN or CLUSTER graph's node
+// pairs are edges.
+// So a block of 64 rows loads its window's k and v rows once, 32 keys at a time,
+// into shared memory (coalesced cp.async into two buffers, the next chunk loading
+// while this one is computed; 16-byte pieces swizzled against bank conflicts), and
+// computes the whole tile as flash attention does:
+//   SDDMM  S[16 rows x 32 keys] = Q K^T per warp (mma.m16n8k16, operands by ldmatrix),
+//   mask   S kept where the (row, key) pair is an edge, P = cnt * 2^(S - m) with cnt
+//          the pair's edge count (duplicate edges count as often as they occur),
+//   SpMM   O[16 x C] += P V (P rounded to T, fp32 accumulation),
+// with an online softmax per row (base 2). The counts come from the block's CSR
+// rows, as bytes in shared memory; a warp skips the 32-key chunks where none of
+// its 16 rows has an edge, the block those where none of its 64 rows has. The
+// tensor cores do about 64 W / E_b times the useful work (W the window, E_b the
+// block's edges), so a block runs dense only where that ratio is at most
+// `cells_per_edge` and W <= 512; the other blocks run the sparse
+// units of gt_forward_mma.cu in the same launch. Heads: a block walks its rows'
+// heads one after the other, sharing the counts (one head at a time was faster
+// than 2 or 4 per pass at 4 x 32: fewer registers, no spills; NOTES.md, v14).
+// As in the sparse kernel, a non-finite v row of the window makes the rows of its
+// block non-finite even where it is no neighbour (0 * inf in the product).
+#include "mma.cuh"
+#include "ops.h"
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+namespace dfgnn {
+namespace {
+
+constexpr int kDenseRows = 64;       // destination rows per block (4 warps x 16)
+constexpr int kDenseThreads = 128;
+constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v (two buffers)
+constexpr int kDenseMaxWidth = 512;  // widest key window run dense
+// Bytes per row of the count table: 16-byte aligned rows whose 4-word offset
+// puts the fragment reads of rows g = 0..7 (2 words each) in distinct banks.
+constexpr int kCountStride = kDenseMaxWidth + 16;
+constexpr int kMaxRowEdges = 255;    // counts are bytes
+// Default for PYG_DFGNN_DENSE_TILES: a block runs dense while its window holds at
+// most this many (row, key) cells per edge (benchmarks/NOTES.md, v14).
+constexpr float kDenseCellsPerEdge = 24.f;
+// ... and only on graphs of at least this many edges per destination row.
+constexpr int64_t kDenseMinRowEdges = 16;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Byte offset of 16-byte chunk x of row r in a tile of NX chunks per row. An
+// ldmatrix reads one chunk column of 8 consecutive rows; the XOR spreads those
+// over the 8 distinct 16-byte bank groups (rows of 128 bytes or more: x ^ r;
+// rows of 64 bytes, two per 128-byte line: x ^ (r / 2)).
+template <int NX> __device__ __forceinline__ int swizzle(int r, int x) {
+  static_assert(NX == 4 || NX % 8 == 0, "rows of 64 or a multiple of 128 bytes");
+  static_assert(kDenseThreads % (8 * NX) == 0, "a copy pass keeps each thread's swizzle");
+  const int pos = NX == 4 ? x ^ ((r >> 1) & 3) : x ^ (r & 7);
+  return (r * NX + pos) * 16;
+}
+
+// Rows [r0, r0 + 64) of n_rows, one head after the other, C channels per head.
+template <typename T, int C>
+__global__ void __launch_bounds__(kDenseThreads, 3)
+gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                    const int* __restrict__ rowptr, const int* __restrict__ col,
+                    T* __restrict__ out, float* __restrict__ lse2, int64_t n_rows, int H,
+                    float scale2, float cells_per_edge) {
+  constexpr int RB = C * 2;     // bytes of a shared-memory row
+  constexpr int NX = RB / 16;   // 16-byte chunks per row
+  constexpr int KS = C / 16;    // k-steps of the SDDMM = 16-channel blocks of the SpMM
+  constexpr int kBuf = 2 * kDenseKeys * RB;  // one k + v chunk
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* counts = smem + 2 * kBuf;  // [64 rows][kCountStride] bytes
+  const unsigned sbase = smem_addr(smem);   // chunk buffers b = 0, 1: k at b kBuf, v after it
+  __shared__ int s_lo[4], s_hi[4], s_len[4];
+  __shared__ unsigned s_chunks[4];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t r0 = (int64_t)blockIdx.x * kDenseRows;
+  const int nrows = (int)min((int64_t)kDenseRows, n_rows - r0);
+  // rowptr of this warp's 16 rows (lane i: row 16 warp + i; rows past the end are empty).
+  const int rp = lane <= 16 ? __ldg(rowptr + r0 + min(16 * warp + lane, nrows)) : 0;
+  const int beg = __ldg(rowptr + r0), end = __ldg(rowptr + r0 + nrows);
+
+  // The block's key window [lo, hi] and longest row.
+  {
+    int lo = INT_MAX, hi = -1;
+#pragma unroll 4
+    for (int e = beg + tid; e < end; e += kDenseThreads) {
+      const int c = __ldg(col + e);
+      lo = min(lo, c);
+      hi = max(hi, c);
+    }
+    const int next = __shfl_down_sync(0xffffffffu, rp, 1);
+    const int len = lane < 16 ? next - rp : 0;
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    const int mlen = __reduce_max_sync(0xffffffffu, len);
+    if (lane == 0) { s_lo[warp] = lo; s_hi[warp] = hi; s_len[warp] = mlen; }
+  }
+  __syncthreads();
+  const int lo = min(min(s_lo[0], s_lo[1]), min(s_lo[2], s_lo[3]));
+  const int hi = max(max(s_hi[0], s_hi[1]), max(s_hi[2], s_hi[3]));
+  const int max_len = max(max(s_len[0], s_len[1]), max(s_len[2], s_len[3]));
+  const int width = hi - lo + 1;
+  const bool dense = end > beg && width <= kDenseMaxWidth && max_len <= kMaxRowEdges &&
+                     (float)nrows * (float)width <= cells_per_edge * (float)(end - beg);
+  if (!dense) {  // block-uniform: the sparse units of 8 rows, two per warp
+    for (int u = 0; u < 2; ++u) {
+      const int64_t blk = r0 / kMmaRows + 2 * warp + u;
+      if (blk * kMmaRows >= n_rows) break;
+      for (int h = 0; h < H; ++h)
+        gt_mma_unit<T, C>(q, k, v, rowptr, col, out, lse2, n_rows, H, scale2, blk, h);
+    }
+    return;
+  }
+
+  const int64_t HC = (int64_t)H * C;
+  // k and v rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi). A
+  // pass of the block copies kPassRows whole rows; this thread's piece px of row
+  // pr + j kPassRows lands at the same swizzled column in every pass.
+  constexpr int kPassRows = kDenseThreads / NX;
+  const int px = tid % NX, pr = tid / NX;
+  const int pd = swizzle<NX>(pr, px);
+  auto issue = [&](int h, int ci, int b) {
+    const int key = lo + ci * kDenseKeys + pr;
+    const unsigned kb = sbase + b * kBuf + pd;
+    const int64_t base = (int64_t)key * HC + (int64_t)h * C + 8 * px;
+#pragma unroll
+    for (int j = 0; j < kDenseKeys / kPassRows; ++j) {
+      const bool ok = key + j * kPassRows <= hi;
+      const int64_t off = ok ? base + (int64_t)j * kPassRows * HC : 0;
+      cp_async16(kb + j * kPassRows * RB, k + off, ok);
+      cp_async16(kb + kDenseKeys * RB + j * kPassRows * RB, v + off, ok);
+    }
+    cp_async_commit();
+  };
+  // The first chunk holds key lo: its loads run while the counts are built.
+  issue(0, 0, 0);
+
+  // Edge counts per (row, key - lo), zeroed over whole chunks of keys.
+  const int n_chunks = (width + kDenseKeys - 1) / kDenseKeys;
+  {
+    const int row16 = n_chunks * kDenseKeys / 16;
+    for (int i = tid; i < kDenseRows * row16; i += kDenseThreads) {
+      const int r = i / row16;
+      *reinterpret_cast<uint4*>(counts + r * kCountStride + (i - r * row16) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+  // Lane L counts every other edge of the warp's row L % 16 (its col lines are in
+  // L1 from the window pass above).
+  unsigned chunks = 0;  // bit b: some row of this warp has a key in chunk b
+  {
+    const int rr = lane & 15;
+    const int rb = __shfl_sync(0xffffffffu, rp, rr), re = __shfl_sync(0xffffffffu, rp, rr + 1);
+    unsigned* row = reinterpret_cast<unsigned*>(counts + (16 * warp + rr) * kCountStride);
+#pragma unroll 2
+    for (int e = rb + (lane >> 4); e < re; e += 2) {
+      const int c = __ldg(col + e) - lo;
+      atomicAdd(row + (c >> 2), 1u << (8 * (c & 3)));
+      chunks |= 1u << (c / kDenseKeys);
+    }
+  }
+  chunks = __reduce_or_sync(0xffffffffu, chunks);
+  if (lane == 0) s_chunks[warp] = chunks;
+  __syncthreads();
+  chunks = s_chunks[warp];
+  const unsigned any_chunks = s_chunks[0] | s_chunks[1] | s_chunks[2] | s_chunks[3];
+
+  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix and row this lane addresses
+  const int row_a = 16 * warp + g, row_b = row_a + 8;  // this lane's rows in the block
+  const int64_t ga = r0 + row_a, gb = r0 + row_b;
+  const unsigned char* cnt_a = counts + row_a * kCountStride + 2 * t;
+  const unsigned char* cnt_b = counts + row_b * kCountStride + 2 * t;
+  for (int h = 0; h < H; ++h) {
+    const int64_t ch0 = (int64_t)h * C;
+    if (h > 0) issue(h, 0, 0);  // the previous head ended with both buffers free
+    // q of rows g, g + 8 as A fragments, straight from global memory:
+    // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8).
+    uint32_t qa[KS][4];
+    {
+      const uint32_t* qr_a = reinterpret_cast<const uint32_t*>(q + ga * HC + ch0) + t;
+      const uint32_t* qr_b = reinterpret_cast<const uint32_t*>(q + gb * HC + ch0) + t;
+      const bool ok_a = ga < n_rows, ok_b = gb < n_rows;
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        qa[s][0] = ok_a ? __ldg(qr_a + 8 * s) : 0u;
+        qa[s][1] = ok_b ? __ldg(qr_b + 8 * s) : 0u;
+        qa[s][2] = ok_a ? __ldg(qr_a + 8 * s + 4) : 0u;
+        qa[s][3] = ok_b ? __ldg(qr_b + 8 * s + 4) : 0u;
+      }
+    }
+
+    float acc[2 * KS][4];  // 8-channel tiles of rows g (0, 1) and g + 8 (2, 3)
+#pragma unroll
+    for (int b = 0; b < 2 * KS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows g, g + 8 (l: lane partial)
+
+    // Chunks with edges, in order; chunk 0 (key lo) is in flight in buffer 0. The
+    // next chunk loads into the other buffer while this one is computed.
+    int ci = 0, buf = 0;
+    unsigned rest = any_chunks & ~1u;
+    while (true) {
+      const int nxt = rest ? __ffs(rest) - 1 : -1;
+      rest &= rest - 1;
+      if (nxt >= 0) {
+        issue(h, nxt, buf ^ 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // chunk ci is in buffer buf for every warp
+      if ((chunks >> ci) & 1u) {  // warp-uniform
+        const unsigned kbuf = sbase + buf * kBuf, vbuf = kbuf + kDenseKeys * RB;
+        // SDDMM: s[n] = rows g, g + 8 x keys 8 n + 2t, + 1 of the chunk.
+        float s[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+          for (int kb = 0; kb < 2; ++kb) {
+            uint32_t b[4];
+            const int key = 16 * kb + mr + 8 * (mi >> 1);
+            ldsm_x4(b, kbuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
+            mma_16816<T>(s[2 * kb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[0], b[1]);
+            mma_16816<T>(s[2 * kb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
+          }
+        }
+        // Counts of the same entries; a pair that is no edge gets score -inf.
+        float t0 = kNegInf, t1 = kNegInf;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const int off = ci * kDenseKeys + 8 * n;
+          const unsigned x = *reinterpret_cast<const unsigned short*>(cnt_a + off);
+          const unsigned y = *reinterpret_cast<const unsigned short*>(cnt_b + off);
+          const float c[4] = {(float)(x & 0xffu), (float)(x >> 8), (float)(y & 0xffu),
+                              (float)(y >> 8)};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) s[n][j] = c[j] > 0.f ? s[n][j] * scale2 : kNegInf;
+          t0 = fmaxf(t0, fmaxf(s[n][0], s[n][1]));
+          t1 = fmaxf(t1, fmaxf(s[n][2], s[n][3]));
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {  // the quad holds a row's 32 keys
+          t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
+          t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
+        }
+        const RaisedMax r = raise_max(m0, m1, t0, t1);
+        const float base0 = r.base0, base1 = r.base1, c0 = r.c0, c1 = r.c1;
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          // P = count * 2^(s - max): a duplicate edge weighs as often as it occurs.
+          const int off = ci * kDenseKeys + 8 * n;
+          const unsigned x = *reinterpret_cast<const unsigned short*>(cnt_a + off);
+          const unsigned y = *reinterpret_cast<const unsigned short*>(cnt_b + off);
+          s[n][0] = (float)(x & 0xffu) * fast_exp2(s[n][0] - base0);
+          s[n][1] = (float)(x >> 8) * fast_exp2(s[n][1] - base0);
+          s[n][2] = (float)(y & 0xffu) * fast_exp2(s[n][2] - base1);
+          s[n][3] = (float)(y >> 8) * fast_exp2(s[n][3] - base1);
+          sum0 += s[n][0] + s[n][1];
+          sum1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        if (__any_sync(0xffffffffu, r.rescale)) {
+#pragma unroll
+          for (int b = 0; b < 2 * KS; ++b) {
+            acc[b][0] *= c0; acc[b][1] *= c0;
+            acc[b][2] *= c1; acc[b][3] *= c1;
+          }
+        }
+        // SpMM: P (the S accumulators are the A fragments' layout) times V.
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb) {
+          const uint32_t a0 = pack2<T>(s[2 * kb][0], s[2 * kb][1]);
+          const uint32_t a1 = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
+          const uint32_t a2 = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+          const uint32_t a3 = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+          const int key = 16 * kb + mr + 8 * (mi & 1);
+#pragma unroll
+          for (int cb = 0; cb < KS; ++cb) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, vbuf + swizzle<NX>(key, 2 * cb + (mi >> 1)));
+            mma_16816<T>(acc[2 * cb], a0, a1, a2, a3, b[0], b[1]);
+            mma_16816<T>(acc[2 * cb + 1], a0, a1, a2, a3, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // buffer buf is free for the next issue
+      if (nxt < 0) break;
+      ci = nxt;
+      buf ^= 1;
+    }
+
+    // Row sums over the quad, then out = acc / l and lse2 = m + log2(l).
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int b = 0; b < 2 * KS; ++b) {
+      const int64_t c = ch0 + 8 * b + 2 * t;
+      if (ga < n_rows)
+        *reinterpret_cast<uint32_t*>(out + ga * HC + c) = pack2<T>(acc[b][0] * i0, acc[b][1] * i0);
+      if (gb < n_rows)
+        *reinterpret_cast<uint32_t*>(out + gb * HC + c) = pack2<T>(acc[b][2] * i1, acc[b][3] * i1);
+    }
+    if (t == 0) {
+      if (ga < n_rows) lse2[ga * H + h] = l0 > 0.f ? m0 + log2f(l0) : kNegInf;
+      if (gb < n_rows) lse2[gb * H + h] = l1 > 0.f ? m1 + log2f(l1) : kNegInf;
+    }
+  }
+}
+
+// PYG_DFGNN_DENSE_TILES, read on each call: "off" (or 0) runs every block on the
+// sparse units, "force" every block whose window fits, a number sets the cells
+// per edge; unset, kDenseCellsPerEdge.
+float dense_cells_per_edge() {
+  const char* s = std::getenv("PYG_DFGNN_DENSE_TILES");
+  if (s == nullptr || *s == '\0') return kDenseCellsPerEdge;
+  if (std::strcmp(s, "off") == 0) return 0.f;
+  if (std::strcmp(s, "force") == 0) return 1e30f;
+  return std::strtof(s, nullptr);
+}
+
+template <typename T, int C>
+void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                  at::Tensor& lse2, float scale2, float cells_per_edge) {
+  constexpr int kSmem = 2 * 2 * kDenseKeys * C * 2 + kDenseRows * kCountStride;
+  auto kern = gt_fwd_dense_kernel<T, C>;
+  // Over 48 KB of dynamic shared memory needs an opt-in, per device.
+  static std::atomic<uint64_t> opted{0};
+  const int dev = q.get_device();
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (!(opted.load(std::memory_order_relaxed) & bit)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    opted.fetch_or(bit);
+  }
+  const int64_t N = q.size(0);
+  kern<<<ceil_div(N, kDenseRows), kDenseThreads, kSmem, at::cuda::getCurrentCUDAStream()>>>(
+      cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+      mptr<T>(out), lse2.data_ptr<float>(), N, (int)q.size(1), scale2, cells_per_edge);
+  check_launch();
+}
+
+}  // namespace
+
+bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                      at::Tensor& lse2, double scale) {
+  const float cells = dense_cells_per_edge();
+  const int64_t N = q.size(0), H = q.size(1), C = q.size(2), E = col.size(0);
+  if (!(cells > 0.f) || N == 0 || E == 0) return false;
+  // With the default rule, graphs of short rows keep the sparse kernel: their
+  // blocks' windows are mostly empty cells, and a block run sparse inside this
+  // kernel is slower than the sparse kernel's single-warp blocks (NOTES.md, v14).
+  if (cells == kDenseCellsPerEdge && E < kDenseMinRowEdges * N) return false;
+  const float scale2 = (float)(scale * kLog2e);
+  auto by_shape = [&](auto T_) {
+    using T = typename decltype(T_)::type;
+    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, out, lse2, scale2, cells);
+    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, out, lse2, scale2, cells);
+    else launch_dense<T, 32>(q, k, v, rowptr, col, out, lse2, scale2, cells);
+  };
+  if (q.scalar_type() == at::kBFloat16) by_shape(TypeTag<__nv_bfloat16>{});
+  else by_shape(TypeTag<__half>{});
+  return true;
+}
+
+}  // namespace dfgnn
