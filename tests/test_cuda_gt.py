@@ -475,15 +475,18 @@ def test_opcheck():
                           (lay.csr_row.sort().values, lay.num_dst))
 
 
-def test_opcheck_tensor_core(monkeypatch):
-    """opcheck of gt_fwd on a call that takes the tensor-core forward (bf16, no
-    split rows), against the same call on the CUDA-core kernel."""
+@pytest.mark.parametrize("kernel,mode", [("gt_fwd_mma_kernel", "off"),
+                                         ("gt_fwd_dense_kernel", "force")])
+def test_opcheck_tensor_core(kernel, mode, monkeypatch):
+    """opcheck of gt_fwd on calls that take the tensor-core forwards (bf16, no
+    split rows): the sparse units and the dense tiles."""
     monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", schedule.DEFAULT_CHUNK)
+    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", mode)
     torch.manual_seed(7)
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
     args = ops.gt_op_args(lay, q, k, v, 1 / 8, pmf=False, need_attn=False)
-    assert any(_tensor_core(n) for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
+    assert any(kernel in n for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
     torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
 
 
