@@ -352,13 +352,18 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
 
 // PYG_DFGNN_DENSE_TILES, read on each call: "off" (or 0) runs every block on the
 // sparse units, "force" every block whose window fits, a number sets the cells
-// per edge; unset, kDenseCellsPerEdge.
-float dense_cells_per_edge() {
+// per edge; unset, the default rule (kDenseCellsPerEdge on graphs of at least
+// kDenseMinRowEdges edges per row).
+struct DenseRule {
+  float cells_per_edge;
+  bool by_default;
+};
+DenseRule dense_rule() {
   const char* s = std::getenv("PYG_DFGNN_DENSE_TILES");
-  if (s == nullptr || *s == '\0') return kDenseCellsPerEdge;
-  if (std::strcmp(s, "off") == 0) return 0.f;
-  if (std::strcmp(s, "force") == 0) return 1e30f;
-  return std::strtof(s, nullptr);
+  if (s == nullptr || *s == '\0') return {kDenseCellsPerEdge, true};
+  if (std::strcmp(s, "off") == 0) return {0.f, false};
+  if (std::strcmp(s, "force") == 0) return {1e30f, false};
+  return {std::strtof(s, nullptr), false};
 }
 
 template <typename T, int C>
@@ -387,13 +392,14 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
                       at::Tensor& lse2, double scale) {
-  const float cells = dense_cells_per_edge();
-  const int64_t N = q.size(0), H = q.size(1), C = q.size(2), E = col.size(0);
+  const DenseRule rule = dense_rule();
+  const float cells = rule.cells_per_edge;
+  const int64_t N = q.size(0), C = q.size(2), E = col.size(0);
   if (!(cells > 0.f) || N == 0 || E == 0) return false;
   // With the default rule, graphs of short rows keep the sparse kernel: their
   // blocks' windows are mostly empty cells, and a block run sparse inside this
   // kernel is slower than the sparse kernel's single-warp blocks (NOTES.md, v14).
-  if (cells == kDenseCellsPerEdge && E < kDenseMinRowEdges * N) return false;
+  if (rule.by_default && E < kDenseMinRowEdges * N) return false;
   const float scale2 = (float)(scale * kLog2e);
   auto by_shape = [&](auto T_) {
     using T = typename decltype(T_)::type;
