@@ -99,6 +99,16 @@ void save_layout(AutogradContext* ctx, const LayoutArgs& L,
   ctx->set_materialize_grads(false);
 }
 
+// A backward op call. Without create_graph (grad mode off in the backward) it
+// goes below autograd: the backward ops have no autograd kernel, and the boxed
+// autograd fallback would box and unbox their 21 arguments for nothing.
+template <typename Sig, typename... Args>
+auto call_backward_op(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
+  if (at::GradMode::is_enabled()) return op.call(std::forward<Args>(args)...);
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(std::forward<Args>(args)...);
+}
+
 // The saved layout (save_layout) of a node, for its backward.
 struct SavedLayout {
   std::vector<Tensor> t;  // the layout's nine tensors, then `extra`
@@ -115,17 +125,15 @@ struct SavedLayout {
                   "col_items, col_combine), so it cannot be differentiated");
   }
   const Tensor& extra(int i) const { return t[kSavedLayout + i]; }
+  // A backward op of signature BwdSig (gt_bwd, gat_bwd) on this layout.
+  Tensor3 backward(const c10::TypedOperatorHandle<BwdSig>& op, const Tensor& grad, const Tensor& a, const Tensor& b,
+                   const Tensor& c, const Tensor& out, const Tensor& lse2, double param,
+                   double dropout, int64_t seed) const {
+    return call_backward_op(op, grad, a, b, c, out, lse2, t[0], t[1], t[2], t[3], row_slots,
+                            t[4], t[5], t[6], t[7], t[8], col_slots, chunk, param, dropout,
+                            seed);
+  }
 };
-
-// A backward op call. Without create_graph (grad mode off in the backward) it
-// goes below autograd: the backward ops have no autograd kernel, and the boxed
-// autograd fallback would box and unbox their 21 arguments for nothing.
-template <typename Sig, typename... Args>
-auto call_backward_op(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
-  if (at::GradMode::is_enabled()) return op.call(std::forward<Args>(args)...);
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(std::forward<Args>(args)...);
-}
 
 // One attention op: outputs (out, lse2, attn); out is differentiable, the row
 // statistics and the attention weights are not. The backward needs the CSC
@@ -174,12 +182,10 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
     static const auto op = find_op<BwdSig>(kBwd);
     const auto s = ctx->get_saved_variables();
     const SavedLayout L(ctx, kFwd);
-    const auto& t = L.t;
     const auto& d = ctx->saved_data;
-    std::tie(res[0], res[1], res[2]) = call_backward_op(
-        op, grads[0].contiguous(), s[0], s[1], s[2], s[3], L.extra(0), t[0], t[1], t[2], t[3],
-        L.row_slots, t[4], t[5], t[6], t[7], t[8], L.col_slots, L.chunk,
-        d.at("param").toDouble(), d.at("dropout").toDouble(), d.at("seed").toInt());
+    std::tie(res[0], res[1], res[2]) =
+        L.backward(op, grads[0].contiguous(), s[0], s[1], s[2], s[3], L.extra(0),
+                   d.at("param").toDouble(), d.at("dropout").toDouble(), d.at("seed").toInt());
     return res;
   }
 };
@@ -322,14 +328,12 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
     const auto s = ctx->get_saved_variables();  // x, beta, out
     const SavedLayout L(ctx, "dfgnn::agnn_fwd");
-    const auto& t = L.t;
     Tensor k = L.extra(0), q = L.extra(1);
     if (!k.defined())  // the fp32 forward (cos_fwd) did not build k and q
       std::tie(k, q, std::ignore) = call_backward_op(l2, s[0], s[1],
                                                      ctx->saved_data.at("eps").toDouble());
-    auto [dq, dk, dv] = call_backward_op(
-        gt_bwd, grads[0].contiguous(), q, k, s[0], s[2], L.extra(3), t[0], t[1], t[2], t[3],
-        L.row_slots, t[4], t[5], t[6], t[7], t[8], L.col_slots, L.chunk, 1.0, 0.0, 0);
+    auto [dq, dk, dv] =
+        L.backward(gt_bwd, grads[0].contiguous(), q, k, s[0], s[2], L.extra(3), 1.0, 0.0, 0);
     auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, L.extra(2), s[1]);
     res[0] = dxn.add(dv);
     res[1] = dbeta_part.sum().reshape(s[1].sizes());

@@ -262,17 +262,19 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
             mma_16816<T>(s[2 * kb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
           }
         }
-        // Counts of the same entries; a pair that is no edge gets score -inf.
+        // Counts of the same entries (rows g | g + 8 of tile n: two bytes of ca[n] |
+        // cb[n]); a pair that is no edge gets score -inf.
+        unsigned ca[4], cb[4];
         float t0 = kNegInf, t1 = kNegInf;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
           const int off = ci * kDenseKeys + 8 * n;
-          const unsigned x = *reinterpret_cast<const unsigned short*>(cnt_a + off);
-          const unsigned y = *reinterpret_cast<const unsigned short*>(cnt_b + off);
-          const float c[4] = {(float)(x & 0xffu), (float)(x >> 8), (float)(y & 0xffu),
-                              (float)(y >> 8)};
+          ca[n] = *reinterpret_cast<const unsigned short*>(cnt_a + off);
+          cb[n] = *reinterpret_cast<const unsigned short*>(cnt_b + off);
+          const bool e[4] = {(ca[n] & 0xffu) != 0u, ca[n] > 0xffu, (cb[n] & 0xffu) != 0u,
+                             cb[n] > 0xffu};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) s[n][j] = c[j] > 0.f ? s[n][j] * scale2 : kNegInf;
+          for (int j = 0; j < 4; ++j) s[n][j] = e[j] ? s[n][j] * scale2 : kNegInf;
           t0 = fmaxf(t0, fmaxf(s[n][0], s[n][1]));
           t1 = fmaxf(t1, fmaxf(s[n][2], s[n][3]));
         }
@@ -287,13 +289,10 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
           // P = count * 2^(s - max): a duplicate edge weighs as often as it occurs.
-          const int off = ci * kDenseKeys + 8 * n;
-          const unsigned x = *reinterpret_cast<const unsigned short*>(cnt_a + off);
-          const unsigned y = *reinterpret_cast<const unsigned short*>(cnt_b + off);
-          s[n][0] = (float)(x & 0xffu) * fast_exp2(s[n][0] - base0);
-          s[n][1] = (float)(x >> 8) * fast_exp2(s[n][1] - base0);
-          s[n][2] = (float)(y & 0xffu) * fast_exp2(s[n][2] - base1);
-          s[n][3] = (float)(y >> 8) * fast_exp2(s[n][3] - base1);
+          s[n][0] = (float)(ca[n] & 0xffu) * fast_exp2(s[n][0] - base0);
+          s[n][1] = (float)(ca[n] >> 8) * fast_exp2(s[n][1] - base0);
+          s[n][2] = (float)(cb[n] & 0xffu) * fast_exp2(s[n][2] - base1);
+          s[n][3] = (float)(cb[n] >> 8) * fast_exp2(s[n][3] - base1);
           sum0 += s[n][0] + s[n][1];
           sum1 += s[n][2] + s[n][3];
         }

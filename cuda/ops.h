@@ -127,7 +127,8 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     at::Tensor& lse2, double scale);
 // The same call over dense tiles (gt_forward_dense.cu), blocks of 64 rows whose
 // key window is narrow and dense enough, the others on the sparse units; false
-// (nothing launched) when PYG_DFGNN_DENSE_TILES=off or the graph has no edges.
+// (nothing launched) when PYG_DFGNN_DENSE_TILES=off, the graph has no edges, or
+// (default rule) it has fewer than 16 edges per destination row.
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
                       at::Tensor& lse2, double scale);
