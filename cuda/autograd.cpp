@@ -27,11 +27,17 @@ using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 
-// The schema shared by gt_fwd and gat_fwd (three feature tensors first).
+// The schema of gat_fwd (three feature tensors first); gt_fwd's has one more
+// argument, its tile plan (dense_tiles).
 using FwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, int64_t, const OptTensor&, const OptTensor&,
                        const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
                        int64_t, int64_t, double, double, int64_t, bool, bool);
+using GtFwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, const Tensor&, int64_t, const OptTensor&,
+                         const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                         const OptTensor&, int64_t, int64_t, double, double, int64_t, bool, bool,
+                         const OptTensor&);
 using BwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -76,6 +82,7 @@ struct LayoutArgs {
   const OptTensor& col_combine;
   int64_t col_slots;
   int64_t chunk;
+  const OptTensor& tiles;  // gt_fwd's tile plan (forward only, not saved)
 };
 
 // What a node keeps of its layout, and the op's tensors that carry no gradient
@@ -135,6 +142,11 @@ struct SavedLayout {
   }
 };
 
+constexpr char kGtFwd[] = "dfgnn::gt_fwd";
+constexpr char kGtBwd[] = "dfgnn::gt_bwd";
+constexpr char kGatFwd[] = "dfgnn::gat_fwd";
+constexpr char kGatBwd[] = "dfgnn::gat_bwd";
+
 // One attention op: outputs (out, lse2, attn); out is differentiable, the row
 // statistics and the attention weights are not. The backward needs the CSC
 // arguments (colptr ... col_combine), which a call without grad may omit.
@@ -150,12 +162,19 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
                             const OptTensor& row, const OptTensor& perm,
                             const OptTensor& col_items, const OptTensor& col_combine,
                             int64_t col_slots, int64_t chunk, double param, double dropout,
-                            int64_t seed, bool pmf, bool need_attn) {
-    static const auto op = find_op<FwdSig>(kFwd);
+                            int64_t seed, bool pmf, bool need_attn, const OptTensor& tiles) {
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                   need_attn);
+    if constexpr (kFwd == kGtFwd) {
+      static const auto op = find_op<GtFwdSig>(kFwd);
+      return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
+                     row, perm, col_items, col_combine, col_slots, chunk, param, dropout, seed,
+                     pmf, need_attn, tiles);
+    } else {
+      static const auto op = find_op<FwdSig>(kFwd);
+      return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
+                     row, perm, col_items, col_combine, col_slots, chunk, param, dropout, seed,
+                     pmf, need_attn);
+    }
   }
 
   static variable_list forward(AutogradContext* ctx, const Tensor& a, const Tensor& b,
@@ -165,7 +184,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
     auto [out, lse2, attn] =
         call_below(a, b, c, L.rowptr, L.col, L.row_items, L.row_combine, L.row_slots, csr_row,
                    L.colptr, L.row, L.perm, L.col_items, L.col_combine, L.col_slots, L.chunk,
-                   param, dropout, seed, pmf, need_attn);
+                   param, dropout, seed, pmf, need_attn, L.tiles);
     ctx->save_for_backward({a, b, c, out});
     save_layout(ctx, L, {lse2});
     ctx->saved_data["param"] = param;
@@ -190,11 +209,6 @@ struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
   }
 };
 
-constexpr char kGtFwd[] = "dfgnn::gt_fwd";
-constexpr char kGtBwd[] = "dfgnn::gt_bwd";
-constexpr char kGatFwd[] = "dfgnn::gat_fwd";
-constexpr char kGatBwd[] = "dfgnn::gat_bwd";
-
 template <typename F>
 Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const Tensor& rowptr, const Tensor& col, const Tensor& row_items,
@@ -202,16 +216,32 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
                            const OptTensor& col_items, const OptTensor& col_combine,
                            int64_t col_slots, int64_t chunk, double param, double dropout,
-                           int64_t seed, bool pmf, bool need_attn) {
+                           int64_t seed, bool pmf, bool need_attn, const OptTensor& tiles) {
   if (!records_grad({a, b, c})) {
     return F::call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
                          row, perm, col_items, col_combine, col_slots, chunk, param, dropout,
-                         seed, pmf, need_attn);
+                         seed, pmf, need_attn, tiles);
   }
-  const LayoutArgs L{rowptr, col,  row_items,   row_combine, row_slots,
-                     colptr, row, perm, col_items, col_combine, col_slots, chunk};
+  const LayoutArgs L{rowptr,    col,         row_items, row_combine, row_slots, colptr,
+                     row,       perm,        col_items, col_combine, col_slots, chunk, tiles};
   auto o = F::apply(a, b, c, L, csr_row, param, dropout, seed, pmf, need_attn);
   return {o[0], o[1], o[2]};
+}
+
+using GtAttention = FusedAttention<kGtFwd, kGtBwd>;
+using GatAttention = FusedAttention<kGatFwd, kGatBwd>;
+
+// gat_fwd's schema has no tile plan.
+Tensor3 gat_autograd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& rowptr,
+                     const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
+                     int64_t row_slots, const OptTensor& csr_row, const OptTensor& colptr,
+                     const OptTensor& row, const OptTensor& perm, const OptTensor& col_items,
+                     const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
+                     double param, double dropout, int64_t seed, bool pmf, bool need_attn) {
+  return attention_autograd<GatAttention>(a, b, c, rowptr, col, row_items, row_combine,
+                                          row_slots, csr_row, colptr, row, perm, col_items,
+                                          col_combine, col_slots, chunk, param, dropout, seed,
+                                          pmf, need_attn, c10::nullopt);
 }
 
 // AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
@@ -280,7 +310,7 @@ using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, c
 // attention; no dropout, SMMF.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> agnn_forward(DFGNN_AGNN_PARAMS) {
   static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
-  static const auto gt = find_op<FwdSig>(kGtFwd);
+  static const auto gt = find_op<GtFwdSig>(kGtFwd);
   static const auto cos = find_op<CosFwdSig>("dfgnn::cos_fwd");
   if (x.scalar_type() == at::kFloat) {
     auto [out, lse2, attn, rnorm] =
@@ -290,7 +320,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> agnn_forward(DFGNN_AG
   auto [k, q, rnorm] = l2.call(x, beta, eps);
   auto [out, lse2, attn] = gt.call(q, k, x, rowptr, col, row_items, row_combine, row_slots,
                                    c10::nullopt, colptr, row, perm, col_items, col_combine,
-                                   col_slots, chunk, 1.0, 0.0, 0, false, need_attn);
+                                   col_slots, chunk, 1.0, 0.0, 0, false, need_attn,
+                                   c10::nullopt);
   return {k, q, rnorm, out, lse2, attn};
 }
 
@@ -346,8 +377,9 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
     at::AutoDispatchBelowADInplaceOrView below;
     return agnn_composite(DFGNN_AGNN_ARGS);
   }
-  const LayoutArgs L{rowptr, col,  row_items,   row_combine, row_slots,
-                     colptr, row, perm, col_items, col_combine, col_slots, chunk};
+  const OptTensor no_tiles;
+  const LayoutArgs L{rowptr,    col,  row_items, row_combine, row_slots, colptr,   row,
+                     perm,      col_items, col_combine, col_slots, chunk, no_tiles};
   auto o = AGNNAttention::apply(x, beta, eps, L, need_attn);
   return {o[0], o[1]};
 }
@@ -358,8 +390,8 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dfgnn, Autograd, m) {
-  m.impl("gt_fwd", &attention_autograd<FusedAttention<kGtFwd, kGtBwd>>);
-  m.impl("gat_fwd", &attention_autograd<FusedAttention<kGatFwd, kGatBwd>>);
+  m.impl("gt_fwd", &attention_autograd<GtAttention>);
+  m.impl("gat_fwd", &gat_autograd);
   m.impl("l2norm_fwd", &l2norm_autograd);
   m.impl("agnn_fwd", &agnn_autograd);
 }

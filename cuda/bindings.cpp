@@ -100,7 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
     const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
     const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
-    double scale, double dropout, int64_t seed, bool pmf, bool need_attn) {
+    double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
+    const c10::optional<at::Tensor>& dense_tiles) {
   // The CSC arguments are only kept for the backward (register_autograd saves them).
   check_qkv(q, k, v, rowptr, col);
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gt_fwd: dropout must be in [0, 1), got ",
@@ -111,8 +112,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     TORCH_CHECK(csr_row.has_value(), "dfgnn::gt_fwd: pmf=True needs csr_row");
     check_index(*csr_row, "csr_row", col.numel(), q);
   }
+  if (dense_tiles.has_value()) {
+    check_index(*dense_tiles, "dense_tiles", -1, q);
+    const int64_t n_blocks = (q.size(0) + 63) / 64;
+    TORCH_CHECK(dense_tiles->numel() >= 8 * n_blocks && dense_tiles->numel() < INT32_MAX,
+                "dfgnn::gt_fwd: dense_tiles must hold 8 ints per 64 destination rows (",
+                num(8 * n_blocks), ") and its masks, got ", num(dense_tiles->numel()));
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(dense_tiles->data_ptr()) % 16 == 0,
+                "dfgnn::gt_fwd: dense_tiles must be 16-byte aligned (a tensor of its own, "
+                "not a view at an offset)");
+  }
   return gt_forward_cuda(q, k, v, rowptr, col, rw, csr_row, chunk, scale, dropout, seed, pmf,
-                         need_attn);
+                         need_attn, dense_tiles);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
@@ -281,13 +292,15 @@ TORCH_LIBRARY(dfgnn, m) {
       "cos_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, int chunk, bool need_attn) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
-  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
+  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h;
+  // dense_tiles: the layout's tile plan for the fp16 / bf16 forward
+  // (pyg_dfgnn/ops/tiles.py; without it every block runs sparse).
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, Tensor? row, "
       "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
-      "float scale, float dropout, int seed, bool pmf, bool need_attn) "
-      "-> (Tensor, Tensor, Tensor)");
+      "float scale, float dropout, int seed, bool pmf, bool need_attn, "
+      "Tensor? dense_tiles=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "

@@ -154,7 +154,8 @@ bool use_mma() {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn) {
+    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
+    const c10::optional<at::Tensor>& dense_tiles) {
   const int64_t H = q.size(1), C = q.size(2), E = col.size(0);
   ForwardCall fc(q, q.size(0), E, rw, pmf, need_attn);
   const float scale2 = (float)(scale * kLog2e);
@@ -164,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
   if (!pmf && p == 0.f && !need_attn && rw.num_slots == 0 && use_mma() &&
       gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
-    gt_forward_mma(q, k, v, rowptr, col, fc.out, fc.lse2, scale);
+    gt_forward_mma(q, k, v, rowptr, col, dense_tiles, fc.out, fc.lse2, scale);
     return {fc.out, fc.lse2, fc.attn};
   }
   const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh

@@ -1,4 +1,4 @@
-// Forward pass of dot-product attention over dense tiles (fp16 / bf16, v14):
+// Forward pass of dot-product attention over dense tiles (fp16 / bf16, v14, v16):
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
 //
 // Why: on the batch graphs (PATTERN-, CLUSTER-, MNIST-like: 1024 small graphs, one
@@ -13,25 +13,28 @@
 // while this one is computed; 16-byte pieces swizzled against bank conflicts), and
 // computes the whole tile as flash attention does:
 //   SDDMM  S[16 rows x 32 keys] = Q K^T per warp (mma.m16n8k16, operands by ldmatrix),
-//   mask   S kept where the (row, key) pair is an edge, P = cnt * 2^(S - m) with cnt
-//          the pair's edge count (duplicate edges count as often as they occur),
+//   mask   S kept where the (row, key) pair is an edge, -inf elsewhere,
 //   SpMM   O[16 x C] += P V (P rounded to T, fp32 accumulation),
-// with an online softmax per row (base 2). The counts come from the block's CSR
-// rows, as bytes in shared memory; a warp skips the 32-key chunks where none of
-// its 16 rows has an edge, the block those where none of its 64 rows has. The
-// tensor cores do about 64 W / E_b times the useful work (W the window, E_b the
-// block's edges), so a block runs dense only where that ratio is at most
-// `cells_per_edge` and W <= 512; the other blocks run the sparse
-// units of gt_forward_mma.cu in the same launch. Heads: a block walks its rows'
-// heads one after the other, sharing the counts (one head at a time was faster
-// than 2 or 4 per pass at 4 x 32: fewer registers, no spills; NOTES.md, v14).
+// with an online softmax per row (base 2). The window and the edge masks (a bit
+// per (row, key) pair, a word per row and 32-key chunk) come from the layout's
+// tile plan (pyg_dfgnn/ops/tiles.py), built once per graph: v14 found each
+// block's window and built a count table in shared memory on every call, a chain
+// of dependent loads and three barriers before the first chunk (NOTES.md, v16).
+// A block's first q loads go out before its plan entry, so only the plan entry
+// and the first chunk are on the way to its first tile.
+// A warp skips the chunks where none of its 16 rows has an edge, the block those
+// where none of its 64 rows has. The tensor cores do about 64 W / E_b times the
+// useful work (W the window, E_b the block's edges), so a block runs dense only
+// where the plan has it (W <= 512, no duplicate edge) and that ratio is at most
+// `cells_per_edge`; the other blocks run the sparse units of gt_forward_mma.cu in
+// the same launch. Heads: a block walks its rows' heads one after the other,
+// sharing the masks (one head at a time was faster than 2 or 4 per pass at 4 x 32:
+// fewer registers, no spills; NOTES.md, v14).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
 #include "mma.cuh"
 #include "ops.h"
 
-#include <atomic>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -42,15 +45,12 @@ constexpr int kDenseRows = 64;       // destination rows per block (4 warps x 16
 constexpr int kDenseThreads = 128;
 constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v (two buffers)
 constexpr int kDenseMaxWidth = 512;  // widest key window run dense
-// Bytes per row of the count table: 16-byte aligned rows whose 4-word offset
-// puts the fragment reads of rows g = 0..7 (2 words each) in distinct banks.
-constexpr int kCountStride = kDenseMaxWidth + 16;
-constexpr int kMaxRowEdges = 255;    // counts are bytes
+constexpr int kMaxChunks = kDenseMaxWidth / kDenseKeys;  // 16 chunk bits per warp in the plan
+constexpr int kMetaInts = 8;         // plan ints per block (pyg_dfgnn/ops/tiles.py)
 // Default for PYG_DFGNN_DENSE_TILES: a block runs dense while its window holds at
-// most this many (row, key) cells per edge (benchmarks/NOTES.md, v14).
+// most this many (row, key) cells per edge (benchmarks/NOTES.md, v14). Which
+// graphs get a plan at all by default is the caller's rule (tiles.py, v16).
 constexpr float kDenseCellsPerEdge = 24.f;
-// ... and only on graphs of at least this many edges per destination row.
-constexpr int64_t kDenseMinRowEdges = 16;
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -92,52 +92,60 @@ template <int NX> __device__ __forceinline__ int swizzle(int r, int x) {
 }
 
 // Rows [r0, r0 + 64) of n_rows, one head after the other, C channels per head.
+// `plan`: the layout's tile plan (pyg_dfgnn/ops/tiles.py), kMetaInts ints per
+// block, then the blocks' edge masks; plan_len ints in all.
 template <typename T, int C>
 __global__ void __launch_bounds__(kDenseThreads, 3)
 gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const int* __restrict__ rowptr, const int* __restrict__ col,
-                    T* __restrict__ out, float* __restrict__ lse2, int64_t n_rows, int H,
+                    const int* __restrict__ plan, int64_t plan_len, T* __restrict__ out,
+                    float* __restrict__ lse2, int64_t n_rows, int64_t n_src, int H,
                     float scale2, float cells_per_edge) {
   constexpr int RB = C * 2;     // bytes of a shared-memory row
   constexpr int NX = RB / 16;   // 16-byte chunks per row
   constexpr int KS = C / 16;    // k-steps of the SDDMM = 16-channel blocks of the SpMM
   constexpr int kBuf = 2 * kDenseKeys * RB;  // one k + v chunk
   extern __shared__ __align__(16) unsigned char smem[];
-  unsigned char* counts = smem + 2 * kBuf;  // [64 rows][kCountStride] bytes
   const unsigned sbase = smem_addr(smem);   // chunk buffers b = 0, 1: k at b kBuf, v after it
-  __shared__ int s_lo[4], s_hi[4], s_len[4];
-  __shared__ unsigned s_chunks[4];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * kDenseRows;
   const int nrows = (int)min((int64_t)kDenseRows, n_rows - r0);
-  // rowptr of this warp's 16 rows (lane i: row 16 warp + i; rows past the end are empty).
-  const int rp = lane <= 16 ? __ldg(rowptr + r0 + min(16 * warp + lane, nrows)) : 0;
-  const int beg = __ldg(rowptr + r0), end = __ldg(rowptr + r0 + nrows);
 
-  // The block's key window [lo, hi] and longest row.
-  {
-    int lo = INT_MAX, hi = -1;
-#pragma unroll 4
-    for (int e = beg + tid; e < end; e += kDenseThreads) {
-      const int c = __ldg(col + e);
-      lo = min(lo, c);
-      hi = max(hi, c);
+  // The block's entry of the plan: window [lo, lo + width), edges, mask offset,
+  // 16 chunk bits per warp (chunks where its rows have an edge). Whatever the
+  // plan holds, the block reads only inside k, v and the plan: a window outside
+  // the source rows or masks past plan_len send it to the sparse units.
+  // q of rows g, g + 8 (head h) as A fragments, straight from global memory:
+  // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8). Head 0's loads go out
+  // first, before the plan entry they do not depend on.
+  const int64_t HC = (int64_t)H * C;
+  const int64_t ga = r0 + 16 * warp + g, gb = ga + 8;
+  uint32_t qa[KS][4];
+  auto load_q = [&](int h) {
+    const uint32_t* qr_a = reinterpret_cast<const uint32_t*>(q + ga * HC + (int64_t)h * C) + t;
+    const uint32_t* qr_b = reinterpret_cast<const uint32_t*>(q + gb * HC + (int64_t)h * C) + t;
+    const bool ok_a = ga < n_rows, ok_b = gb < n_rows;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      qa[s][0] = ok_a ? __ldg(qr_a + 8 * s) : 0u;
+      qa[s][1] = ok_b ? __ldg(qr_b + 8 * s) : 0u;
+      qa[s][2] = ok_a ? __ldg(qr_a + 8 * s + 4) : 0u;
+      qa[s][3] = ok_b ? __ldg(qr_b + 8 * s + 4) : 0u;
     }
-    const int next = __shfl_down_sync(0xffffffffu, rp, 1);
-    const int len = lane < 16 ? next - rp : 0;
-    lo = __reduce_min_sync(0xffffffffu, lo);
-    hi = __reduce_max_sync(0xffffffffu, hi);
-    const int mlen = __reduce_max_sync(0xffffffffu, len);
-    if (lane == 0) { s_lo[warp] = lo; s_hi[warp] = hi; s_len[warp] = mlen; }
-  }
-  __syncthreads();
-  const int lo = min(min(s_lo[0], s_lo[1]), min(s_lo[2], s_lo[3]));
-  const int hi = max(max(s_hi[0], s_hi[1]), max(s_hi[2], s_hi[3]));
-  const int max_len = max(max(s_len[0], s_len[1]), max(s_len[2], s_len[3]));
-  const int width = hi - lo + 1;
-  const bool dense = end > beg && width <= kDenseMaxWidth && max_len <= kMaxRowEdges &&
-                     (float)nrows * (float)width <= cells_per_edge * (float)(end - beg);
+  };
+  load_q(0);
+  const int4* meta = reinterpret_cast<const int4*>(plan + (int64_t)kMetaInts * blockIdx.x);
+  const int4 meta0 = __ldg(meta), meta1 = __ldg(meta + 1);
+  const int lo = meta0.x, width = meta0.y, n_edges = meta0.z, moff = meta0.w;
+  const int n_chunks = (width + kDenseKeys - 1) / kDenseKeys;
+  const unsigned valid = (1u << max(0, min(n_chunks, kMaxChunks))) - 1u;
+  const unsigned w01 = (unsigned)meta1.x, w23 = (unsigned)meta1.y;
+  const unsigned any_chunks = (w01 | (w01 >> 16) | w23 | (w23 >> 16)) & valid;
+  const bool dense = lo >= 0 && width > 0 && width <= kDenseMaxWidth && n_edges > 0 &&
+                     (int64_t)lo + width <= n_src && moff >= 0 &&
+                     (int64_t)moff + (int64_t)n_chunks * kDenseRows <= plan_len && any_chunks &&
+                     (float)nrows * (float)width <= cells_per_edge * (float)n_edges;
   if (!dense) {  // block-uniform: the sparse units of 8 rows, two per warp
     for (int u = 0; u < 2; ++u) {
       const int64_t blk = r0 / kMmaRows + 2 * warp + u;
@@ -147,8 +155,10 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     }
     return;
   }
+  const unsigned chunks = ((warp < 2 ? w01 : w23) >> (16 * (warp & 1))) & valid;
+  const int hi = lo + width - 1;
+  const int first = __ffs(any_chunks) - 1;
 
-  const int64_t HC = (int64_t)H * C;
   // k and v rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi). A
   // pass of the block copies kPassRows whole rows; this thread's piece px of row
   // pr + j kPassRows lands at the same swizzled column in every pass.
@@ -168,78 +178,37 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     }
     cp_async_commit();
   };
-  // The first chunk holds key lo: its loads run while the counts are built.
-  issue(0, 0, 0);
-
-  // Edge counts per (row, key - lo), zeroed over whole chunks of keys.
-  const int n_chunks = (width + kDenseKeys - 1) / kDenseKeys;
-  {
-    const int row16 = n_chunks * kDenseKeys / 16;
-    for (int i = tid; i < kDenseRows * row16; i += kDenseThreads) {
-      const int r = i / row16;
-      *reinterpret_cast<uint4*>(counts + r * kCountStride + (i - r * row16) * 16) =
-          make_uint4(0, 0, 0, 0);
-    }
-  }
-  __syncthreads();
-  // Lane L counts every other edge of the warp's row L % 16 (its col lines are in
-  // L1 from the window pass above).
-  unsigned chunks = 0;  // bit b: some row of this warp has a key in chunk b
-  {
-    const int rr = lane & 15;
-    const int rb = __shfl_sync(0xffffffffu, rp, rr), re = __shfl_sync(0xffffffffu, rp, rr + 1);
-    unsigned* row = reinterpret_cast<unsigned*>(counts + (16 * warp + rr) * kCountStride);
-#pragma unroll 2
-    for (int e = rb + (lane >> 4); e < re; e += 2) {
-      const int c = __ldg(col + e) - lo;
-      atomicAdd(row + (c >> 2), 1u << (8 * (c & 3)));
-      chunks |= 1u << (c / kDenseKeys);
-    }
-  }
-  chunks = __reduce_or_sync(0xffffffffu, chunks);
-  if (lane == 0) s_chunks[warp] = chunks;
-  __syncthreads();
-  chunks = s_chunks[warp];
-  const unsigned any_chunks = s_chunks[0] | s_chunks[1] | s_chunks[2] | s_chunks[3];
+  issue(0, first, 0);
 
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix and row this lane addresses
   const int row_a = 16 * warp + g, row_b = row_a + 8;  // this lane's rows in the block
-  const int64_t ga = r0 + row_a, gb = r0 + row_b;
-  const unsigned char* cnt_a = counts + row_a * kCountStride + 2 * t;
-  const unsigned char* cnt_b = counts + row_b * kCountStride + 2 * t;
+  // Edge masks of chunk ci: bit j of word ma (mb) is the pair (row_a (row_b), key
+  // lo + 32 ci + j); rows past the end have none.
+  const unsigned* masks = reinterpret_cast<const unsigned*>(plan) + moff;
   for (int h = 0; h < H; ++h) {
     const int64_t ch0 = (int64_t)h * C;
-    if (h > 0) issue(h, 0, 0);  // the previous head ended with both buffers free
-    // q of rows g, g + 8 as A fragments, straight from global memory:
-    // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8).
-    uint32_t qa[KS][4];
-    {
-      const uint32_t* qr_a = reinterpret_cast<const uint32_t*>(q + ga * HC + ch0) + t;
-      const uint32_t* qr_b = reinterpret_cast<const uint32_t*>(q + gb * HC + ch0) + t;
-      const bool ok_a = ga < n_rows, ok_b = gb < n_rows;
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        qa[s][0] = ok_a ? __ldg(qr_a + 8 * s) : 0u;
-        qa[s][1] = ok_b ? __ldg(qr_b + 8 * s) : 0u;
-        qa[s][2] = ok_a ? __ldg(qr_a + 8 * s + 4) : 0u;
-        qa[s][3] = ok_b ? __ldg(qr_b + 8 * s + 4) : 0u;
-      }
-    }
+    if (h > 0) issue(h, first, 0);  // the previous head ended with both buffers free
+    unsigned ma = __ldg(masks + first * kDenseRows + row_a);
+    unsigned mb = __ldg(masks + first * kDenseRows + row_b);
+    if (h > 0) load_q(h);
 
     float acc[2 * KS][4];  // 8-channel tiles of rows g (0, 1) and g + 8 (2, 3)
 #pragma unroll
     for (int b = 0; b < 2 * KS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows g, g + 8 (l: lane partial)
 
-    // Chunks with edges, in order; chunk 0 (key lo) is in flight in buffer 0. The
-    // next chunk loads into the other buffer while this one is computed.
-    int ci = 0, buf = 0;
-    unsigned rest = any_chunks & ~1u;
+    // Chunks with edges, in order; the first is in flight in buffer 0. The next
+    // chunk (and its masks) loads into the other buffer while this one is computed.
+    int ci = first, buf = 0;
+    unsigned rest = any_chunks & (any_chunks - 1u);
+    unsigned na = 0u, nb = 0u;
     while (true) {
       const int nxt = rest ? __ffs(rest) - 1 : -1;
       rest &= rest - 1;
       if (nxt >= 0) {
         issue(h, nxt, buf ^ 1);
+        na = __ldg(masks + nxt * kDenseRows + row_a);
+        nb = __ldg(masks + nxt * kDenseRows + row_b);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -262,19 +231,16 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
             mma_16816<T>(s[2 * kb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
           }
         }
-        // Counts of the same entries (rows g | g + 8 of tile n: two bytes of ca[n] |
-        // cb[n]); a pair that is no edge gets score -inf.
-        unsigned ca[4], cb[4];
+        // The lane's entries of tile n are keys 8 n + 2t, + 1: a pair that is no
+        // edge gets score -inf, so weight 2^(-inf - base) = 0.
         float t0 = kNegInf, t1 = kNegInf;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
-          const int off = ci * kDenseKeys + 8 * n;
-          ca[n] = *reinterpret_cast<const unsigned short*>(cnt_a + off);
-          cb[n] = *reinterpret_cast<const unsigned short*>(cnt_b + off);
-          const bool e[4] = {(ca[n] & 0xffu) != 0u, ca[n] > 0xffu, (cb[n] & 0xffu) != 0u,
-                             cb[n] > 0xffu};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) s[n][j] = e[j] ? s[n][j] * scale2 : kNegInf;
+          const int sh = 8 * n + 2 * t;
+          s[n][0] = (ma >> sh) & 1u ? s[n][0] * scale2 : kNegInf;
+          s[n][1] = (ma >> (sh + 1)) & 1u ? s[n][1] * scale2 : kNegInf;
+          s[n][2] = (mb >> sh) & 1u ? s[n][2] * scale2 : kNegInf;
+          s[n][3] = (mb >> (sh + 1)) & 1u ? s[n][3] * scale2 : kNegInf;
           t0 = fmaxf(t0, fmaxf(s[n][0], s[n][1]));
           t1 = fmaxf(t1, fmaxf(s[n][2], s[n][3]));
         }
@@ -288,11 +254,10 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
         float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
-          // P = count * 2^(s - max): a duplicate edge weighs as often as it occurs.
-          s[n][0] = (float)(ca[n] & 0xffu) * fast_exp2(s[n][0] - base0);
-          s[n][1] = (float)(ca[n] >> 8) * fast_exp2(s[n][1] - base0);
-          s[n][2] = (float)(cb[n] & 0xffu) * fast_exp2(s[n][2] - base1);
-          s[n][3] = (float)(cb[n] >> 8) * fast_exp2(s[n][3] - base1);
+          s[n][0] = fast_exp2(s[n][0] - base0);
+          s[n][1] = fast_exp2(s[n][1] - base0);
+          s[n][2] = fast_exp2(s[n][2] - base1);
+          s[n][3] = fast_exp2(s[n][3] - base1);
           sum0 += s[n][0] + s[n][1];
           sum1 += s[n][2] + s[n][3];
         }
@@ -326,6 +291,8 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
       if (nxt < 0) break;
       ci = nxt;
       buf ^= 1;
+      ma = na;
+      mb = nb;
     }
 
     // Row sums over the quad, then out = acc / l and lse2 = m + log2(l).
@@ -350,61 +317,47 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
 }
 
 // PYG_DFGNN_DENSE_TILES, read on each call: "off" (or 0) runs every block on the
-// sparse units, "force" every block whose window fits, a number sets the cells
-// per edge; unset, the default rule (kDenseCellsPerEdge on graphs of at least
-// kDenseMinRowEdges edges per row).
-struct DenseRule {
-  float cells_per_edge;
-  bool by_default;
-};
-DenseRule dense_rule() {
+// sparse units, "force" every block the plan has a window for, a number sets the
+// cells per edge; unset, kDenseCellsPerEdge.
+float dense_cells_per_edge() {
   const char* s = std::getenv("PYG_DFGNN_DENSE_TILES");
-  if (s == nullptr || *s == '\0') return {kDenseCellsPerEdge, true};
-  if (std::strcmp(s, "off") == 0) return {0.f, false};
-  if (std::strcmp(s, "force") == 0) return {1e30f, false};
-  return {std::strtof(s, nullptr), false};
+  if (s == nullptr || *s == '\0') return kDenseCellsPerEdge;
+  if (std::strcmp(s, "off") == 0) return 0.f;
+  if (std::strcmp(s, "force") == 0) return 1e30f;
+  return std::strtof(s, nullptr);
 }
 
 template <typename T, int C>
 void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
-                  at::Tensor& lse2, float scale2, float cells_per_edge) {
-  constexpr int kSmem = 2 * 2 * kDenseKeys * C * 2 + kDenseRows * kCountStride;
-  auto kern = gt_fwd_dense_kernel<T, C>;
-  // Over 48 KB of dynamic shared memory needs an opt-in, per device.
-  static std::atomic<uint64_t> opted{0};
-  const int dev = q.get_device();
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!(opted.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    opted.fetch_or(bit);
-  }
+                  const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& plan,
+                  at::Tensor& out, at::Tensor& lse2, float scale2, float cells_per_edge) {
+  constexpr int kSmem = 2 * 2 * kDenseKeys * C * (int)sizeof(T);  // two k + v chunks
+  static_assert(kSmem <= 48 * 1024, "no opt-in for more dynamic shared memory");
   const int64_t N = q.size(0);
-  kern<<<ceil_div(N, kDenseRows), kDenseThreads, kSmem, at::cuda::getCurrentCUDAStream()>>>(
+  gt_fwd_dense_kernel<T, C><<<ceil_div(N, kDenseRows), kDenseThreads, kSmem,
+                              at::cuda::getCurrentCUDAStream()>>>(
       cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-      mptr<T>(out), lse2.data_ptr<float>(), N, (int)q.size(1), scale2, cells_per_edge);
+      plan.data_ptr<int>(), plan.numel(), mptr<T>(out), lse2.data_ptr<float>(), N, k.size(0),
+      (int)q.size(1), scale2, cells_per_edge);
   check_launch();
 }
 
 }  // namespace
 
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
-                      at::Tensor& lse2, double scale) {
-  const DenseRule rule = dense_rule();
-  const float cells = rule.cells_per_edge;
+                      const at::Tensor& rowptr, const at::Tensor& col,
+                      const c10::optional<at::Tensor>& plan, at::Tensor& out, at::Tensor& lse2,
+                      double scale) {
+  if (!plan.has_value()) return false;
+  const float cells = dense_cells_per_edge();
   const int64_t N = q.size(0), C = q.size(2), E = col.size(0);
   if (!(cells > 0.f) || N == 0 || E == 0) return false;
-  // With the default rule, graphs of short rows keep the sparse kernel: their
-  // blocks' windows are mostly empty cells, and a block run sparse inside this
-  // kernel is slower than the sparse kernel's single-warp blocks (NOTES.md, v14).
-  if (rule.by_default && E < kDenseMinRowEdges * N) return false;
   const float scale2 = (float)(scale * kLog2e);
   auto by_shape = [&](auto T_) {
     using T = typename decltype(T_)::type;
-    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, out, lse2, scale2, cells);
-    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, out, lse2, scale2, cells);
-    else launch_dense<T, 32>(q, k, v, rowptr, col, out, lse2, scale2, cells);
+    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
+    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
+    else launch_dense<T, 32>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
   };
   if (q.scalar_type() == at::kBFloat16) by_shape(TypeTag<__nv_bfloat16>{});
   else by_shape(TypeTag<__half>{});

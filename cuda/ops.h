@@ -115,7 +115,8 @@ struct ForwardCall {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn);
+    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
+    const c10::optional<at::Tensor>& dense_tiles);
 
 // The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
@@ -123,15 +124,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
 // 8 whole rows), no dropout and no attention weights.
 bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                    const at::Tensor& rowptr, const at::Tensor& col,
+                    const c10::optional<at::Tensor>& dense_tiles, at::Tensor& out,
                     at::Tensor& lse2, double scale);
 // The same call over dense tiles (gt_forward_dense.cu), blocks of 64 rows whose
-// key window is narrow and dense enough, the others on the sparse units; false
-// (nothing launched) when PYG_DFGNN_DENSE_TILES=off, the graph has no edges, or
-// (default rule) it has fewer than 16 edges per destination row.
+// key window the layout's tile plan (`plan`, pyg_dfgnn/ops/tiles.py) has as
+// narrow and dense enough, the others on the sparse units; false (nothing
+// launched) without a plan (the caller's per-graph rule), when
+// PYG_DFGNN_DENSE_TILES=off or the graph has no edges.
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
-                      at::Tensor& lse2, double scale);
+                      const at::Tensor& rowptr, const at::Tensor& col,
+                      const c10::optional<at::Tensor>& plan, at::Tensor& out, at::Tensor& lse2,
+                      double scale);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -13,7 +13,7 @@ import torch
 import pyg_dfgnn
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import reference, schedule
+from pyg_dfgnn.ops import reference, schedule, tiles
 
 pytestmark = pytest.mark.cuda
 
@@ -188,19 +188,19 @@ def test_tensor_core_forward(graph, dtype, H, C, monkeypatch):
 
 def batch_graph(gen, n_graphs=40, density=0.3):
     """A batch of small random graphs one after the other (block-diagonal, like
-    the PATTERN / CLUSTER batches), with duplicate edges and isolated rows, plus:
-    a row of 300 in-edges from a 40-node window (its 64-row block holds more than
-    255 edges in a row: the dense kernel runs that block sparse), a row whose 200
-    in-edges all come from one source (a count of 200, in another block), and a few edges from far
-    away (blocks whose key window is over 512 wide: sparse too)."""
+    the PATTERN / CLUSTER batches) with isolated rows, plus: duplicate edges in the
+    first graphs, a row of 300 in-edges from a 40-node window (repeats: its block
+    runs sparse), a row whose 200 in-edges all come from one source (a count of
+    200, in another block), and a few edges from far away (blocks whose key window
+    is over 512 wide: sparse too)."""
     src, dst, off = [], [], 0
-    for _ in range(n_graphs):
+    for i in range(n_graphs):
         n = int(torch.randint(20, 150, (1,), generator=gen))
         m = int(density * n * n)
-        s_ = torch.randint(0, n, (m,), generator=gen) + off
-        d_ = torch.randint(0, n - 1, (m,), generator=gen) + off  # node n - 1: no in-edges
-        src += [s_, s_[::9]]
-        dst += [d_, d_[::9]]
+        cells = torch.randperm(n * (n - 1), generator=gen)[:m]  # node n - 1: no in-edges
+        s_, d_ = cells % n + off, cells // n + off
+        src += [s_, s_[::9]] if i < 3 else [s_]
+        dst += [d_, d_[::9]] if i < 3 else [d_]
         off += n
     src += [torch.randint(0, 40, (300,), generator=gen), torch.full((200,), 7)]
     dst += [torch.full((300,), 5), torch.full((200,), 100)]
@@ -238,6 +238,10 @@ def test_dense_tile_forward(mode, dtype, H, C, monkeypatch):
     g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
     names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v))
     assert ("gt_fwd_dense_kernel" in " ".join(names)) == (mode != "off")
+    # The tile plan has both kinds of blocks: dense, and sparse for the duplicates,
+    # the 300-edge row and the far edges.
+    lo = tiles.tile_plan(lay, by_rule=False)[:8 * ((n + 63) // 64)].view(-1, 8)[:, 0]
+    assert 0.5 < (lo >= 0).float().mean() < 1
     out = _check_half_forward_backward(lay, q, k, v, g)
     monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", "off")
     sparse = ops.gt_attention(lay, q, k, v)

@@ -18,6 +18,9 @@ from torch import Tensor
 from .._ext import HAS_EXTENSION
 from . import reference, schedule
 from .schedule import choose_strategy, kernel_supports
+from .tiles import tile_plan
+
+_HALF = (torch.float16, torch.bfloat16)
 
 if HAS_EXTENSION:
     from . import _custom  # noqa: F401  (fake implementations; autograd is in C++)
@@ -99,9 +102,15 @@ def _layout_args(layout, need_grad: bool, pmf: bool) -> tuple:
 def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
                seed: int = 0, pmf: bool = False, need_attn: bool = False,
                need_grad: bool = True) -> tuple:
-    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout."""
+    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout; calls that
+    can run the dense-tile forward (fp16 / bf16, ``C`` in {32, 64, 128}, no
+    dropout, PMF or attention weights) get the layout's tile plan."""
+    tiles = None
+    if (q.dtype in _HALF and q.size(-1) in (32, 64, 128) and not dropout and not pmf
+            and not need_attn):
+        tiles = tile_plan(layout)
     return (q, k, v, *_layout_args(layout, need_grad, pmf), float(scale), float(dropout),
-            int(seed), bool(pmf), bool(need_attn))
+            int(seed), bool(pmf), bool(need_attn), tiles)
 
 
 def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,

@@ -25,7 +25,7 @@ def _csr_rowptr_fake(index, num_rows):
 @torch.library.register_fake("dfgnn::gt_fwd")
 def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
                  perm, col_items, col_combine, col_slots, chunk, scale, dropout, seed, pmf,
-                 need_attn):
+                 need_attn, dense_tiles=None):
     out = torch.empty_like(q)
     lse = q.new_empty((q.size(0), q.size(1)), dtype=_FLOAT)
     attn = q.new_empty((col.size(0), q.size(1)) if need_attn else (0,), dtype=_FLOAT)

@@ -1,0 +1,179 @@
+r"""Tile plan of a graph for the dense-tile fp16 / bf16 GT forward
+(``cuda/gt_forward_dense.cu``, ``benchmarks/NOTES.md`` v14 and v16).
+
+The kernel runs blocks of :data:`TILE_ROWS` consecutive destination rows. On batch
+graphs (PATTERN-, CLUSTER-, MNIST-like) a block's in-neighbours lie in a narrow
+window of consecutive source rows, so the block computes the whole window as one
+dense tile, masked by the edges. The plan says, per block, where its window is
+and which (row, key) pairs are edges; it depends on the graph only, so it is built
+once per :class:`~pyg_dfgnn.layout.GraphLayout` (a few tensor ops and one host
+synchronisation) and cached there. Building the window and the edge counts inside
+the kernel on every call (v14) cost a chain of dependent loads and three block
+barriers before the block's first tile.
+
+Format: one ``int32`` tensor. For block ``b`` (rows ``64 b .. 64 b + 63``), ints
+``8 b .. 8 b + 7`` are
+
+- ``lo``: first key (source row) of the window, ``-1`` if the block has no edge,
+  a window wider than :data:`MAX_WIDTH` keys or a duplicate edge (it then runs
+  the sparse kernel's units);
+- ``width``: keys in the window (``max col - lo + 1``);
+- ``edges``: the block's edges;
+- ``offset``: index (in ints, into this tensor) of the block's masks;
+- two words of chunk bits: bit ``c`` of half-word ``w`` (warp ``w``, rows
+  ``16 w .. 16 w + 15``) is set when one of those rows has an edge in keys
+  ``lo + 32 c .. lo + 32 c + 31``; words ``w = 0 | 1 << 16`` and ``2 | 3 << 16``;
+- two ints of padding (16-byte aligned entries).
+
+Then the masks of each block with a window, ``ceil(width / 32)`` chunks of
+:data:`TILE_ROWS` words: bit ``j`` of word ``offset + 64 c + r`` is set when row
+``64 b + r`` has an in-edge from source row ``lo + 32 c + j``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+#: Destination rows per block of the dense-tile kernel (``kDenseRows``).
+TILE_ROWS = 64
+#: Keys per chunk, one mask word per row (``kDenseKeys``).
+CHUNK_KEYS = 32
+#: Widest window a block runs dense (``kDenseMaxWidth``); 16 chunk bits per warp.
+MAX_WIDTH = 512
+#: Ints per block before the masks (``kMetaInts``).
+META_INTS = 8
+#: Default rule: a graph gets its plan (runs the dense-tile kernel) when the
+#: median over its dense-eligible blocks of ``64 W / E_b`` (window cells per edge)
+#: is at most this, and at least half its blocks are eligible. Measured on the
+#: H100 (``benchmarks/NOTES.md``, v16): dense is faster on PATTERN / CLUSTER (4.3 /
+#: 5.9 cells per edge) and MNIST-like (17.6), slower on CIFAR10- (23.9) and
+#: COCO-SP-like (24.7) batches.
+DEFAULT_MAX_CELLS = 20.0
+_ENV = "PYG_DFGNN_DENSE_TILES"
+_INT32_MAX = 2**31 - 1
+
+
+def _to_int32_bits(x: Tensor) -> Tensor:
+    """int64 values in ``[0, 2^32)`` as int32 with the same 32 bits."""
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+def _popcount(x: Tensor) -> Tensor:
+    """Set bits of each int64 in ``[0, 2^62)`` (SWAR bit count)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return (x * 0x0101010101010101) >> 56 & 0xFF
+
+
+def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
+                    num_src: int) -> Optional[Tensor]:
+    r"""The tile plan (module docstring) of a CSR graph.
+
+    Args:
+        rowptr (Tensor): ``[N_dst + 1]`` CSR row pointers.
+        col (Tensor): ``[E]`` source row of each CSR edge.
+        row (Tensor): ``[E]`` destination row of each CSR edge.
+        num_dst (int): destination rows ``N_dst``.
+        num_src (int): source rows ``N_src``.
+
+    Returns:
+        ``int32`` tensor on ``col``'s device, or ``None`` when no block can run
+        dense (no edges, every window too wide or holding duplicate edges) or the
+        plan would not fit int32 offsets.
+    """
+    E = col.numel()
+    if E == 0 or num_dst == 0:
+        return None
+    dev = col.device
+    n_blocks = (num_dst + TILE_ROWS - 1) // TILE_ROWS
+    col = col.long()
+    row = row.long()
+    blk = row // TILE_ROWS
+    lo = torch.full((n_blocks,), num_src, dtype=torch.long, device=dev)
+    lo = lo.scatter_reduce(0, blk, col, "amin")
+    hi = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)
+    hi = hi.scatter_reduce(0, blk, col, "amax")
+    bounds = rowptr.long()[torch.arange(n_blocks + 1, device=dev).mul_(TILE_ROWS)
+                           .clamp_(max=num_dst)]
+    edges = bounds[1:] - bounds[:-1]
+    width = (hi - lo + 1).clamp_(min=0)
+    ok = (edges > 0) & (width <= MAX_WIDTH)
+    n_words = torch.where(ok, (width + CHUNK_KEYS - 1) // CHUNK_KEYS, 0) * TILE_ROWS
+    offset = META_INTS * n_blocks + torch.cumsum(n_words, 0) - n_words
+    total = META_INTS * n_blocks + int(n_words.sum())  # the one host synchronisation
+    if total > _INT32_MAX or not bool(ok.any()):
+        return None
+
+    e_ok = ok[blk]
+    key = col - lo[blk]
+    chunk = key // CHUNK_KEYS
+    r = row % TILE_ROWS
+    word = (offset[blk] + chunk * TILE_ROWS + r)[e_ok]
+    bit = torch.ones_like(key).bitwise_left_shift_(key % CHUNK_KEYS)[e_ok]
+    masks = torch.zeros(total, dtype=torch.long, device=dev).index_add_(0, word, bit)
+    # A duplicate (row, key) pair carries into another bit: its word then has
+    # fewer set bits than edges. Such blocks run sparse (their weights count twice).
+    count = torch.zeros(total, dtype=torch.long, device=dev).index_add_(
+        0, word, torch.ones_like(word))
+    dup_word = _popcount(masks) != count
+    dup = torch.zeros(n_blocks, dtype=torch.long, device=dev).index_add_(
+        0, blk[e_ok], dup_word[word].long())
+    ok &= dup == 0
+
+    # Chunk bits per (block, warp).
+    seen = torch.zeros(n_blocks * 4 * (MAX_WIDTH // CHUNK_KEYS), dtype=torch.long, device=dev)
+    slot = ((blk * 4 + r // 16) * (MAX_WIDTH // CHUNK_KEYS) + chunk)[e_ok]
+    seen[slot] = 1
+    seen = seen.view(n_blocks, 4, MAX_WIDTH // CHUNK_KEYS)
+    bits = (seen << torch.arange(MAX_WIDTH // CHUNK_KEYS, device=dev)).sum(-1)  # [B, 4]
+    meta = torch.stack([torch.where(ok, lo, -1), width, edges, offset,
+                        _to_int32_bits(bits[:, 0] | bits[:, 1] << 16).long(),
+                        _to_int32_bits(bits[:, 2] | bits[:, 3] << 16).long(),
+                        torch.zeros_like(lo), torch.zeros_like(lo)], 1).to(torch.int32)
+    masks = _to_int32_bits(masks)
+    masks[:META_INTS * n_blocks] = meta.view(-1)
+    return masks
+
+
+def plan_cells_per_edge(plan: Tensor, num_dst: int) -> Tuple[float, float]:
+    """``(fraction of dense-eligible blocks, median window cells per edge over
+    them)`` of a plan (:data:`DEFAULT_MAX_CELLS`); ``(0, inf)`` without any."""
+    meta = plan[:META_INTS * ((num_dst + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
+    ok = meta[:, 0] >= 0
+    cells = (TILE_ROWS * meta[:, 1].double() / meta[:, 2].double().clamp(min=1))[ok]
+    if cells.numel() == 0:
+        return 0.0, math.inf
+    frac, med = torch.stack([ok.double().mean(), cells.median()]).tolist()
+    return frac, med
+
+
+def tile_plan(layout, by_rule: bool = True) -> Optional[Tensor]:
+    """The layout's tile plan (:func:`build_tile_plan`) for a call, built on first
+    use and cached on the layout; ``None`` on CPU layouts or where no block runs
+    dense. With ``by_rule`` and ``PYG_DFGNN_DENSE_TILES`` unset (read on each
+    call), also ``None`` for graphs the default rule (:data:`DEFAULT_MAX_CELLS`)
+    leaves to the sparse kernel; with the variable set, the kernel applies it per
+    block. Inside a ``torch.compile`` region an uncached plan is not built (its
+    size depends on the data): the call then runs the sparse kernel."""
+    if not layout.col.is_cuda:
+        return None
+    entry = layout._cache.get("tile_plan")
+    if entry is None:
+        if torch.compiler.is_compiling():
+            return None
+        plan = build_tile_plan(layout.rowptr, layout.col, layout.csr_row, layout.num_dst,
+                               layout.num_src)
+        dense = False
+        if plan is not None:
+            frac, med = plan_cells_per_edge(plan, layout.num_dst)
+            dense = frac >= 0.5 and med <= DEFAULT_MAX_CELLS
+        entry = layout._cache["tile_plan"] = (plan, dense)
+    plan, dense = entry
+    if by_rule and not os.environ.get(_ENV) and not dense:
+        return None
+    return plan
