@@ -526,6 +526,47 @@ def test_bad_inputs_raise_clear_errors(case):
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("case", ["dtype", "short", "device"])
+def test_bad_tile_plan_raises_clear_error(case):
+    """gt_fwd's dense_tiles argument: wrong dtype, too few ints or wrong device
+    raise errors that name it."""
+    ei, n = batch_graph(torch.Generator().manual_seed(3))
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    q, k, v = qkv(lay, 1, 64, torch.bfloat16)
+    args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
+    plan = tiles.tile_plan(lay, by_rule=False)
+    args[-1] = {"dtype": plan.long(), "short": plan[:8].clone(), "device": plan.cpu()}[case]
+    with pytest.raises(RuntimeError, match="dense_tiles"):
+        torch.ops.dfgnn.gt_fwd(*args)
+    torch.cuda.synchronize()
+
+
+def test_garbage_tile_plan_stays_in_bounds(monkeypatch):
+    """A plan that does not belong to the graph gives wrong numbers, but every
+    block reads only inside k, v and the plan: windows past the source rows and
+    mask offsets past the plan send blocks to the sparse units, so random plan
+    contents never fault (the plan is built by tiles.py; the op cannot check it
+    against the graph without a kernel)."""
+    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", "force")
+    ei, n = batch_graph(torch.Generator().manual_seed(4))
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    q, k, v = qkv(lay, 1, 128, torch.bfloat16)
+    args = list(ops.gt_op_args(lay, q, k, v, 1 / math.sqrt(128), need_grad=False))
+    plan = tiles.tile_plan(lay, by_rule=False)
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    for lo_hi in ((0, 2**31 - 1), (-5, n + 600), (0, n)):
+        bad = torch.randint(*lo_hi, plan.shape, device=DEV, dtype=torch.int32, generator=gen)
+        args[-1] = bad
+        out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
+        torch.cuda.synchronize()
+        assert out.shape == q.shape and lse.shape == (n, 1)
+    args[-1] = plan  # and the real plan still gives the right answer afterwards
+    out, _, _ = torch.ops.dfgnn.gt_fwd(*args)
+    ref = reference.dot_attention(lay.rowptr, lay.col, q.double(), k.double(), v.double(),
+                                  1 / math.sqrt(128), 0.0, training=False)[0]
+    assert rel_err(out, ref) < 1e-2
+
+
 def test_bad_shapes_raise_value_error():
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 32, torch.float32)
