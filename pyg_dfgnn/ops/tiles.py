@@ -62,17 +62,24 @@ def _to_int32_bits(x: Tensor) -> Tensor:
     return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
 
 
-def _popcount(x: Tensor) -> Tensor:
-    """Set bits of each int64 in ``[0, 2^62)`` (SWAR bit count)."""
-    x = x - ((x >> 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
-    return (x * 0x0101010101010101) >> 56 & 0xFF
+def _popcount32(x: Tensor) -> Tensor:
+    """Set bits of the 32 bits of each int32 (SWAR bit count, in int64)."""
+    x = x.long() & 0xFFFFFFFF
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24) & 0xFF
 
 
 def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
                     num_src: int) -> Optional[Tensor]:
     r"""The tile plan (module docstring) of a CSR graph.
+
+    Per-edge work is in int32 (a few tensors of ``E`` entries at a time; the
+    edges of blocks that cannot run dense go to a spare word, not through a
+    boolean selection): the build's peak extra memory on the H100 was 26 (PATTERN),
+    39 (MNIST) and 48 (COCO-SP) bytes per edge, against 91-109 with int64
+    (``benchmarks/results/ab/v16_plan_build_memory.json``).
 
     Args:
         rowptr (Tensor): ``[N_dst + 1]`` CSR row pointers.
@@ -83,59 +90,66 @@ def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
 
     Returns:
         ``int32`` tensor on ``col``'s device, or ``None`` when no block can run
-        dense (no edges, every window too wide or holding duplicate edges) or the
-        plan would not fit int32 offsets.
+        dense (no edges, every window too wide) or the plan or the graph would not
+        fit int32.
     """
     E = col.numel()
-    if E == 0 or num_dst == 0:
+    if E == 0 or num_dst == 0 or max(num_src, num_dst, E) > _INT32_MAX:
         return None
     dev = col.device
     n_blocks = (num_dst + TILE_ROWS - 1) // TILE_ROWS
-    col = col.long()
-    row = row.long()
-    blk = row // TILE_ROWS
-    lo = torch.full((n_blocks,), num_src, dtype=torch.long, device=dev)
-    lo = lo.scatter_reduce(0, blk, col, "amin")
-    hi = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)
-    hi = hi.scatter_reduce(0, blk, col, "amax")
+    col = col.int()
+    row = row.int()
+    blk_index = (row // TILE_ROWS).long()  # scatter_reduce takes int64 indices only
+    lo = torch.full((n_blocks,), num_src, dtype=torch.int32, device=dev)
+    lo = lo.scatter_reduce(0, blk_index, col, "amin")
+    hi = torch.full((n_blocks,), -1, dtype=torch.int32, device=dev)
+    hi = hi.scatter_reduce(0, blk_index, col, "amax")
+    del blk_index
     bounds = rowptr.long()[torch.arange(n_blocks + 1, device=dev).mul_(TILE_ROWS)
                            .clamp_(max=num_dst)]
     edges = bounds[1:] - bounds[:-1]
-    width = (hi - lo + 1).clamp_(min=0)
+    width = (hi.long() - lo.long() + 1).clamp_(min=0)
     ok = (edges > 0) & (width <= MAX_WIDTH)
     n_words = torch.where(ok, (width + CHUNK_KEYS - 1) // CHUNK_KEYS, 0) * TILE_ROWS
     offset = META_INTS * n_blocks + torch.cumsum(n_words, 0) - n_words
     total = META_INTS * n_blocks + int(n_words.sum())  # the one host synchronisation
-    if total > _INT32_MAX or not bool(ok.any()):
+    if total >= _INT32_MAX or not bool(ok.any()):
         return None
 
+    # Word of each edge (row, key - lo) in its block's masks; `total`: the spare
+    # word that takes the edges of blocks without a window.
+    blk = row // TILE_ROWS
     e_ok = ok[blk]
     key = col - lo[blk]
-    chunk = key // CHUNK_KEYS
-    r = row % TILE_ROWS
-    word = (offset[blk] + chunk * TILE_ROWS + r)[e_ok]
-    bit = torch.ones_like(key).bitwise_left_shift_(key % CHUNK_KEYS)[e_ok]
-    masks = torch.zeros(total, dtype=torch.long, device=dev).index_add_(0, word, bit)
-    # A duplicate (row, key) pair carries into another bit: its word then has
-    # fewer set bits than edges. Such blocks run sparse (their weights count twice).
-    count = torch.zeros(total, dtype=torch.long, device=dev).index_add_(
+    word = torch.where(e_ok, offset.int()[blk] + (key >> 5) * TILE_ROWS + (row & (TILE_ROWS - 1)),
+                       total)
+    bit = torch.ones_like(key).bitwise_left_shift_(key & (CHUNK_KEYS - 1))
+    masks = torch.zeros(total + 1, dtype=torch.int32, device=dev).index_add_(0, word, bit)
+    del bit
+    # A duplicate (row, key) pair carries into another bit (or out of the word):
+    # its word then has fewer set bits than edges. Such blocks run sparse.
+    count = torch.zeros(total + 1, dtype=torch.int32, device=dev).index_add_(
         0, word, torch.ones_like(word))
-    dup_word = _popcount(masks) != count
-    dup = torch.zeros(n_blocks, dtype=torch.long, device=dev).index_add_(
-        0, blk[e_ok], dup_word[word].long())
+    dup_word = _popcount32(masks) != count
+    dup_word[total] = False
+    del count
+    dup = torch.zeros(n_blocks, dtype=torch.int32, device=dev).index_add_(
+        0, blk, dup_word[word].int())
     ok &= dup == 0
 
-    # Chunk bits per (block, warp).
-    seen = torch.zeros(n_blocks * 4 * (MAX_WIDTH // CHUNK_KEYS), dtype=torch.long, device=dev)
-    slot = ((blk * 4 + r // 16) * (MAX_WIDTH // CHUNK_KEYS) + chunk)[e_ok]
+    # Chunk bits per (block, warp); the spare slot again for edges without a window.
+    n_cb = MAX_WIDTH // CHUNK_KEYS
+    slot = torch.where(e_ok, (blk * 4 + (row & (TILE_ROWS - 1)) // 16) * n_cb + (key >> 5),
+                       n_blocks * 4 * n_cb)
+    seen = torch.zeros(n_blocks * 4 * n_cb + 1, dtype=torch.long, device=dev)
     seen[slot] = 1
-    seen = seen.view(n_blocks, 4, MAX_WIDTH // CHUNK_KEYS)
-    bits = (seen << torch.arange(MAX_WIDTH // CHUNK_KEYS, device=dev)).sum(-1)  # [B, 4]
-    meta = torch.stack([torch.where(ok, lo, -1), width, edges, offset,
+    bits = (seen[:-1].view(n_blocks, 4, n_cb) << torch.arange(n_cb, device=dev)).sum(-1)
+    meta = torch.stack([torch.where(ok, lo.long(), -1), width, edges, offset,
                         _to_int32_bits(bits[:, 0] | bits[:, 1] << 16).long(),
                         _to_int32_bits(bits[:, 2] | bits[:, 3] << 16).long(),
-                        torch.zeros_like(lo), torch.zeros_like(lo)], 1).to(torch.int32)
-    masks = _to_int32_bits(masks)
+                        torch.zeros_like(width), torch.zeros_like(width)], 1).to(torch.int32)
+    masks = masks[:total]
     masks[:META_INTS * n_blocks] = meta.view(-1)
     return masks
 
