@@ -114,10 +114,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
   }
   if (dense_tiles.has_value()) {
     check_index(*dense_tiles, "dense_tiles", -1, q);
-    const int64_t n_blocks = (q.size(0) + 63) / 64;
-    TORCH_CHECK(dense_tiles->numel() >= 8 * n_blocks && dense_tiles->numel() < INT32_MAX,
-                "dfgnn::gt_fwd: dense_tiles must hold 8 ints per 64 destination rows (",
-                num(8 * n_blocks), ") and its masks, got ", num(dense_tiles->numel()));
+    const int64_t n_tiles = (q.size(0) + kTileRows - 1) / kTileRows;
+    TORCH_CHECK(dense_tiles->numel() >= kTileMetaInts * n_tiles &&
+                    dense_tiles->numel() < INT32_MAX,
+                "dfgnn::gt_fwd: dense_tiles must hold ", num(kTileMetaInts), " ints per ",
+                num(kTileRows), " destination rows (", num(kTileMetaInts * n_tiles),
+                ") and its masks, got ", num(dense_tiles->numel()));
     TORCH_CHECK(reinterpret_cast<uintptr_t>(dense_tiles->data_ptr()) % 16 == 0,
                 "dfgnn::gt_fwd: dense_tiles must be 16-byte aligned (a tensor of its own, "
                 "not a view at an offset)");

@@ -41,12 +41,11 @@
 namespace dfgnn {
 namespace {
 
-constexpr int kDenseRows = 64;       // destination rows per block (4 warps x 16)
+constexpr int kDenseRows = kTileRows;  // destination rows per block (4 warps x 16)
 constexpr int kDenseThreads = 128;
 constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v (two buffers)
 constexpr int kDenseMaxWidth = 512;  // widest key window run dense
 constexpr int kMaxChunks = kDenseMaxWidth / kDenseKeys;  // 16 chunk bits per warp in the plan
-constexpr int kMetaInts = 8;         // plan ints per block (pyg_dfgnn/ops/tiles.py)
 // Default for PYG_DFGNN_DENSE_TILES: a block runs dense while its window holds at
 // most this many (row, key) cells per edge (benchmarks/NOTES.md, v14). Which
 // graphs get a plan at all by default is the caller's rule (tiles.py, v16).
@@ -92,7 +91,7 @@ template <int NX> __device__ __forceinline__ int swizzle(int r, int x) {
 }
 
 // Rows [r0, r0 + 64) of n_rows, one head after the other, C channels per head.
-// `plan`: the layout's tile plan (pyg_dfgnn/ops/tiles.py), kMetaInts ints per
+// `plan`: the layout's tile plan (pyg_dfgnn/ops/tiles.py), kTileMetaInts ints per
 // block, then the blocks' edge masks; plan_len ints in all.
 template <typename T, int C>
 __global__ void __launch_bounds__(kDenseThreads, 3)
@@ -135,7 +134,7 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     }
   };
   load_q(0);
-  const int4* meta = reinterpret_cast<const int4*>(plan + (int64_t)kMetaInts * blockIdx.x);
+  const int4* meta = reinterpret_cast<const int4*>(plan + (int64_t)kTileMetaInts * blockIdx.x);
   const int4 meta0 = __ldg(meta), meta1 = __ldg(meta + 1);
   const int lo = meta0.x, width = meta0.y, n_edges = meta0.z, moff = meta0.w;
   const int n_chunks = (width + kDenseKeys - 1) / kDenseKeys;

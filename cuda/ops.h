@@ -127,6 +127,10 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     const at::Tensor& rowptr, const at::Tensor& col,
                     const c10::optional<at::Tensor>& dense_tiles, at::Tensor& out,
                     at::Tensor& lse2, double scale);
+// The tile plan's layout (pyg_dfgnn/ops/tiles.py): kTileRows destination rows per
+// tile, kTileMetaInts ints per tile before the edge masks.
+constexpr int kTileRows = 64;
+constexpr int kTileMetaInts = 8;
 // The same call over dense tiles (gt_forward_dense.cu), blocks of 64 rows whose
 // key window the layout's tile plan (`plan`, pyg_dfgnn/ops/tiles.py) has as
 // narrow and dense enough, the others on the sparse units; false (nothing

@@ -158,13 +158,15 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         attention and no row longer than a work item (the batch graphs), the SMMF
         forward runs on tensor cores (``cuda/gt_forward_mma.cu``); the softmax
         weights then enter the aggregation rounded to the input dtype, as in flash
-        attention. On graphs of at least 16 edges per destination row, blocks of 64
-        rows whose in-neighbours lie in a window of at most 512 consecutive source
-        rows, with at most 24 window cells per edge (the PATTERN / CLUSTER batches),
-        run the window as one dense tile masked by the edges
-        (``cuda/gt_forward_dense.cu``, v14 in ``benchmarks/NOTES.md``).
-        ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``, ``force`` or a
-        cells-per-edge bound) overrides that rule. The environment variable
+        attention. Blocks of 64 rows whose in-neighbours lie in a window of at most
+        512 consecutive source rows, with at most 24 window cells per edge and no
+        duplicate edge, run the window as one dense tile masked by the edges
+        (``cuda/gt_forward_dense.cu``), on graphs whose median block has at most
+        20 cells per edge (the PATTERN, CLUSTER and MNIST-like batches; v14, v16 in
+        ``benchmarks/NOTES.md``). The windows and edge masks (the tile plan,
+        :mod:`pyg_dfgnn.ops.tiles`) are built on the first such call and cached
+        on the layout. ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``,
+        ``force`` or a cells-per-edge bound) overrides that rule. The environment variable
         ``PYG_DFGNN_NO_MMA`` (read once per process) turns the tensor cores off,
         for comparisons. On graphs under 2^16 edges the
         backward runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch;
