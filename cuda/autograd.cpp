@@ -7,16 +7,23 @@
 // Python function through the engine. On the H100 machine's host that was most
 // of a Cora-sized layer's wall time (benchmarks/NOTES.md, "host overhead").
 // Here a call with grad costs one C++ Node; the backward never takes the GIL.
+// GT and GAT have a hand-written node (AttentionBackward), AGNN and its
+// normalisation a torch::autograd::Function.
 //
 // The forward and backward call the ops through the dispatcher below autograd,
 // so FakeTensor tracing (torch.compile, opcheck) sees dfgnn::*_bwd with their
 // register_fake implementations (pyg_dfgnn/ops/_custom.py).
+#include <ATen/FuncTorchTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <tuple>
+#include <type_traits>
 
 namespace dfgnn {
 namespace {
@@ -62,8 +69,8 @@ bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> in
   return false;
 }
 
-// The graph-layout arguments of a call (CSR and its work items, CSC and its
-// work items, work sizes), passed to Function::apply as one non-tensor argument
+// The graph-layout arguments of an AGNN call (CSR and its work items, CSC and
+// its work items, work sizes), passed to Function::apply as one non-tensor argument
 // next to the differentiable tensors. apply's host cost grows with its number
 // of tensor arguments (an input VariableInfo, an edge and a saved variable
 // each): with the nine layout tensors as arguments, building the node took
@@ -82,7 +89,6 @@ struct LayoutArgs {
   const OptTensor& col_combine;
   int64_t col_slots;
   int64_t chunk;
-  const OptTensor& tiles;  // gt_fwd's tile plan (forward only, not saved)
 };
 
 // What a node keeps of its layout, and the op's tensors that carry no gradient
@@ -146,70 +152,102 @@ constexpr char kGtFwd[] = "dfgnn::gt_fwd";
 constexpr char kGtBwd[] = "dfgnn::gt_bwd";
 constexpr char kGatFwd[] = "dfgnn::gat_fwd";
 constexpr char kGatBwd[] = "dfgnn::gat_bwd";
+constexpr char kGtNode[] = "dfgnn::GtAttentionBackward";
+constexpr char kGatNode[] = "dfgnn::GatAttentionBackward";
 
-// One attention op: outputs (out, lse2, attn); out is differentiable, the row
-// statistics and the attention weights are not. The backward needs the CSC
-// arguments (colptr ... col_combine), which a call without grad may omit.
-// Names: kFwd / kBwd are the op names, and the three feature tensors get
-// gradients at argument positions 0, 1, 2.
-template <const char* kFwd, const char* kBwd>
-struct FusedAttention : torch::autograd::Function<FusedAttention<kFwd, kBwd>> {
-  // The op's CUDA kernel, below autograd.
-  static Tensor3 call_below(const Tensor& a, const Tensor& b, const Tensor& c,
-                            const Tensor& rowptr, const Tensor& col, const Tensor& row_items,
-                            const Tensor& row_combine, int64_t row_slots,
-                            const OptTensor& csr_row, const OptTensor& colptr,
-                            const OptTensor& row, const OptTensor& perm,
-                            const OptTensor& col_items, const OptTensor& col_combine,
-                            int64_t col_slots, int64_t chunk, double param, double dropout,
-                            int64_t seed, bool pmf, bool need_attn, const OptTensor& tiles) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    if constexpr (kFwd == kGtFwd) {
-      static const auto op = find_op<GtFwdSig>(kFwd);
-      return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
-                     row, perm, col_items, col_combine, col_slots, chunk, param, dropout, seed,
-                     pmf, need_attn, tiles);
-    } else {
-      static const auto op = find_op<FwdSig>(kFwd);
-      return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
-                     row, perm, col_items, col_combine, col_slots, chunk, param, dropout, seed,
-                     pmf, need_attn);
-    }
+// The pointer autograd holds its nodes by: std::shared_ptr<Node> in the torch
+// the GPU machine runs (2.11), c10::intrusive_ptr<Node> in the one CI builds
+// against (2.14). Node::getptr() returns it in both.
+using torch::autograd::Node;
+using NodePtr = decltype(std::declval<Node&>().getptr());
+
+template <class N>
+auto make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    // deleteNode (found by ADL: N is a torch::autograd::Node) frees a long
+    // chain of nodes without recursion, as PyTorch's own nodes are freed.
+    return std::shared_ptr<N>(new N(), [](N* n) { deleteNode(n); });
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
+
+// The backward node of a GT or GAT call (dfgnn::gt_fwd / gat_fwd with grad): a
+// hand-written Node, as PyTorch's generated ones are, not a
+// torch::autograd::Function (which AGNN below still uses). A small graph's
+// call is host time (benchmarks/NOTES.md, v17), and Function's node paid for
+// generality on every call: a VariableInfo per input and output, the view /
+// dirty / non-differentiable bookkeeping of every output, a context map keyed
+// by strings, and a demangled type name on every backward. Here: the three
+// features and `out` as SavedVariables (version checks, saved-tensor hooks),
+// the rest as plain members, history on `out` only (lse2 and the attention
+// weights carry no gradient). Not supported, each with a clear error: compiled
+// autograd (no compiled_args; PyTorch's error names the node) and forward-mode
+// AD (checked in the forward).
+template <const char* kBwd, const char* kName>
+struct AttentionBackward final : Node {
+  torch::autograd::SavedVariable a_, b_, c_, out_;
+  Tensor lse2_;
+  Tensor rowptr_, col_, row_items_, row_combine_, colptr_, row_, perm_, col_items_, col_combine_;
+  int64_t row_slots_ = 0, col_slots_ = 0, chunk_ = 0, seed_ = 0;
+  double param_ = 0.0, dropout_ = 0.0;
+
+  std::string name() const override { return kName; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    a_.reset_data();
+    b_.reset_data();
+    c_.reset_data();
+    out_.reset_data();
+    lse2_.reset();
   }
 
-  static variable_list forward(AutogradContext* ctx, const Tensor& a, const Tensor& b,
-                               const Tensor& c, const LayoutArgs& L, const OptTensor& csr_row,
-                               double param, double dropout, int64_t seed, bool pmf,
-                               bool need_attn) {
-    auto [out, lse2, attn] =
-        call_below(a, b, c, L.rowptr, L.col, L.row_items, L.row_combine, L.row_slots, csr_row,
-                   L.colptr, L.row, L.perm, L.col_items, L.col_combine, L.col_slots, L.chunk,
-                   param, dropout, seed, pmf, need_attn, L.tiles);
-    ctx->save_for_backward({a, b, c, out});
-    save_layout(ctx, L, {lse2});
-    ctx->saved_data["param"] = param;
-    ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["seed"] = seed;
-    ctx->mark_non_differentiable({lse2, attn});
-    return {out, lse2, attn};
-  }
-
-  // One gradient per forward argument: a, b, c, then none for the other seven.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(10);
+  // Gradients of a, b, c (one kernel walk for all three).
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list res(3);
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
+    TORCH_CHECK(colptr_.defined(), kName, ": the forward was called without the CSC layout "
+                "(colptr, row, perm, col_items, col_combine), so it cannot be differentiated");
     static const auto op = find_op<BwdSig>(kBwd);
-    const auto s = ctx->get_saved_variables();
-    const SavedLayout L(ctx, kFwd);
-    const auto& d = ctx->saved_data;
-    std::tie(res[0], res[1], res[2]) =
-        L.backward(op, grads[0].contiguous(), s[0], s[1], s[2], s[3], L.extra(0),
-                   d.at("param").toDouble(), d.at("dropout").toDouble(), d.at("seed").toInt());
+    const Tensor a = a_.unpack(), b = b_.unpack(), c = c_.unpack(), out = out_.unpack(getptr());
+    std::tie(res[0], res[1], res[2]) = call_backward_op(
+        op, grads[0].contiguous(), a, b, c, out, lse2_, rowptr_, col_, row_items_, row_combine_,
+        row_slots_, colptr_, row_, perm_, col_items_, col_combine_, col_slots_, chunk_, param_,
+        dropout_, seed_);
     return res;
   }
 };
 
-template <typename F>
+// The op's CUDA kernel, below autograd; `kFwd` picks gt_fwd (with its tile plan)
+// or gat_fwd.
+template <const char* kFwd>
+Tensor3 attention_below(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& rowptr,
+                        const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
+                        int64_t row_slots, const OptTensor& csr_row, const OptTensor& colptr,
+                        const OptTensor& row, const OptTensor& perm, const OptTensor& col_items,
+                        const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
+                        double param, double dropout, int64_t seed, bool pmf, bool need_attn,
+                        const OptTensor& tiles) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  if constexpr (kFwd == kGtFwd) {
+    static const auto op = find_op<GtFwdSig>(kFwd);
+    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
+                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
+                   need_attn, tiles);
+  } else {
+    static const auto op = find_op<FwdSig>(kFwd);
+    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
+                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
+                   need_attn);
+  }
+}
+
+// The Autograd kernel of gt_fwd / gat_fwd: outputs (out, lse2, attn); out is
+// differentiable in the three feature tensors (argument positions 0, 1, 2), the
+// row statistics and the attention weights are not.
+template <const char* kFwd, const char* kBwd, const char* kName>
 Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const Tensor& rowptr, const Tensor& col, const Tensor& row_items,
                            const Tensor& row_combine, int64_t row_slots, const OptTensor& csr_row,
@@ -217,19 +255,45 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
                            const OptTensor& col_items, const OptTensor& col_combine,
                            int64_t col_slots, int64_t chunk, double param, double dropout,
                            int64_t seed, bool pmf, bool need_attn, const OptTensor& tiles) {
-  if (!records_grad({a, b, c})) {
-    return F::call_below(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr,
-                         row, perm, col_items, col_combine, col_slots, chunk, param, dropout,
-                         seed, pmf, need_attn, tiles);
-  }
-  const LayoutArgs L{rowptr,    col,         row_items, row_combine, row_slots, colptr,
-                     row,       perm,        col_items, col_combine, col_slots, chunk, tiles};
-  auto o = F::apply(a, b, c, L, csr_row, param, dropout, seed, pmf, need_attn);
-  return {o[0], o[1], o[2]};
+  auto forward = [&] {
+    return attention_below<kFwd>(a, b, c, rowptr, col, row_items, row_combine, row_slots,
+                                 csr_row, colptr, row, perm, col_items, col_combine, col_slots,
+                                 chunk, param, dropout, seed, pmf, need_attn, tiles);
+  };
+  // Before the no-node shortcut: a dual tensor need not require a gradient, and
+  // its tangent would be dropped silently.
+  for (const Tensor* t : {&a, &b, &c})
+    TORCH_CHECK(!t->_fw_grad(/*level=*/0).defined(), kFwd,
+                ": forward-mode AD (dual tensors) is not supported");
+  if (!records_grad({a, b, c})) return forward();
+  if (const auto& functorch = at::functorch::functorchTLSAccessor())
+    functorch->checkSupportsCppAutogradFunction();  // functorch transforms: not supported
+  auto node = make_node<AttentionBackward<kBwd, kName>>();
+  node->set_next_edges(torch::autograd::collect_next_edges(a, b, c));
+  auto [out, lse2, attn] = forward();
+  torch::autograd::set_history(out, NodePtr(node));
+  node->a_ = torch::autograd::SavedVariable(a, /*is_output=*/false);
+  node->b_ = torch::autograd::SavedVariable(b, /*is_output=*/false);
+  node->c_ = torch::autograd::SavedVariable(c, /*is_output=*/false);
+  node->out_ = torch::autograd::SavedVariable(out, /*is_output=*/true);
+  node->lse2_ = lse2;
+  node->rowptr_ = rowptr;
+  node->col_ = col;
+  node->row_items_ = row_items;
+  node->row_combine_ = row_combine;
+  node->row_slots_ = row_slots;
+  node->colptr_ = value_or_undefined(colptr);
+  node->row_ = value_or_undefined(row);
+  node->perm_ = value_or_undefined(perm);
+  node->col_items_ = value_or_undefined(col_items);
+  node->col_combine_ = value_or_undefined(col_combine);
+  node->col_slots_ = col_slots;
+  node->chunk_ = chunk;
+  node->param_ = param;
+  node->dropout_ = dropout;
+  node->seed_ = seed;
+  return {out, lse2, attn};
 }
-
-using GtAttention = FusedAttention<kGtFwd, kGtBwd>;
-using GatAttention = FusedAttention<kGatFwd, kGatBwd>;
 
 // gat_fwd's schema has no tile plan.
 Tensor3 gat_autograd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& rowptr,
@@ -238,10 +302,10 @@ Tensor3 gat_autograd(const Tensor& a, const Tensor& b, const Tensor& c, const Te
                      const OptTensor& row, const OptTensor& perm, const OptTensor& col_items,
                      const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
                      double param, double dropout, int64_t seed, bool pmf, bool need_attn) {
-  return attention_autograd<GatAttention>(a, b, c, rowptr, col, row_items, row_combine,
-                                          row_slots, csr_row, colptr, row, perm, col_items,
-                                          col_combine, col_slots, chunk, param, dropout, seed,
-                                          pmf, need_attn, c10::nullopt);
+  return attention_autograd<kGatFwd, kGatBwd, kGatNode>(
+      a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row, perm,
+      col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf, need_attn,
+      c10::nullopt);
 }
 
 // AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
@@ -377,9 +441,8 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
     at::AutoDispatchBelowADInplaceOrView below;
     return agnn_composite(DFGNN_AGNN_ARGS);
   }
-  const OptTensor no_tiles;
-  const LayoutArgs L{rowptr,    col,  row_items, row_combine, row_slots, colptr,   row,
-                     perm,      col_items, col_combine, col_slots, chunk, no_tiles};
+  const LayoutArgs L{rowptr, col,       row_items,   row_combine, row_slots, colptr,
+                     row,    perm,      col_items,   col_combine, col_slots, chunk};
   auto o = AGNNAttention::apply(x, beta, eps, L, need_attn);
   return {o[0], o[1]};
 }
@@ -390,7 +453,7 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dfgnn, Autograd, m) {
-  m.impl("gt_fwd", &attention_autograd<GtAttention>);
+  m.impl("gt_fwd", &attention_autograd<kGtFwd, kGtBwd, kGtNode>);
   m.impl("gat_fwd", &gat_autograd);
   m.impl("l2norm_fwd", &l2norm_autograd);
   m.impl("agnn_fwd", &agnn_autograd);

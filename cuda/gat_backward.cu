@@ -163,12 +163,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& perm, const Work& cw, int64_t chunk, double negative_slope, double dropout,
     int64_t seed) {
   const int64_t N_dst = a_dst.size(0), N_src = x.size(0), H = x.size(1), C = x.size(2);
+  // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows, small ones
+  // in dx's allocation (ops.h, Scratch).
+  Scratch scratch({N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
+  auto dx = scratch.empty_with(x.sizes(), x.options());
   auto f32 = x.options().dtype(at::kFloat);
   auto da_dst = at::empty({N_dst, H}, f32);
   auto da_src = at::empty({N_src, H}, f32);
-  auto dx = at::empty_like(x);
-  // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows.
-  const Scratch scratch(x, {N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);

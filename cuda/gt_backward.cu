@@ -252,12 +252,15 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
 }
 
 // Graphs of fewer edges than this run the backward in one launch
-// (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1):
-// backward GPU time on Cora 22.2 -> 15.3 us, fp32 and bf16 alike; on PubMed (89K
-// edges), whose walks each fill the GPU, 71.9 -> 78.3 us. PYG_DFGNN_BWD_TWO_LAUNCHES
-// in the environment turns it off, for comparisons and tests (read on each call:
-// a scan of the environment, well under a microsecond).
-constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 16;
+// (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1,
+// v17): backward GPU time on Cora 22.2 -> 15.3 us, fp32 and bf16 alike; on PubMed
+// (89K edges), whose walks each fill the GPU, 71.9 -> 78.3 us, but PubMed's
+// fwd+bwd step is host-bound there and one launch fewer won in the end-to-end
+// A/B (fused fwd+bwd 0.100-0.180 ms two launches, 0.108-0.142 one), hence 2^17
+// since v17. PYG_DFGNN_BWD_TWO_LAUNCHES in the environment turns it off, for
+// comparisons and tests (read on each call: a scan of the environment, well
+// under a microsecond).
+constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 17;
 bool use_one_launch_backward(int64_t n_edges) {
   return n_edges < kOneLaunchBackwardMaxEdges &&
          std::getenv("PYG_DFGNN_BWD_TWO_LAUNCHES") == nullptr;
@@ -271,12 +274,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
   const int64_t N_dst = q.size(0), H = q.size(1), C = q.size(2);
-  auto dq = at::empty_like(q);
+  // D = rowsum(P * dP) [N_dst, H] and the split rows' partial dQ, dK, dV rows,
+  // small ones in dQ's allocation (ops.h, Scratch).
+  Scratch scratch({N_dst * H, rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C});
+  auto dq = scratch.empty_with(q.sizes(), q.options());
   auto dk = at::empty_like(k);
   auto dv = at::empty_like(v);
-  // D = rowsum(P * dP) [N_dst, H] and the split rows' partial dQ, dK, dV rows.
-  const Scratch scratch(q, {N_dst * H, rw.num_slots * H * C, cw.num_slots * H * C,
-                            cw.num_slots * H * C});
   float *dsum = scratch[0], *part_q = scratch[1], *part_k = scratch[2], *part_v = scratch[3];
   const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const bool drop = p > 0.f;

@@ -32,32 +32,33 @@ void merge_softmax_partials(const float* partial, const float* partial_ml, int64
 void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
                           const at::Tensor& lse2, at::Tensor& attn);
 
-// The float32 scratch of one call (split-row partials, row sums, PMF scores) in
-// one allocation, carved into regions of the given numbers of floats; an empty
-// region is nullptr. Each at::empty costs a few µs of host time and a small
-// graph's call is host-bound: a GT backward used to allocate D and three
-// partial buffers separately (benchmarks/NOTES.md, v11). Regions start on 256-byte
-// boundaries (the kernels store 16-byte vectors).
+// The float32 scratch of one call (split-row partials, row sums, PMF scores):
+// regions of the given numbers of floats, an empty region nullptr, each on a
+// 256-byte boundary (the kernels store 16-byte vectors). Each at::empty costs a
+// few µs of host time on the GPU machine's host and a small graph's call is
+// host-bound (benchmarks/NOTES.md, v11, v17), so small scratch (at most
+// kSharedBytes) shares the allocation of one of the call's outputs, after its
+// elements; larger scratch (a super-node graph's partial rows, PMF scores) gets
+// one of its own, freed when the call returns. The outputs themselves keep
+// storages of their own: the ops' schemas promise outputs that do not alias one
+// another (torch.library.opcheck checks it).
 class Scratch {
  public:
-  Scratch(const at::Tensor& like, std::initializer_list<int64_t> floats) {
-    TORCH_INTERNAL_ASSERT(floats.size() <= kMaxRegions);
-    int64_t total = 0;
-    size_t i = 0;
-    for (int64_t n : floats) {
-      offset_[i++] = n > 0 ? total : -1;
-      total += n > 0 ? (n + 63) / 64 * 64 : 0;
-    }
-    if (total > 0) base_ = at::empty({total}, like.options().dtype(at::kFloat));
-  }
-  float* operator[](size_t i) const {
-    return offset_[i] < 0 ? nullptr : base_.data_ptr<float>() + offset_[i];
-  }
+  static constexpr int64_t kSharedBytes = int64_t(1) << 20;
+  explicit Scratch(std::initializer_list<int64_t> floats);
+  // An uninitialised contiguous tensor of `sizes` and `opts` (the call's output,
+  // at storage offset 0) and, in the same allocation or one of their own, the
+  // scratch regions.
+  at::Tensor empty_with(at::IntArrayRef sizes, const at::TensorOptions& opts);
+  float* operator[](size_t i) const { return ptr_[i]; }
 
  private:
+  void place(float* base);
   static constexpr size_t kMaxRegions = 4;
-  at::Tensor base_;
-  int64_t offset_[kMaxRegions] = {-1, -1, -1, -1};
+  int64_t offset_[kMaxRegions] = {-1, -1, -1, -1};  // floats from the scratch's start
+  int64_t floats_ = 0;
+  at::Tensor own_;
+  float* ptr_[kMaxRegions] = {nullptr, nullptr, nullptr, nullptr};
 };
 
 // Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.ops.schedule.split_work):
@@ -97,7 +98,7 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
 // base-2 scores [E, H].
 struct ForwardCall {
   bool pmf, need_attn;
-  at::Tensor out, lse2, attn;
+  at::Tensor out, lse2, attn;  // lse2 holds small scratch after its elements
   Scratch scratch;
   int* counters = nullptr;
   ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,

@@ -107,12 +107,13 @@ ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, co
     : pmf(pmf_),
       need_attn(need_attn_),
       out(at::empty({n_dst, x.size(1), x.size(2)}, x.options())),
-      lse2(at::empty({n_dst, x.size(1)}, x.options().dtype(at::kFloat))),
-      attn(need_attn_ ? at::empty({n_edges, x.size(1)}, x.options().dtype(at::kFloat))
-                      : at::empty({0}, x.options().dtype(at::kFloat))),
-      scratch(x, {rw.num_slots * x.size(1) * x.size(2), pmf_ ? 0 : rw.num_slots * x.size(1) * 2,
-                  pmf_ ? n_edges * x.size(1) : 0}) {
-  if (!pmf) counters = split_row_counters(rw.num_slots * x.size(1));
+      scratch({rw.num_slots * x.size(1) * x.size(2), pmf_ ? 0 : rw.num_slots * x.size(1) * 2,
+               pmf_ ? n_edges * x.size(1) : 0}) {
+  const int64_t H = x.size(1);
+  lse2 = scratch.empty_with({n_dst, H}, x.options().dtype(at::kFloat));
+  attn = need_attn ? at::empty({n_edges, H}, x.options().dtype(at::kFloat))
+                   : at::empty({0}, x.options().dtype(at::kFloat));
+  if (!pmf) counters = split_row_counters(rw.num_slots * H);
 }
 
 void ForwardCall::finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,

@@ -72,6 +72,11 @@ class GraphLayout:
         self.max_in_degree = int(max_in_degree)
         self.mean_in_degree = self.num_edges / max(self.num_dst, 1)
         self.self_loops = self_loops
+        # The fused ops' per-call check compares this with the features' device
+        # (cheaper than col.device); a mismatch falls back to the full check
+        # against `device`, so a stale copy (say, after unpickling elsewhere) only
+        # costs time.
+        self._device = col.device
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
         self._cache: dict = {}  # derived data the kernels reuse (row of each CSR edge, splits)
 

@@ -32,8 +32,8 @@ def _leaf(*shape):
     return torch.empty(*shape, device="meta", requires_grad=True)
 
 
-@pytest.mark.parametrize("op", ["gt", "gat"])
-def test_attention_backward_wiring(op):
+def _attention_call(op):
+    """A gt_fwd / gat_fwd call on meta leaves: (leaves, out, lse, attn)."""
     lay = _layout()
     if op == "gt":
         args = _meta(ops.gt_op_args(lay, *(torch.randn(N, H, C) for _ in range(3)), 0.3))
@@ -45,7 +45,12 @@ def test_attention_backward_wiring(op):
         leaves = [_leaf(N, H), _leaf(N, H), _leaf(N, H, C)]
         fn = torch.ops.dfgnn.gat_fwd.default
     args[:3] = leaves
-    out, lse, attn = fn(*args)
+    return (leaves, *fn(*args))
+
+
+@pytest.mark.parametrize("op", ["gt", "gat"])
+def test_attention_backward_wiring(op):
+    leaves, out, lse, attn = _attention_call(op)
     assert out.requires_grad and out.grad_fn is not None
     assert not lse.requires_grad and not attn.requires_grad  # row statistics, weights
     out.sum().backward()
@@ -125,3 +130,65 @@ def test_agnn_backward_wiring():
     assert attn.shape == (lay.num_edges, H)
     out.sum().backward()
     assert x.grad.shape == x.shape and beta.grad.shape == beta.shape
+
+
+@pytest.mark.parametrize("op,name", [("gt", "dfgnn::GtAttentionBackward"),
+                                     ("gat", "dfgnn::GatAttentionBackward")])
+def test_attention_node_name_and_edges(op, name):
+    # The hand-written node (cuda/autograd.cpp, AttentionBackward): its name, and
+    # one next edge per feature tensor, to that leaf's gradient accumulator.
+    leaves, out, _, _ = _attention_call(op)
+    assert out.grad_fn.name() == name
+    nexts = [f for f, _ in out.grad_fn.next_functions]
+    assert len(nexts) == 3 and all(type(f).__name__ == "AccumulateGrad" for f in nexts)
+    assert [f.variable is leaf for f, leaf in zip(nexts, leaves)] == [True] * 3
+
+
+@pytest.mark.parametrize("op", ["gt", "gat"])
+def test_attention_backward_twice(op):
+    # retain_graph keeps the saved tensors for a second backward; without it the
+    # node frees them and a second backward raises PyTorch's usual error.
+    leaves, out, _, _ = _attention_call(op)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()
+    assert all(leaf.grad is not None for leaf in leaves)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+
+
+def test_attention_input_modified_in_place_raises():
+    leaves, out, _, _ = _attention_call("gt")
+    with torch.no_grad():
+        leaves[1].mul_(2.0)  # k changed after the forward saved it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_attention_saved_tensor_hooks_see_features_and_out():
+    # q, k, v and out are saved as SavedVariables, so saved-tensor hooks (activation
+    # offloading, non-reentrant checkpointing) see them; the layout is not saved that way.
+    packed, unpacked = [], []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    def unpack(t):
+        unpacked.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        _, out, _, _ = _attention_call("gt")
+    assert packed == [(N, H, C)] * 4
+    out.sum().backward()
+    assert unpacked == [(N, H, C)] * 4
+
+
+def test_attention_forward_ad_raises_clearly():
+    import torch.autograd.forward_ad as fwAD
+    lay = _layout()
+    args = _meta(ops.gt_op_args(lay, *(torch.randn(N, H, C) for _ in range(3)), 0.3))
+    with fwAD.dual_level():
+        args[0] = fwAD.make_dual(args[0], torch.empty_like(args[0]))
+        with pytest.raises(RuntimeError, match="forward-mode AD"):
+            torch.ops.dfgnn.gt_fwd.default(*args)

@@ -32,11 +32,13 @@ OpResult = Union[Tensor, Tuple[Tensor, Tensor]]
 
 
 def _check_features(layout, q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
-    qs, ks = q.shape, k.shape
-    if (len(qs) == 3 and ks == v.shape and qs[1:] == ks[1:] and qs[0] == layout.num_dst
-            and ks[0] == layout.num_src and q.dtype == k.dtype == v.dtype
-            and q.device == layout.device):
-        return  # the common case, in one expression: this runs on every call's host path
+    qs = q.shape
+    if (len(qs) == 3 and qs[0] == layout.num_dst
+            and k.shape == v.shape == (layout.num_src, qs[1], qs[2])
+            and q.dtype == k.dtype == v.dtype and q.device == layout._device):
+        # The common case, in one expression: this runs on every call's host path
+        # (no torch.Size slices, the layout's device cached: v17).
+        return
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"{who}: q, k, v must be [N, H, C], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -168,7 +170,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         on the layout. ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``,
         ``force`` or a cells-per-edge bound) overrides that rule. The environment variable
         ``PYG_DFGNN_NO_MMA`` (read once per process) turns the tensor cores off,
-        for comparisons. On graphs under 2^16 edges the
+        for comparisons. On graphs under 2^17 edges the
         backward runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch;
         ``PYG_DFGNN_BWD_TWO_LAUNCHES`` (read on each call) forces two.
     """
