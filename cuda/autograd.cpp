@@ -69,9 +69,9 @@ bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> in
   return false;
 }
 
-// The graph-layout arguments of an AGNN call (CSR and its work items, CSC and
-// its work items, work sizes), passed to Function::apply as one non-tensor argument
-// next to the differentiable tensors. apply's host cost grows with its number
+// The graph-layout arguments of a call (CSR and its work items, CSC and its
+// work items, work sizes). AGNN passes them to Function::apply as one non-tensor
+// argument next to the differentiable tensors. apply's host cost grows with its number
 // of tensor arguments (an input VariableInfo, an edge and a saved variable
 // each): with the nine layout tensors as arguments, building the node took
 // about half of a Cora-sized forward's host time (benchmarks/NOTES.md, v13).
@@ -122,29 +122,57 @@ auto call_backward_op(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
   return op.call(std::forward<Args>(args)...);
 }
 
-// The saved layout (save_layout) of a node, for its backward.
-struct SavedLayout {
-  std::vector<Tensor> t;  // the layout's nine tensors, then `extra`
-  int64_t row_slots, col_slots, chunk;
-  SavedLayout(const AutogradContext* ctx, const char* op) {
-    const auto& d = ctx->saved_data;
-    t = d.at("layout").toTensorVector();
-    const auto sizes = d.at("sizes").toIntVector();
-    row_slots = sizes[0];
-    col_slots = sizes[1];
-    chunk = sizes[2];
-    for (int i = 4; i < kSavedLayout; ++i)
-      TORCH_CHECK(t[i].defined(), op, " was called without the CSC layout (colptr, row, perm, "
-                  "col_items, col_combine), so it cannot be differentiated");
+// What a backward node keeps of its call's layout (LayoutArgs by value); the
+// CSC entries are undefined when the call did not pass them.
+struct StoredLayout {
+  Tensor rowptr, col, row_items, row_combine, colptr, row, perm, col_items, col_combine;
+  int64_t row_slots = 0, col_slots = 0, chunk = 0;
+
+  StoredLayout() = default;
+  explicit StoredLayout(const LayoutArgs& L)
+      : rowptr(L.rowptr), col(L.col), row_items(L.row_items), row_combine(L.row_combine),
+        colptr(value_or_undefined(L.colptr)), row(value_or_undefined(L.row)),
+        perm(value_or_undefined(L.perm)), col_items(value_or_undefined(L.col_items)),
+        col_combine(value_or_undefined(L.col_combine)), row_slots(L.row_slots),
+        col_slots(L.col_slots), chunk(L.chunk) {}
+
+  // A backward op of signature BwdSig (gt_bwd, gat_bwd) on this layout; `who`
+  // names the node in the error of a forward that had no CSC.
+  Tensor3 backward(const char* who, const c10::TypedOperatorHandle<BwdSig>& op,
+                   const Tensor& grad, const Tensor& a, const Tensor& b, const Tensor& c,
+                   const Tensor& out, const Tensor& lse2, double param, double dropout,
+                   int64_t seed) const {
+    TORCH_CHECK(colptr.defined() && row.defined() && perm.defined() && col_items.defined() &&
+                    col_combine.defined(),
+                who, ": the forward was called without the CSC layout (colptr, row, perm, "
+                "col_items, col_combine), so it cannot be differentiated");
+    return call_backward_op(op, grad, a, b, c, out, lse2, rowptr, col, row_items, row_combine,
+                            row_slots, colptr, row, perm, col_items, col_combine, col_slots,
+                            chunk, param, dropout, seed);
   }
-  const Tensor& extra(int i) const { return t[kSavedLayout + i]; }
-  // A backward op of signature BwdSig (gt_bwd, gat_bwd) on this layout.
-  Tensor3 backward(const c10::TypedOperatorHandle<BwdSig>& op, const Tensor& grad, const Tensor& a, const Tensor& b,
-                   const Tensor& c, const Tensor& out, const Tensor& lse2, double param,
-                   double dropout, int64_t seed) const {
-    return call_backward_op(op, grad, a, b, c, out, lse2, t[0], t[1], t[2], t[3], row_slots,
-                            t[4], t[5], t[6], t[7], t[8], col_slots, chunk, param, dropout,
-                            seed);
+};
+
+// The layout and `extra` tensors an AGNN context saved (save_layout).
+struct SavedLayout {
+  StoredLayout layout;
+  std::vector<Tensor> extra;
+  explicit SavedLayout(const AutogradContext* ctx) {
+    const auto& d = ctx->saved_data;
+    const auto t = d.at("layout").toTensorVector();
+    const auto sizes = d.at("sizes").toIntVector();
+    layout.rowptr = t[0];
+    layout.col = t[1];
+    layout.row_items = t[2];
+    layout.row_combine = t[3];
+    layout.colptr = t[4];
+    layout.row = t[5];
+    layout.perm = t[6];
+    layout.col_items = t[7];
+    layout.col_combine = t[8];
+    layout.row_slots = sizes[0];
+    layout.col_slots = sizes[1];
+    layout.chunk = sizes[2];
+    extra.assign(t.begin() + kSavedLayout, t.end());
   }
 };
 
@@ -188,9 +216,9 @@ template <const char* kBwd, const char* kName>
 struct AttentionBackward final : Node {
   torch::autograd::SavedVariable a_, b_, c_, out_;
   Tensor lse2_;
-  Tensor rowptr_, col_, row_items_, row_combine_, colptr_, row_, perm_, col_items_, col_combine_;
-  int64_t row_slots_ = 0, col_slots_ = 0, chunk_ = 0, seed_ = 0;
+  StoredLayout layout_;
   double param_ = 0.0, dropout_ = 0.0;
+  int64_t seed_ = 0;
 
   std::string name() const override { return kName; }
 
@@ -208,14 +236,10 @@ struct AttentionBackward final : Node {
     std::lock_guard<std::mutex> lock(mutex_);
     variable_list res(3);
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
-    TORCH_CHECK(colptr_.defined(), kName, ": the forward was called without the CSC layout "
-                "(colptr, row, perm, col_items, col_combine), so it cannot be differentiated");
     static const auto op = find_op<BwdSig>(kBwd);
     const Tensor a = a_.unpack(), b = b_.unpack(), c = c_.unpack(), out = out_.unpack(getptr());
-    std::tie(res[0], res[1], res[2]) = call_backward_op(
-        op, grads[0].contiguous(), a, b, c, out, lse2_, rowptr_, col_, row_items_, row_combine_,
-        row_slots_, colptr_, row_, perm_, col_items_, col_combine_, col_slots_, chunk_, param_,
-        dropout_, seed_);
+    std::tie(res[0], res[1], res[2]) = layout_.backward(
+        kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_);
     return res;
   }
 };
@@ -277,18 +301,8 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
   node->c_ = torch::autograd::SavedVariable(c, /*is_output=*/false);
   node->out_ = torch::autograd::SavedVariable(out, /*is_output=*/true);
   node->lse2_ = lse2;
-  node->rowptr_ = rowptr;
-  node->col_ = col;
-  node->row_items_ = row_items;
-  node->row_combine_ = row_combine;
-  node->row_slots_ = row_slots;
-  node->colptr_ = value_or_undefined(colptr);
-  node->row_ = value_or_undefined(row);
-  node->perm_ = value_or_undefined(perm);
-  node->col_items_ = value_or_undefined(col_items);
-  node->col_combine_ = value_or_undefined(col_combine);
-  node->col_slots_ = col_slots;
-  node->chunk_ = chunk;
+  node->layout_ = StoredLayout(LayoutArgs{rowptr, col, row_items, row_combine, row_slots, colptr,
+                                          row, perm, col_items, col_combine, col_slots, chunk});
   node->param_ = param;
   node->dropout_ = dropout;
   node->seed_ = seed;
@@ -422,14 +436,14 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
     static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
     const auto s = ctx->get_saved_variables();  // x, beta, out
-    const SavedLayout L(ctx, "dfgnn::agnn_fwd");
-    Tensor k = L.extra(0), q = L.extra(1);
+    const SavedLayout L(ctx);
+    Tensor k = L.extra[0], q = L.extra[1];
     if (!k.defined())  // the fp32 forward (cos_fwd) did not build k and q
       std::tie(k, q, std::ignore) = call_backward_op(l2, s[0], s[1],
                                                      ctx->saved_data.at("eps").toDouble());
-    auto [dq, dk, dv] =
-        L.backward(gt_bwd, grads[0].contiguous(), q, k, s[0], s[2], L.extra(3), 1.0, 0.0, 0);
-    auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, L.extra(2), s[1]);
+    auto [dq, dk, dv] = L.layout.backward("dfgnn::agnn_fwd", gt_bwd, grads[0].contiguous(), q,
+                                          k, s[0], s[2], L.extra[3], 1.0, 0.0, 0);
+    auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, L.extra[2], s[1]);
     res[0] = dxn.add(dv);
     res[1] = dbeta_part.sum().reshape(s[1].sizes());
     return res;
