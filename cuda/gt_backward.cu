@@ -7,14 +7,17 @@
 //
 //   dq kernel (CSR, node-parallel over dst): SDDMM (q.k and dO.v), softmax
 //     backward and the SpMM dQ_i = scale * sum_j dS_ij k_j fused in one pass;
-//     it also writes D for the second kernel.
+//     it also writes each edge's (P'_ij, dS_ij), 8 bytes per edge and head
+//     (O(E H), freed when the backward returns).
 //   dkv kernel (CSC, node-parallel over src): dV_j = sum_i P'_ij dO_i and
-//     dK_j = scale * sum_i dS_ij q_i, walking each source's out-edges through
-//     the cached CSC permutation.
+//     dK_j = scale * sum_i dS_ij q_i, an SpMM with those two weights per edge,
+//     read through the cached CSC permutation (v18: 36 -> 26 us on PubMed
+//     against recomputing the weights from q_i, dO_i and D_i).
 // Each output row is owned by one lane group: no atomics, deterministic. On small
-// graphs both walks run in one launch and the dkv groups compute the D_i they
-// need themselves (gt_bwd_one_launch_kernel).
+// graphs both walks run in one launch and the dkv groups recompute the weights,
+// each with the D_i it needs (gt_bwd_one_launch_kernel).
 #include <cstdlib>
+#include <string>
 
 #include "common.cuh"
 #include "ops.h"
@@ -23,15 +26,17 @@ namespace dfgnn {
 namespace {
 
 
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+// SAVE: also writes each edge's (P'_ij, dS_ij) to pds [E, H] (CSR order) for the
+// two-launch dkv kernel.
+template <typename T, int VEC, int G, int NV, bool DROPOUT, bool SAVE>
 __device__ __forceinline__ void gt_bwd_dq(
           const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
           const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
           const int* __restrict__ rowptr, const int* __restrict__ col,
           const int* __restrict__ items, int chunk, T* __restrict__ dq,
-          float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H, int C,
-          float scale, float scale2, float p, uint64_t seed, int* __restrict__ counters,
-          unsigned block) {
+          float* __restrict__ partial, float2* __restrict__ pds, int64_t n_units, int H,
+          int C, float scale, float scale2, float p, uint64_t seed,
+          int* __restrict__ counters, unsigned block) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -49,7 +54,6 @@ __device__ __forceinline__ void gt_bwd_dq(
   load_row<T, VEC, G, NV>(out + off_i, gl, nvec, acc);  // acc holds O_i for a moment
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
   const float D = group_sum<G>(dot_frag(gf, acc), mask);  // each item recomputes it (cheap)
-  if (gl == 0 && beg == g.row_beg) dsum[i * H + h] = D;
   zero_frag(acc);
   const float L = lse2[i * H + h];
 
@@ -69,14 +73,28 @@ __device__ __forceinline__ void gt_bwd_dq(
       dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
+    // SAVE: lane u of the group keeps edge e0 + u's pair and stores it after the
+    // loop (one address, one store per step: the per-edge stores inside the loop
+    // cost 12 registers, a sixth of the fp32 kernel's resident warps).
+    [[maybe_unused]] float2 mine = make_float2(0.f, 0.f);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || j[u] >= 0) {
         const float pe = exp2f(s[u] - L);
         float z = 1.f;
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
-        axpy_packed<T, VEC, NV>(pe * (z * dp[u] - D), kf[u], acc);
+        const float ds = pe * (z * dp[u] - D);
+        if constexpr (SAVE) {
+          if (gl == (u & (G - 1))) mine = make_float2(pe * z, ds);
+          if constexpr (G < U) {  // a lane owns several edges of the step
+            if (gl == (u & (G - 1))) pds[(int64_t)(e0 + u) * H + h] = mine;
+          }
+        }
+        axpy_packed<T, VEC, NV>(ds, kf[u], acc);
       }
+    }
+    if constexpr (SAVE && G >= U) {
+      if (gl < U && (FULL || e0 + gl < end)) pds[(int64_t)(e0 + gl) * H + h] = mine;
     }
   });
   if (slot < 0) {
@@ -92,14 +110,14 @@ __device__ __forceinline__ void gt_bwd_dq(
   }
 }
 
-// OWN_D: D_i = dO_i . O_i computed here per edge from a gathered O_i row instead
-// of read from dsum, so the kernel does not wait for the dq kernel (the
-// small-graph backward runs both in one launch).
-template <typename T, int VEC, int G, int NV, bool DROPOUT, bool OWN_D>
-__device__ __forceinline__ void gt_bwd_dkv(
+// The one-launch backward's CSC walk, which cannot wait for the dq walk: each
+// edge's weights recomputed from q_i, dO_i, lse2_i and D_i = dO_i . O_i (from a
+// gathered O_i row).
+template <typename T, int VEC, int G, int NV, bool DROPOUT>
+__device__ __forceinline__ void gt_bwd_dkv_recompute(
            const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
-           const float* __restrict__ dsum, const int* __restrict__ colptr,
+           const int* __restrict__ colptr,
            const int* __restrict__ row, const int* __restrict__ perm,
            const int* __restrict__ items, int chunk, T* __restrict__ dk, T* __restrict__ dv,
            float* __restrict__ partial_dk, float* __restrict__ partial_dv, int64_t n_units,
@@ -133,32 +151,25 @@ __device__ __forceinline__ void gt_bwd_dkv(
     float* dp = sd + U;
     load_edge_rows<T, VEC, G, NV, U, kIndexAhead<T>, FULL>(nb, e0, q, dout, HC, (int64_t)h * C,
                                                            gl, nvec, i, qf, gf);
-    [[maybe_unused]] P of[OWN_D ? U : 1][NV];
-    if constexpr (OWN_D) {
+    P of[U][NV];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (FULL || i[u] >= 0)
-          load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec,
-                                     of[u]);
-    }
+    for (int u = 0; u < U; ++u)
+      if (FULL || i[u] >= 0)
+        load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec, of[u]);
     // The destination's row statistics are gathers too: issue them with the row
     // loads, not after the reductions (one more dependent L2 trip per step).
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (FULL || i[u] >= 0) {
-        lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
-        if constexpr (!OWN_D) d_i[u] = __ldg(dsum + (int64_t)i[u] * H + h);
-      }
+      if (FULL || i[u] >= 0) lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
       dp[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
-      if constexpr (OWN_D)
-        d_i[u] = FULL || i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
+      d_i[u] = FULL || i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
-    if constexpr (OWN_D) group_sum_many<G, U>(d_i, mask);
+    group_sum_many<G, U>(d_i, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || i[u] >= 0) {
@@ -187,43 +198,98 @@ __device__ __forceinline__ void gt_bwd_dkv(
   }
 }
 
+// Two-launch backward, CSC walk over sources with the weights the dq kernel saved:
+// dV_j = sum_i P'_ij dO_i and dK_j = scale * sum_i dS_ij q_i, an SpMM with two
+// weights per edge (NbrTile: each lane loads its edge's (P', dS) through the CSC
+// permutation, one tile ahead, and the steps take them by shuffle). Against
+// recomputing them here (gt_bwd_dkv_recompute): no q.k and dO.v dot products and their
+// group reductions, no lse / D gathers, no dropout mask.
+template <typename T, int VEC, int G, int NV>
+__global__ void __launch_bounds__(256)
+gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q,
+                        const float2* __restrict__ pds, const int* __restrict__ colptr,
+                        const int* __restrict__ row, const int* __restrict__ perm,
+                        const int* __restrict__ items, int chunk, T* __restrict__ dk,
+                        T* __restrict__ dv, float* __restrict__ partial_dk,
+                        float* __restrict__ partial_dv, int64_t n_units, int H, int C,
+                        float scale, int n_edges, int* __restrict__ counters) {
+  constexpr int U = edges_in_flight<VEC, NV>();
+  using P = typename Packed<T, VEC>::type;
+  GroupItem g;
+  if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
+  const int gl = g.gl, h = g.h;
+  const int64_t j = g.row;
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C, head_off = (int64_t)h * C;
+  const int64_t off_j = j * HC + head_off;
+  // Speculative like NbrTile's first tile: needs the edge position only, not the
+  // item's end; masked by the neighbour (nt.cur < 0) before use.
+  auto weights_of = [&](int e) {
+    return e < n_edges ? __ldg(pds + (int64_t)__ldg(perm + e) * H + h) : make_float2(0.f, 0.f);
+  };
+
+  NbrTile<G, 1> nt(row, g.beg, g.end, gl, g.mask, n_edges);
+  float2 cur = weights_of(g.beg + gl);
+  float dk_acc[NV][VEC], dv_acc[NV][VEC];
+  zero_frag(dk_acc);
+  zero_frag(dv_acc);
+  for (; nt.valid(); nt.advance()) {
+    const float2 next = weights_of(nt.t0 + G + gl);
+    const float wv = nt.cur >= 0 ? cur.x : 0.f, wk = nt.cur >= 0 ? cur.y : 0.f;
+    const int te = nt.tile_end();
+    for (int e0 = nt.t0; e0 < te; e0 += U) {
+      int i[U];
+      float w_v[U], w_k[U];
+      P gf[U][NV], qf[U][NV];
+      nt.take(e0, i);
+      nt.share(wv, e0, w_v);
+      nt.share(wk, e0, w_k);
+      gather_rows<T, VEC, G, NV, U>(i, dout, q, HC, head_off, gl, nvec, gf, qf);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i[u] >= 0) {
+          axpy_packed<T, VEC, NV>(w_v[u], gf[u], dv_acc);
+          axpy_packed<T, VEC, NV>(w_k[u], qf[u], dk_acc);
+        }
+      }
+    }
+    cur = next;
+  }
+  if (g.slot < 0) {
+    store_row<T, VEC, G, NV>(dk + off_j, gl, nvec, dk_acc, scale);
+    store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);
+  } else {
+    scale_frag(scale, dk_acc);
+    store_partial<VEC, G, NV>(partial_dk + (int64_t)g.slot * HC + head_off, gl, nvec, dk_acc);
+    store_partial<VEC, G, NV>(partial_dv + (int64_t)g.slot * HC + head_off, gl, nvec, dv_acc);
+    if constexpr (kMergeInBackward<T>) {
+      if (counters != nullptr)
+        merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_dk, dk,
+                                        partial_dv, dv, nullptr, nullptr);
+    }
+  }
+}
+
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                  const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
                  const int* __restrict__ rowptr, const int* __restrict__ col,
                  const int* __restrict__ items, int chunk, T* __restrict__ dq,
-                 float* __restrict__ partial, float* __restrict__ dsum, int64_t n_units, int H,
+                 float* __restrict__ partial, float2* __restrict__ pds, int64_t n_units, int H,
                  int C, float scale, float scale2, float p, uint64_t seed,
                  int* __restrict__ counters) {
-  gt_bwd_dq<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, rowptr, col, items, chunk, dq,
-                                    partial, dsum, n_units, H, C, scale, scale2, p, seed,
-                                    counters, blockIdx.x);
-}
-
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
-__global__ void __launch_bounds__(256)
-gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                  const T* __restrict__ v, const float* __restrict__ lse2,
-                  const float* __restrict__ dsum, const int* __restrict__ colptr,
-                  const int* __restrict__ row, const int* __restrict__ perm,
-                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
-                  T* __restrict__ dv, float* __restrict__ partial_dk, float* __restrict__ partial_dv,
-                  int64_t n_units, int H, int C, float scale, float scale2, float p, uint64_t seed,
-                  int* __restrict__ counters) {
-  gt_bwd_dkv<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, nullptr, lse2, dsum, colptr, row,
-                                            perm, items, chunk, dk, dv, partial_dk, partial_dv,
-                                            n_units, H, C, scale, scale2, p, seed, counters,
-                                            blockIdx.x);
+  gt_bwd_dq<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, rowptr, col, items, chunk,
+                                          dq, partial, pds, n_units, H, C, scale, scale2, p,
+                                          seed, counters, blockIdx.x);
 }
 
 // Small graphs (kOneLaunchBackwardMaxEdges): the dq and dkv walks in one launch,
 // the first dq_blocks blocks walking the CSR, the others the CSC, each dkv group
-// computing the D_i it needs itself (the dq groups still write dsum, which
-// nothing reads then: a check would change the dq kernel's code). Such a graph's
-// backward is host-bound and its two kernels each fill a fraction of the GPU: one
-// launch less on the host, and the two walks run side by side instead of one
-// after the other. The split rows of the two walks merge with separate counters
+// recomputing its edges' weights (gt_bwd_dkv_recompute). Such a graph's backward
+// is host-bound and its two kernels each fill a fraction of the GPU: one launch
+// less on the host, and the two walks run side by side instead of one after the
+// other. The split rows of the two walks merge with separate counters
 // (counters_kv).
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
@@ -231,8 +297,7 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                          const T* __restrict__ k, const T* __restrict__ v,
                          const T* __restrict__ out, const float* __restrict__ lse2,
                          const int* __restrict__ rowptr, const int* __restrict__ col,
-                         const int* __restrict__ row_items, float* __restrict__ dsum,
-                         const int* __restrict__ colptr,
+                         const int* __restrict__ row_items, const int* __restrict__ colptr,
                          const int* __restrict__ row, const int* __restrict__ perm,
                          const int* __restrict__ col_items, int chunk, T* __restrict__ dq,
                          T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ partial_q,
@@ -241,29 +306,34 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                          float scale2, float p, uint64_t seed, int* __restrict__ counters,
                          int* __restrict__ counters_kv, unsigned dq_blocks) {
   if (blockIdx.x < dq_blocks)
-    gt_bwd_dq<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, rowptr, col, row_items, chunk,
-                                      dq, partial_q, dsum, n_dst_units, H, C, scale, scale2,
-                                      p, seed, counters, blockIdx.x);
+    gt_bwd_dq<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, out, lse2, rowptr, col, row_items,
+                                             chunk, dq, partial_q, nullptr, n_dst_units, H, C,
+                                             scale, scale2, p, seed, counters, blockIdx.x);
   else
-    gt_bwd_dkv<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, nullptr, colptr, row,
-                                             perm, col_items, chunk, dk, dv, partial_k,
-                                             partial_v, n_src_units, H, C, scale, scale2, p,
-                                             seed, counters_kv, blockIdx.x - dq_blocks);
+    gt_bwd_dkv_recompute<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, colptr, row, perm,
+                                                 col_items, chunk, dk, dv, partial_k,
+                                                 partial_v, n_src_units, H, C, scale, scale2,
+                                                 p, seed, counters_kv, blockIdx.x - dq_blocks);
 }
 
 // Graphs of fewer edges than this run the backward in one launch
 // (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1,
-// v17): backward GPU time on Cora 22.2 -> 15.3 us, fp32 and bf16 alike; on PubMed
-// (89K edges), whose walks each fill the GPU, 71.9 -> 78.3 us, but PubMed's
-// fwd+bwd step is host-bound there and one launch fewer won in the end-to-end
-// A/B (fused fwd+bwd 0.100-0.180 ms two launches, 0.108-0.142 one), hence 2^17
-// since v17. PYG_DFGNN_BWD_TWO_LAUNCHES in the environment turns it off, for
-// comparisons and tests (read on each call: a scan of the environment, well
-// under a microsecond).
-constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 17;
+// v17, v18): backward GPU time on Cora (11K edges) 15.1 us in one launch, 19.8 in
+// two; on PubMed (89K edges), whose walks each fill the GPU, 74 us in one launch,
+// 59 in two since the dkv kernel takes the saved weights (v18; 2^17 in v17, when
+// two launches took 64-72 us and one launch fewer won on the host).
+// PYG_DFGNN_BWD_LAUNCHES=1 or 2 in the environment forces one or two launches on
+// any graph, for comparisons and tests (read on each call: a scan of the
+// environment, well under a microsecond).
+constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 16;
 bool use_one_launch_backward(int64_t n_edges) {
-  return n_edges < kOneLaunchBackwardMaxEdges &&
-         std::getenv("PYG_DFGNN_BWD_TWO_LAUNCHES") == nullptr;
+  if (const char* forced = std::getenv("PYG_DFGNN_BWD_LAUNCHES")) {
+    const std::string f(forced);
+    TORCH_CHECK(f == "1" || f == "2", "gt_bwd: environment variable PYG_DFGNN_BWD_LAUNCHES "
+                "must be 1 or 2 (forced kernel launches of the backward), got '", f, "'");
+    return f == "1";
+  }
+  return n_edges < kOneLaunchBackwardMaxEdges;
 }
 
 }  // namespace
@@ -273,14 +343,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
-  const int64_t N_dst = q.size(0), H = q.size(1), C = q.size(2);
-  // D = rowsum(P * dP) [N_dst, H] and the split rows' partial dQ, dK, dV rows,
-  // small ones in dQ's allocation (ops.h, Scratch).
-  Scratch scratch({N_dst * H, rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C});
+  const int64_t H = q.size(1), C = q.size(2), E = col.numel();
+  const bool one_launch = use_one_launch_backward(E);
+  // The split rows' partial dQ, dK, dV rows and, in two launches, the dq kernel's
+  // per-edge (P', dS) [E, H, 2] for the dkv kernel; small ones in dQ's allocation
+  // (ops.h, Scratch).
+  Scratch scratch({rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C,
+                   one_launch ? 0 : E * H * 2});
   auto dq = scratch.empty_with(q.sizes(), q.options());
   auto dk = at::empty_like(k);
   auto dv = at::empty_like(v);
-  float *dsum = scratch[0], *part_q = scratch[1], *part_k = scratch[2], *part_v = scratch[3];
+  float *part_q = scratch[0], *part_k = scratch[1], *part_v = scratch[2];
+  float2* pds = reinterpret_cast<float2*>(scratch[3]);
   const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const bool drop = p > 0.f;
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
@@ -288,7 +362,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
-  const bool one_launch = use_one_launch_backward(col.numel());
   const BackwardCounters cnt = backward_split_counters(q.scalar_type(), rw, cw, H, one_launch);
   int *counters = cnt.csr, *counters_kv = cnt.csc;
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
@@ -304,7 +377,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
         kern<<<dq_blocks + dkv_blocks, kThreads, 0, stream>>>(
             cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
             lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-            rw.items.data_ptr<int>(), dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
+            rw.items.data_ptr<int>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
             perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
             mptr<T>(dk), mptr<T>(dv), part_q, part_k, part_v, n_dst_units, n_src_units, H, C,
             sc, scale2, p, (uint64_t)seed, counters, counters_kv, (unsigned)dq_blocks);
@@ -312,24 +385,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       }
       return;
     }
-    if (dq_blocks > 0) {  // before dkv: it writes D
+    if (dq_blocks > 0) {  // before dkv: it writes (P', dS)
       auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
       kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
           lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
-          part_q, dsum, n_dst_units, H, C, sc, scale2, p,
-          (uint64_t)seed, counters);
+          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq), part_q, pds, n_dst_units, H, C,
+          sc, scale2, p, (uint64_t)seed, counters);
       check_launch();
     }
     if (dkv_blocks > 0) {
-      auto kern = drop ? gt_bwd_dkv_kernel<T, VEC, G, NV, true> : gt_bwd_dkv_kernel<T, VEC, G, NV, false>;
-      kern<<<dkv_blocks, kThreads, 0, stream>>>(
-          cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(),
-          dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
+      gt_bwd_dkv_kernel<T, VEC, G, NV><<<dkv_blocks, kThreads, 0, stream>>>(
+          cptr<T>(grad_out), cptr<T>(q), pds, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
-          part_k, part_v, n_src_units, H, C, sc, scale2, p,
-          (uint64_t)seed, counters_kv);
+          part_k, part_v, n_src_units, H, C, sc, (int)E, counters_kv);
       check_launch();
     }
   });

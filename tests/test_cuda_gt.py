@@ -85,10 +85,16 @@ def ref64(lay, q, k, v, grad_out=None):
     return out, alpha, (q64.grad, k64.grad, v64.grad)
 
 
+@pytest.mark.parametrize("backward", ["one_launch", "two_launches"])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("graph", list(GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7)])
-def test_forward_backward_fp32(graph, strategy, H, C):
+def test_forward_backward_fp32(graph, strategy, H, C, backward, monkeypatch):
+    """Both backward paths of these small graphs: one launch, and the two-launch
+    path of larger graphs (the dq kernel saving each edge's P' and dS for the dk /
+    dv SpMM), which PYG_DFGNN_BWD_LAUNCHES=2 forces."""
+    if backward == "two_launches":
+        monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", "2")
     torch.manual_seed(hash((graph, strategy, H, C)) % 2**31)
     lay = make_layout(graph)
     q, k, v = qkv(lay, H, C, torch.float32, requires_grad=True)
@@ -294,30 +300,33 @@ def test_outputs_of_one_call_are_separate_tensors(graph, dtype):
         assert rel_err(got, w) < (1e-4 if dtype == torch.float32 else 1e-2)
 
 
-@pytest.mark.parametrize("n_edges", [30_000, 90_000])  # under 2^16, and 2^16-2^17 (since v17)
+@pytest.mark.parametrize("n_edges", [20_000, 90_000])  # under 2^16 (one launch), over (two)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges, monkeypatch):
-    """Graphs under 2^17 edges run the backward's CSR (dq) and CSC (dk, dv) walks in
-    one launch, the CSC walk computing D_i = dO_i . O_i itself
-    (gt_bwd_one_launch_kernel); PYG_DFGNN_BWD_TWO_LAUNCHES forces the two kernels.
-    Both match the float64 reference, with split rows merged in the kernels, a
-    super node, duplicate edges, a bipartite graph, and the same dropout mask."""
+    """The backward's CSR (dq) and CSC (dk, dv) walks in one launch, the CSC walk
+    recomputing each edge's weights with D_i = dO_i . O_i (gt_bwd_one_launch_kernel,
+    the default under 2^16 edges), and in two, the CSC walk an SpMM with the
+    per-edge (P', dS) that the dq kernel saved; PYG_DFGNN_BWD_LAUNCHES forces each
+    on either size. Both match the float64 reference, with split rows merged in the
+    kernels, a super node, duplicate edges, a bipartite graph, and the same dropout
+    mask."""
     torch.manual_seed(hash((str(dtype), dropout, n_edges)) % 2**31)
     ei = random_graph(3_000, 2_000, n_edges, super_deg=4_000)
     hub = torch.stack([torch.zeros(3_000, dtype=torch.long),  # a source of out-degree > 3000
                        torch.randint(0, 2_000, (3_000,))]).to(DEV)
     lay = GraphLayout.from_edge_index(torch.cat([ei, hub], 1), (3_000, 2_000))
-    assert lay.num_edges < 2**17
+    assert (lay.num_edges < 2**16) == (n_edges < 2**16)
     assert schedule.col_work(lay, schedule.choose_chunk(lay))[1].shape[0] > 0  # split CSC rows
     q, k, v = qkv(lay, 2, 64, dtype, requires_grad=True)
     g = torch.randn(lay.num_dst, 2, 64, device=DEV, dtype=dtype)
+    default = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
+    assert any("gt_bwd_one_launch_kernel" in n for n in default) == (n_edges < 2**16)
     grads = {}
-    for two in (False, True):
-        if two:
-            monkeypatch.setenv("PYG_DFGNN_BWD_TWO_LAUNCHES", "1")
+    for launches in ("1", "2"):
+        monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", launches)
         names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
-        assert any("gt_bwd_one_launch_kernel" in n for n in names) != two
+        assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == "1")
         for t in (q, k, v):
             t.grad = None
         poison()
@@ -325,14 +334,23 @@ def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges, mon
         out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
         poison()
         out.backward(g)
-        grads[two] = [t.grad.clone() for t in (q, k, v)]
+        grads[launches] = [t.grad.clone() for t in (q, k, v)]
     tol = 1e-4 if dtype == torch.float32 else 1e-2
-    for a, b in zip(grads[False], grads[True]):
+    for a, b in zip(grads["1"], grads["2"]):
         assert rel_err(a, b) < tol
     if dropout == 0.0:
         _, _, want = ref64(lay, q, k, v, g)
-        for got, w in zip(grads[False], want):
+        for got, w in zip(grads["1"], want):
             assert rel_err(got, w) < tol
+
+
+def test_backward_launches_variable_is_checked(monkeypatch):
+    lay = make_layout("small")
+    q, k, v = qkv(lay, 1, 32, torch.float32, requires_grad=True)
+    out = ops.gt_attention(lay, q, k, v)
+    monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", "3")
+    with pytest.raises(RuntimeError, match="PYG_DFGNN_BWD_LAUNCHES must be 1 or 2"):
+        out.sum().backward()
 
 
 def _split_row_case(seed, n=6_000, n_edges=60_000, super_deg=5_000):

@@ -170,9 +170,12 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         on the layout. ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``,
         ``force`` or a cells-per-edge bound) overrides that rule. The environment variable
         ``PYG_DFGNN_NO_MMA`` (read once per process) turns the tensor cores off,
-        for comparisons. On graphs under 2^17 edges the
+        for comparisons. On graphs under 2^16 edges the
         backward runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch;
-        ``PYG_DFGNN_BWD_TWO_LAUNCHES`` (read on each call) forces two.
+        ``PYG_DFGNN_BWD_LAUNCHES=1`` or ``2`` (read on each call) forces one or two. In two
+        launches the dQ kernel saves each edge's dropped-out weight and score
+        gradient (8 bytes per edge and head, freed when the backward returns) and
+        the dK / dV kernel is an SpMM with them (``benchmarks/NOTES.md``, v18).
     """
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
