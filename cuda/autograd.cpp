@@ -292,9 +292,11 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
   if (!records_grad({a, b, c})) return forward();
   if (const auto& functorch = at::functorch::functorchTLSAccessor())
     functorch->checkSupportsCppAutogradFunction();  // functorch transforms: not supported
+  // The kernel is launched before the node is built: a small graph's step is
+  // host-bound, and the node's bookkeeping then runs while the kernel does.
+  auto [out, lse2, attn] = forward();
   auto node = make_node<AttentionBackward<kBwd, kName>>();
   node->set_next_edges(torch::autograd::collect_next_edges(a, b, c));
-  auto [out, lse2, attn] = forward();
   torch::autograd::set_history(out, NodePtr(node));
   node->a_ = torch::autograd::SavedVariable(a, /*is_output=*/false);
   node->b_ = torch::autograd::SavedVariable(b, /*is_output=*/false);

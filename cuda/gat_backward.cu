@@ -164,12 +164,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     int64_t seed) {
   const int64_t N_dst = a_dst.size(0), N_src = x.size(0), H = x.size(1), C = x.size(2);
   // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows, small ones
-  // in dx's allocation (ops.h, Scratch).
+  // in da_dst's allocation (ops.h, Scratch). dx and da_src, which only the source
+  // walk writes, are allocated after the destination walk's launch: a small
+  // graph's backward is host-bound, and their allocations then run while that
+  // kernel does (v18.1).
   Scratch scratch({N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
-  auto dx = scratch.empty_with(x.sizes(), x.options());
   auto f32 = x.options().dtype(at::kFloat);
-  auto da_dst = at::empty({N_dst, H}, f32);
-  auto da_src = at::empty({N_src, H}, f32);
+  auto da_dst = scratch.empty_with({N_dst, H}, f32);
+  at::Tensor dx, da_src;
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
@@ -192,6 +194,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();
     }
+    dx = at::empty_like(x);
+    da_src = at::empty({N_src, H}, f32);
     if (n_src_units > 0) {
       auto kern = p > 0.f ? gat_bwd_src_kernel<T, VEC, G, NV, true>
                           : gat_bwd_src_kernel<T, VEC, G, NV, false>;

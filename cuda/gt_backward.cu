@@ -351,8 +351,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   Scratch scratch({rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C,
                    one_launch ? 0 : E * H * 2});
   auto dq = scratch.empty_with(q.sizes(), q.options());
-  auto dk = at::empty_like(k);
-  auto dv = at::empty_like(v);
+  // dK and dV are allocated after the dq kernel's launch in two launches: a small
+  // graph's backward is host-bound, and their allocations then run while the dq
+  // kernel does instead of before it (v18.1).
+  at::Tensor dk, dv;
+  auto alloc_dkv = [&] {
+    dk = at::empty_like(k);
+    dv = at::empty_like(v);
+  };
   float *part_q = scratch[0], *part_k = scratch[1], *part_v = scratch[2];
   float2* pds = reinterpret_cast<float2*>(scratch[3]);
   const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
@@ -371,6 +377,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const int64_t dq_blocks = ceil_div(n_dst_units * G, kThreads);
     const int64_t dkv_blocks = ceil_div(n_src_units * G, kThreads);
     if (one_launch) {
+      alloc_dkv();
       if (dq_blocks + dkv_blocks > 0) {
         auto kern = drop ? gt_bwd_one_launch_kernel<T, VEC, G, NV, true>
                          : gt_bwd_one_launch_kernel<T, VEC, G, NV, false>;
@@ -394,6 +401,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
           sc, scale2, p, (uint64_t)seed, counters);
       check_launch();
     }
+    alloc_dkv();
     if (dkv_blocks > 0) {
       gt_bwd_dkv_kernel<T, VEC, G, NV><<<dkv_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), pds, colptr.data_ptr<int>(), row.data_ptr<int>(),
