@@ -336,7 +336,4 @@ TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
 
 }  // namespace dfgnn
 
-// A Python module so that `from pyg_dfgnn import _C` loads the library and runs
-// the registrations above.
-static struct PyModuleDef dfgnn_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&dfgnn_module); }
+// The Python module pyg_dfgnn._C itself: python_entry.cpp.

@@ -23,7 +23,13 @@ from .tiles import tile_plan
 _HALF = (torch.float16, torch.bfloat16)
 
 if HAS_EXTENSION:
+    from .. import _C
     from . import _custom  # noqa: F401  (fake implementations; autograd is in C++)
+
+#: Eager forward calls go through the extension's direct entry (``_C.gt_fwd`` and
+#: the like, ``cuda/python_entry.cpp``) instead of ``torch.ops.dfgnn``'s Python op
+#: wrapper; ``False`` takes the wrapper always (for comparisons).
+DIRECT_ENTRY = True
 
 __all__ = ["gt_attention", "agnn_attention", "gat_attention", "fused_attention",
            "uses_kernels", "reference", "schedule", "choose_strategy", "kernel_supports"]
@@ -72,6 +78,21 @@ def _seed() -> int:
                            "graph (the mask's seed would be frozen); capture with dropout=0 or "
                            "in eval mode")
     return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def _call_op(name: str, args: tuple):
+    """``torch.ops.dfgnn.<name>.default(*args)``. In eager mode, without torch
+    function modes and with exact ``torch.Tensor`` arguments, the extension's direct
+    entry makes the same dispatcher call (autograd, profiler, inference mode and
+    dispatch modes as before) without the Python op wrapper's argument parsing: a
+    small graph's step is host-bound (``benchmarks/NOTES.md``, v18.2). Under
+    ``torch.compile`` and for tensor subclasses the wrapper runs."""
+    if (DIRECT_ENTRY and not torch.compiler.is_compiling()
+            and not torch._C._is_torch_function_mode_enabled()):
+        res = getattr(_C, name)(*args)
+        if res is not NotImplemented:
+            return res
+    return getattr(torch.ops.dfgnn, name).default(*args)
 
 
 def _work_args(layout, need_grad: bool) -> tuple:
@@ -188,7 +209,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
                                                  or v.requires_grad)
         args = gt_op_args(layout, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
                           _seed() if p > 0 else 0, strat == "pmf", return_attention, need_grad)
-        out, _lse, attn = torch.ops.dfgnn.gt_fwd.default(*args)  # autograd: cuda/autograd.cpp
+        out, _lse, attn = _call_op("gt_fwd", args)  # autograd: cuda/autograd.cpp
     else:
         out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
                                             training=p > 0)
@@ -245,9 +266,9 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
         # one op call, one autograd node (cuda/autograd.cpp; fp32: cos_fwd).
         need_grad = torch.is_grad_enabled() and (xs.requires_grad or b.requires_grad)
         rw, csc, chunk = _work_args(layout, need_grad)
-        out, attn = torch.ops.dfgnn.agnn_fwd.default(
+        out, attn = _call_op("agnn_fwd", (
             xs.contiguous(), b, _NORMALIZE_EPS, layout.rowptr, layout.col, *rw, *csc, chunk,
-            bool(return_attention))
+            bool(return_attention)))
         res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out
     else:
         if fused_norm:  # PMF: the fused normalisation, then gt_attention
@@ -316,7 +337,7 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         args = gat_op_args(layout, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
                            negative_slope, p, _seed() if p > 0 else 0, strat == "pmf",
                            return_attention, need_grad)
-        out, _lse, attn = torch.ops.dfgnn.gat_fwd.default(*args)
+        out, _lse, attn = _call_op("gat_fwd", args)
     else:
         out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
                                                  negative_slope, p, training=p > 0)
