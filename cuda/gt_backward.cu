@@ -11,8 +11,8 @@
 //     (O(E H), freed when the backward returns).
 //   dkv kernel (CSC, node-parallel over src): dV_j = sum_i P'_ij dO_i and
 //     dK_j = scale * sum_i dS_ij q_i, an SpMM with those two weights per edge,
-//     read through the cached CSC permutation (v18: 36 -> 26 us on PubMed
-//     against recomputing the weights from q_i, dO_i and D_i).
+//     read through the cached CSC permutation (v18: PubMed's backward kernels
+//     71.4 us in one launch, which recomputes the weights, against 29.2 + 26.1).
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
@@ -38,6 +38,7 @@ __device__ __forceinline__ void gt_bwd_dq(
           int C, float scale, float scale2, float p, uint64_t seed,
           int* __restrict__ counters, unsigned block) {
   constexpr int U = edges_in_flight<VEC, NV>();
+  static_assert(U <= G, "SAVE stores edge e0 + u's pair from lane u of the group");
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g, block)) return;
@@ -85,15 +86,12 @@ __device__ __forceinline__ void gt_bwd_dq(
         if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)(e0 + u) * H + h);
         const float ds = pe * (z * dp[u] - D);
         if constexpr (SAVE) {
-          if (gl == (u & (G - 1))) mine = make_float2(pe * z, ds);
-          if constexpr (G < U) {  // a lane owns several edges of the step
-            if (gl == (u & (G - 1))) pds[(int64_t)(e0 + u) * H + h] = mine;
-          }
+          if (gl == u) mine = make_float2(pe * z, ds);
         }
         axpy_packed<T, VEC, NV>(ds, kf[u], acc);
       }
     }
-    if constexpr (SAVE && G >= U) {
+    if constexpr (SAVE) {
       if (gl < U && (FULL || e0 + gl < end)) pds[(int64_t)(e0 + gl) * H + h] = mine;
     }
   });
@@ -207,12 +205,12 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
 template <typename T, int VEC, int G, int NV>
 __global__ void __launch_bounds__(256)
 gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q,
-                        const float2* __restrict__ pds, const int* __restrict__ colptr,
-                        const int* __restrict__ row, const int* __restrict__ perm,
-                        const int* __restrict__ items, int chunk, T* __restrict__ dk,
-                        T* __restrict__ dv, float* __restrict__ partial_dk,
-                        float* __restrict__ partial_dv, int64_t n_units, int H, int C,
-                        float scale, int n_edges, int* __restrict__ counters) {
+                  const float2* __restrict__ pds, const int* __restrict__ colptr,
+                  const int* __restrict__ row, const int* __restrict__ perm,
+                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
+                  T* __restrict__ dv, float* __restrict__ partial_dk,
+                  float* __restrict__ partial_dv, int64_t n_units, int H, int C, float scale,
+                  int n_edges, int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -318,10 +316,11 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
 
 // Graphs of fewer edges than this run the backward in one launch
 // (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1,
-// v17, v18): backward GPU time on Cora (11K edges) 15.1 us in one launch, 19.8 in
-// two; on PubMed (89K edges), whose walks each fill the GPU, 74 us in one launch,
-// 59 in two since the dkv kernel takes the saved weights (v18; 2^17 in v17, when
-// two launches took 64-72 us and one launch fewer won on the host).
+// v17, v18): backward kernels on Cora (11K edges) 14.9 us in one launch, 9.6 +
+// 9.6 in two (one launch fewer on the host); on PubMed (89K edges), whose walks
+// each fill the GPU, 71.4 us in one launch, 29.2 + 26.1 in two since the dkv
+// kernel takes the saved weights (v18; 2^17 in v17, when two launches took 64-72
+// us and one launch fewer won on the host).
 // PYG_DFGNN_BWD_LAUNCHES=1 or 2 in the environment forces one or two launches on
 // any graph, for comparisons and tests (read on each call: a scan of the
 // environment, well under a microsecond).
