@@ -1,0 +1,281 @@
+"""Workload for the compute-sanitizer stage (``benchmarks/sanitize.sh``).
+
+Runs every kernel family once per path on small graphs, forward and backward,
+and checks each result against the float64 reference, so that a sanitizer run
+covers: GT / GAT / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
+(a super node longer than a work item); the tensor-core forward (16-edge MMA)
+and the dense-tile forward; the one- and two-launch GT backward; attention
+dropout; returned attention weights; bipartite graphs; the two-rows-per-warp
+fp32 forward of larger graphs.
+
+Paths are chosen through :func:`pyg_dfgnn.ops.plan.override` when it exists,
+else through the per-call switches the ops read. Exits non-zero on a wrong
+result. Usage: ``python benchmarks/sanitize.py [--quick]``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+import torch
+
+import pyg_dfgnn
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
+
+DEV = "cuda"
+FAILURES = []
+
+
+def _graph(kind: str, gen: torch.Generator):
+    """``(edge_index, N_src, N_dst)`` of a small test graph."""
+    if kind == "small":  # isolated rows, duplicates
+        n, e = 300, 2400
+        ei = torch.randint(0, n, (2, e), generator=gen)
+        ei = torch.cat([ei, ei[:, :40]], 1)
+        ei[1][ei[1] < 5] = 5  # rows 0-4 have no in-edge
+        return ei, n, n
+    if kind == "super_node":  # rows far longer than a work item
+        n = 400
+        ei = torch.randint(0, n, (2, 3000), generator=gen)
+        hub = torch.stack([torch.randint(0, n, (2500,), generator=gen),
+                           torch.full((2500,), 7)])
+        return torch.cat([ei, hub], 1), n, n
+    if kind == "batch":  # block-diagonal batch of small dense graphs (MMA, dense tiles)
+        blocks, size = 24, 40
+        eis = []
+        for b in range(blocks):
+            m = torch.rand(size, size, generator=gen) < 0.3
+            idx = m.nonzero().t() + b * size
+            eis.append(idx)
+        ei = torch.cat(eis, 1)
+        n = blocks * size
+        return ei, n, n
+    if kind == "bipartite":
+        ns, nd = 350, 120
+        ei = torch.stack([torch.randint(0, ns, (2000,), generator=gen),
+                          torch.randint(0, nd, (2000,), generator=gen)])
+        return ei, ns, nd
+    if kind == "large":  # >= 2^18 edges, every row within one item: two rows per warp
+        n, deg = 40000, 7
+        dst = torch.arange(n).repeat_interleave(deg)
+        src = torch.randint(0, n, (n * deg,), generator=gen)
+        return torch.stack([src, dst]), n, n
+    raise ValueError(kind)
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    if a.shape != b.shape or not torch.isfinite(a).all():
+        return float("inf")
+    d = b.norm()
+    return float((a - b).norm() / d) if d > 0 else float((a - b).norm())
+
+
+def _check(name, got, want, tol):
+    err = _rel(got, want)
+    status = "ok" if err < tol else "FAIL"
+    print(f"  {name:<58} rel err {err:.2e} {status}", flush=True)
+    if err >= tol:
+        FAILURES.append((name, err))
+
+
+@contextlib.contextmanager
+def _env(**kw):
+    old = {k: os.environ.get(k) for k in kw}
+    os.environ.update({k: str(v) for k, v in kw.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _path(bwd_launches=None, dense=None):
+    """Forces the GT backward launches / dense-tile rule for one case."""
+    plan = getattr(ops, "plan", None)
+    if plan is not None and hasattr(plan, "override"):
+        kw = {}
+        if bwd_launches is not None:
+            kw["bwd_launches"] = bwd_launches
+        if dense is not None:
+            kw["dense_tiles"] = dense
+        return plan.override(**kw)
+    env = {}
+    if bwd_launches is not None:
+        env["PYG_DFGNN_BWD_LAUNCHES"] = bwd_launches
+    if dense is not None:
+        env["PYG_DFGNN_DENSE_TILES"] = dense
+    return _env(**env)
+
+
+def _ref_gt(lay, q, k, v, scale, g):
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    lay64 = lay.to("cpu")
+    out, _ = ops.reference.dot_attention(lay64.rowptr, lay64.col, q64, k64, v64, scale, 0.0,
+                                         training=False)
+    out.backward(g.double().cpu())
+    return out, (q64.grad, k64.grad, v64.grad)
+
+
+def gt_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", bwd=None, dense=None,
+            dropout=0.0, attn=False):
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
+    q = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    with _path(bwd, dense):
+        res = ops.gt_attention(lay, q, k, v, dropout=dropout, training=dropout > 0,
+                               return_attention=attn, strategy=strategy)
+        out = res[0] if attn else res
+        out.backward(g)
+    torch.cuda.synchronize()
+    if dropout > 0:  # the mask is the kernel's own: check shapes and finiteness only
+        ok = all(torch.isfinite(t).all() for t in (out, q.grad, k.grad, v.grad))
+        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            FAILURES.append((name, float("nan")))
+        return
+    ref, grads = _ref_gt(lay, q, k, v, 1.0 / C ** 0.5, g)
+    _check(name + " out", out, ref, tol)
+    for nm, got, want in zip("qkv", (q.grad, k.grad, v.grad), grads):
+        _check(f"{name} d{nm}", got, want, tol)
+
+
+def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
+    x = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    a_s = torch.randn(ns, H, device=DEV, dtype=dtype, requires_grad=True)
+    a_d = torch.randn(nd, H, device=DEV, dtype=dtype, requires_grad=True)
+    g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
+    out = ops.gat_attention(lay, a_s, a_d, x, dropout=dropout, training=dropout > 0,
+                            strategy=strategy)
+    out.backward(g)
+    torch.cuda.synchronize()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    if dropout > 0:
+        ok = all(torch.isfinite(t).all() for t in (out, x.grad, a_s.grad, a_d.grad))
+        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            FAILURES.append((name, float("nan")))
+        return
+    lay64 = lay.to("cpu")
+    x64, s64, d64 = (t.detach().double().cpu().requires_grad_() for t in (x, a_s, a_d))
+    ref, _ = ops.reference.additive_attention(lay64.rowptr, lay64.col, d64, s64, x64, 0.2, 0.0,
+                                              training=False)
+    ref.backward(g.double().cpu())
+    _check(name + " out", out, ref, tol)
+    for nm, got, want in (("x", x.grad, x64.grad), ("a_src", a_s.grad, s64.grad),
+                          ("a_dst", a_d.grad, d64.grad)):
+        _check(f"{name} d{nm}", got, want, tol)
+
+
+def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n), add_self_loops=True)
+    x = torch.randn(n, C, device=DEV, dtype=dtype, requires_grad=True)
+    beta = torch.tensor(1.3, device=DEV, requires_grad=True)
+    g = torch.randn(n, C, device=DEV, dtype=dtype)
+    out = ops.agnn_attention(lay, x, None, beta, strategy=strategy)
+    out.backward(g)
+    torch.cuda.synchronize()
+    lay64 = lay.to("cpu")
+    x64 = x.detach().double().cpu().requires_grad_()
+    b64 = beta.detach().double().cpu().requires_grad_()
+    ref = ops.agnn_attention(lay64, x64, None, b64)
+    ref.backward(g.double().cpu())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    _check(name + " out", out, ref, tol)
+    _check(name + " dx", x.grad, x64.grad, tol)
+    _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol)
+
+
+def layers_case(dtype, autocast):
+    """The three fused layers, forward and backward, as a model runs them."""
+    from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+    gen = torch.Generator().manual_seed(1)
+    ei, n, _ = _graph("small", gen)
+    ei = ei.to(DEV)
+    x = torch.randn(n, 64, device=DEV)
+    for conv in (FusedTransformerConv(64, 32, heads=2), FusedGATConv(64, 32, heads=2),
+                 FusedAGNNConv()):
+        conv = conv.to(DEV)
+        xin = x.clone().requires_grad_()
+        if not autocast:
+            conv = conv.to(dtype)
+            xin = x.to(dtype).requires_grad_()
+        with torch.autocast("cuda", dtype=dtype, enabled=autocast):
+            out = conv(xin, ei)
+        out.float().square().sum().backward()
+        torch.cuda.synchronize()
+        ok = bool(torch.isfinite(out).all() and torch.isfinite(xin.grad).all())
+        name = f"layer {type(conv).__name__} {dtype} autocast={autocast}"
+        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            FAILURES.append((name, float("nan")))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the >= 2^18-edge graph")
+    args = ap.parse_args(argv)
+    if not pyg_dfgnn.has_cuda_kernels():
+        print("needs a CUDA GPU and the compiled extension", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    G = {k: _graph(k, gen) for k in ("small", "super_node", "batch", "bipartite")}
+    f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
+    print("GT")
+    for kind in ("small", "super_node", "bipartite"):
+        for strat in ("smmf", "pmf"):
+            for bwd in ("1", "2"):
+                gt_case(f"gt {kind} {strat} fp32 H2C32 bwd{bwd}", *G[kind], 2, 32, f32, strat,
+                        bwd=bwd, attn=strat == "pmf")
+        gt_case(f"gt {kind} smmf fp32 H1C7 scalar", *G[kind], 1, 7, f32)
+        gt_case(f"gt {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.3)
+        for dt in (f16, b16):
+            gt_case(f"gt {kind} smmf {dt} H2C64", *G[kind], 2, 64, dt)
+            gt_case(f"gt {kind} pmf {dt} H1C24", *G[kind], 1, 24, dt, "pmf")
+    for dt in (f16, b16):
+        for C in (32, 64, 128):
+            gt_case(f"gt batch mma {dt} C{C}", *G["batch"], 2, C, dt, dense="off")
+            gt_case(f"gt batch dense {dt} C{C}", *G["batch"], 2, C, dt, dense="force")
+            gt_case(f"gt batch mma {dt} C{C} bwd2", *G["batch"], 1, C, dt, bwd="2", dense="off")
+    gt_case("gt batch fp32 attn", *G["batch"], 4, 32, f32, attn=True)
+    print("GAT")
+    for kind in ("small", "super_node", "bipartite", "batch"):
+        for strat in ("smmf", "pmf"):
+            gat_case(f"gat {kind} {strat} fp32 H2C32", *G[kind], 2, 32, f32, strat)
+            gat_case(f"gat {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat)
+        gat_case(f"gat {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16)
+        gat_case(f"gat {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4)
+    print("layers")
+    for dt in (b16, f16):
+        layers_case(dt, autocast=False)
+        layers_case(dt, autocast=True)
+    print("AGNN")
+    for kind in ("small", "super_node", "batch"):
+        ei, n, _ = G[kind]
+        for strat in ("smmf", "pmf"):
+            for dt in (f32, b16):
+                agnn_case(f"agnn {kind} {strat} {dt} C32", ei, n, 32, dt, strat)
+    if not args.quick:
+        print("large")
+        ei, n, _ = _graph("large", gen)
+        gt_case("gt large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
+        gat_case("gat large smmf fp32 H1C32", ei, n, n, 1, 32, f32)
+    print(f"{len(FAILURES)} failed")
+    for name, err in FAILURES:
+        print(f"FAIL {name}: {err:.3e}")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

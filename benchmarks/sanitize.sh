@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The sanitizer stage: benchmarks/sanitize.py (every kernel family x dtype x
+# strategy x path, checked against float64) under compute-sanitizer's memcheck,
+# racecheck, initcheck and synccheck. Run from the repository root on a machine
+# with a GPU and the built extension:
+#   bash benchmarks/sanitize.sh [OUTDIR] [TOOLS...]
+# Writes one log per tool to OUTDIR (default: a temporary directory) and prints a
+# summary line per tool; exits non-zero if any tool reports an error or a result
+# is wrong.
+set -u -o pipefail
+out=${1:-$(mktemp -d)}
+shift || true
+tools=${*:-memcheck racecheck initcheck synccheck}
+mkdir -p "$out"
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+status=0
+for tool in $tools; do
+  extra=()
+  # Without the caching allocator every tensor is its own allocation, so memcheck
+  # sees an access past a tensor's end and initcheck an unwritten byte in it.
+  if [ "$tool" = memcheck ] || [ "$tool" = initcheck ]; then
+    export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  else
+    unset PYTORCH_NO_CUDA_MEMORY_CACHING
+  fi
+  [ "$tool" = memcheck ] && extra+=(--leak-check no)
+  t0=$(date +%s)
+  "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
+    python3 benchmarks/sanitize.py --quick > "$out/sanitize_$tool.log" 2>&1
+  rc=$?
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
+  failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)
+  echo "$tool: rc=$rc ${summary:-no summary} | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
+  [ $rc -eq 0 ] || status=1
+done
+unset PYTORCH_NO_CUDA_MEMORY_CACHING
+exit $status
