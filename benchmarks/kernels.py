@@ -20,24 +20,23 @@ GAT (additive) and AGNN (cosine) rows compare the fused op with native
 ``GATConv`` (``edge_updater`` + ``propagate``) and ``AGNNConv.propagate`` on the same
 per-node tensors (``score_rows`` in the JSON).
 
-Usage: ``python benchmarks/kernels.py [--quick] [--models gt,gat,agnn] [--out results.json]``
+Usage, from the repository root (needs a CUDA GPU and the compiled extension):
+``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from pyg_dfgnn import generators, ops  # noqa: E402
-from pyg_dfgnn.layout import GraphLayout  # noqa: E402
+from benchmarks import generators
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
 
 DEV = "cuda"
 #: fwd+bwd steps accumulate into the leaves' ``.grad`` (the tables before v11) instead
@@ -66,7 +65,7 @@ def autograd_floor():
 
 def load_graphs(quick: bool):
     """name -> (edge_index on GPU, num_nodes, kind)."""
-    from pyg_dfgnn import datasets
+    from benchmarks import datasets
     out = {}
     nb = 128 if quick else 1024
     for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER")):
