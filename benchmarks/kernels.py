@@ -316,7 +316,7 @@ def main(argv=None):
                     help="dtype of the chunk sweep")
     ap.add_argument("--accumulate-grads", action="store_true",
                     help="fwd+bwd steps accumulate into .grad (one addition kernel per leaf "
-                         "and step, as the tables before v11) instead of starting from None")
+                         "and step) instead of starting from None as a training step does")
     ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
@@ -324,7 +324,8 @@ def main(argv=None):
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
     if not torch.cuda.is_available():
-        print("kernels.py: no CUDA device: the kernel benchmark could not run")
+        print("benchmarks.kernels needs a CUDA GPU and the compiled extension; no GPU is "
+              "visible here", file=sys.stderr)
         return 1
     from tqdm import tqdm
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
