@@ -107,13 +107,13 @@ def sparse_pipeline(lay, q, k, v, scale):
 
 
 #: Graphs of kind "full" (Cora, CiteSeer, PubMed) are host-bound: a call's time is
-#: mostly host time, and the GPU machine's host speed drifts by up to 2x within
-#: seconds (benchmarks/NOTES.md, v13), so one do_bench per method made the fused /
-#: PyG ratio a matter of which phase each landed in. There, fused-auto and PyG are
+#: mostly host time, and a host's speed can drift by 2x or more within seconds
+#: (docs/design.md, "Host path"), so one do_bench per method made the fused / PyG
+#: ratio a matter of which phase each landed in. There, fused-auto and PyG are
 #: timed in this many interleaved rounds (fused, PyG, fused, PyG, ...) and each
-#: reports its median; the rounds are kept in the JSON (``*_rounds``). Nine since
-#: session 13: with five, the median fwd+bwd ratio of the same code moved between
-#: 5.8x and 9.2x across runs (single rounds 4.7-18x; NOTES.md, v17).
+#: reports its median; the rounds are kept in the JSON (``*_rounds``). Nine: with
+#: five, the median fwd+bwd ratio of the same code moved between 5.8x and 9.2x
+#: across runs (single rounds 4.7-18x).
 HOST_BOUND_ROUNDS = 9
 
 
@@ -306,7 +306,9 @@ def fmt_table(rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
+                                 description=__doc__.splitlines()[0] + " Needs a CUDA GPU "
+                                 "and the compiled extension.")
     ap.add_argument("--quick", action="store_true", help="small batches, no synthetic super-node graphs")
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
