@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build the extension, run the CUDA tests, the kernel
-# benchmark and the Cora training, with logs and JSON under $OUT.
+# One call on a GPU machine, from the repository root: build the extension, run the
+# CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
 #   STAGES="build test bench train" bash benchmarks/device_run.sh [pytest -k expr]
-# Real graphs travel in .devdata/ (a copy of ../shared/data subsets, git-ignored).
+# Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
+# folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dfgnn_out}; mkdir -p "$OUT"
@@ -25,7 +26,7 @@ if has testall; then
   $PY -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/pytest_all.log" | tail -15
 fi
 if has bench; then
-  $PY benchmarks/kernels.py ${BENCH_ARGS:-} --out "$OUT/kernels.json" 2> "$OUT/kernels.err" | tee "$OUT/kernels.txt"
+  $PY -m benchmarks.kernels ${BENCH_ARGS:-} --out "$OUT/kernels.json" 2> "$OUT/kernels.err" | tee "$OUT/kernels.txt"
   tail -3 "$OUT/kernels.err"
 fi
 if has train; then

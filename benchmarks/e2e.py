@@ -74,7 +74,7 @@ Models (hidden size 128 by default):
 
 Datasets:
 
-* ``pattern``, ``cluster``: generated SBM graphs (:func:`pyg_dfgnn.generators.sbm_dataset`,
+* ``pattern``, ``cluster``: generated SBM graphs (:func:`benchmarks.generators.sbm_dataset`,
   published parameters), node classification, ``--batch-size`` graphs per step
   (1,024 as in the paper) from ``--train-graphs`` training graphs (10,000: 10
   steps per epoch, 100 Adam steps in the default 10 epochs, lr 2e-3); accuracy is
@@ -83,14 +83,14 @@ Datasets:
 * ``cora``, ``citeseer``: Planetoid, public split, normalised features; test
   accuracy at the epoch of best validation accuracy.
 * ``pubmed``: the real PubMed graph with **random** features
-  (:func:`pyg_dfgnn.datasets.pubmed_graph`): timing is meaningful, accuracy is not.
+  (:func:`benchmarks.datasets.pubmed_graph`): timing is meaningful, accuracy is not.
 
 Usage::
 
-    python benchmarks/e2e.py                      # everything, GPU, eager + cudagraph
-    python benchmarks/e2e.py --quick              # tiny sizes, CPU-friendly (< 2 min)
-    python benchmarks/e2e.py --datasets pattern,cora --models gt --out e2e.json
-    python benchmarks/e2e.py --datasets cora --mode cudagraph
+    python -m benchmarks.e2e                      # everything, GPU, eager + cudagraph
+    python -m benchmarks.e2e --quick              # tiny sizes, CPU-friendly (< 2 min)
+    python -m benchmarks.e2e --datasets pattern,cora --models gt --out e2e.json
+    python -m benchmarks.e2e --datasets cora --mode cudagraph
 
 Writes JSON (``--out``, rewritten after every run) and prints one table per model
 (eager phases; CUDA-graph step time, speedup and capture time when measured).
@@ -111,10 +111,6 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 DATASETS = ("pattern", "cluster", "cora", "citeseer", "pubmed")
 MODELS = ("gt", "gat", "agnn")
@@ -269,7 +265,7 @@ class BatchDataset:
     def __init__(self, name: str, args, device):
         from torch_geometric.loader import DataLoader
 
-        from pyg_dfgnn.generators import SBM_PARAMS, sbm_dataset
+        from benchmarks.generators import SBM_PARAMS, sbm_dataset
         P = SBM_PARAMS[name]
         train = sbm_dataset(name, args.train_graphs, seed=args.seed)
         test = sbm_dataset(name, args.test_graphs, seed=args.seed + 1)
@@ -317,7 +313,7 @@ class FullDataset:
     def __init__(self, name: str, args, device):
         import torch_geometric.transforms as T
 
-        from pyg_dfgnn import datasets
+        from benchmarks import datasets
         if name == "pubmed":
             data = datasets.pubmed_graph(num_features=500, seed=args.seed)
             self.features = "random (PubMed's feature file is not available offline)"
@@ -791,7 +787,7 @@ def format_tables(report: Dict[str, object]) -> str:
 # ----------------------------------------------------------------------------- CLI
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="benchmarks/e2e.py",
+        prog="python -m benchmarks.e2e",
         description="End-to-end training benchmark (DF-GNN paper Table 2): the same GT / GAT / "
                     "AGNN model with native PyG convs and with the fused pyg_dfgnn convs, same "
                     "initial weights; median time per training step split into preprocess "
@@ -812,11 +808,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                "  both       eager, then cudagraph (default on CUDA; CPU: eager only)\n"
                "\n"
                "examples:\n"
-               "  python benchmarks/e2e.py --out e2e.json\n"
-               "  python benchmarks/e2e.py --quick                  # CPU smoke run, tiny sizes\n"
-               "  python benchmarks/e2e.py --datasets pattern,cora --models gt --epochs 5\n"
-               "  python benchmarks/e2e.py --datasets cora,citeseer,pubmed --mode cudagraph\n"
-               "  python benchmarks/plot.py --e2e e2e.json --out-dir plots",
+               "  python -m benchmarks.e2e --out e2e.json\n"
+               "  python -m benchmarks.e2e --quick                  # CPU smoke run, tiny sizes\n"
+               "  python -m benchmarks.e2e --datasets pattern,cora --models gt --epochs 5\n"
+               "  python -m benchmarks.e2e --datasets cora,citeseer,pubmed --mode cudagraph\n"
+               "  python -m benchmarks.plot --e2e e2e.json --out-dir plots",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (64 train graphs, batch 32, hidden 32, 2 layers, 2 epochs): "

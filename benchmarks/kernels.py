@@ -20,24 +20,23 @@ GAT (additive) and AGNN (cosine) rows compare the fused op with native
 ``GATConv`` (``edge_updater`` + ``propagate``) and ``AGNNConv.propagate`` on the same
 per-node tensors (``score_rows`` in the JSON).
 
-Usage: ``python benchmarks/kernels.py [--quick] [--models gt,gat,agnn] [--out results.json]``
+Usage, from the repository root (needs a CUDA GPU and the compiled extension):
+``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from pyg_dfgnn import generators, ops  # noqa: E402
-from pyg_dfgnn.layout import GraphLayout  # noqa: E402
+from benchmarks import generators
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
 
 DEV = "cuda"
 #: fwd+bwd steps accumulate into the leaves' ``.grad`` (the tables before v11) instead
@@ -66,7 +65,7 @@ def autograd_floor():
 
 def load_graphs(quick: bool):
     """name -> (edge_index on GPU, num_nodes, kind)."""
-    from pyg_dfgnn import datasets
+    from benchmarks import datasets
     out = {}
     nb = 128 if quick else 1024
     for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER")):
@@ -108,13 +107,13 @@ def sparse_pipeline(lay, q, k, v, scale):
 
 
 #: Graphs of kind "full" (Cora, CiteSeer, PubMed) are host-bound: a call's time is
-#: mostly host time, and the GPU machine's host speed drifts by up to 2x within
-#: seconds (benchmarks/NOTES.md, v13), so one do_bench per method made the fused /
-#: PyG ratio a matter of which phase each landed in. There, fused-auto and PyG are
+#: mostly host time, and a host's speed can drift by 2x or more within seconds
+#: (docs/design.md, "Host path"), so one do_bench per method made the fused / PyG
+#: ratio a matter of which phase each landed in. There, fused-auto and PyG are
 #: timed in this many interleaved rounds (fused, PyG, fused, PyG, ...) and each
-#: reports its median; the rounds are kept in the JSON (``*_rounds``). Nine since
-#: session 13: with five, the median fwd+bwd ratio of the same code moved between
-#: 5.8x and 9.2x across runs (single rounds 4.7-18x; NOTES.md, v17).
+#: reports its median; the rounds are kept in the JSON (``*_rounds``). Nine: with
+#: five, the median fwd+bwd ratio of the same code moved between 5.8x and 9.2x
+#: across runs (single rounds 4.7-18x).
 HOST_BOUND_ROUNDS = 9
 
 
@@ -307,7 +306,9 @@ def fmt_table(rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
+                                 description=__doc__.splitlines()[0] + " Needs a CUDA GPU "
+                                 "and the compiled extension.")
     ap.add_argument("--quick", action="store_true", help="small batches, no synthetic super-node graphs")
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
@@ -317,7 +318,7 @@ def main(argv=None):
                     help="dtype of the chunk sweep")
     ap.add_argument("--accumulate-grads", action="store_true",
                     help="fwd+bwd steps accumulate into .grad (one addition kernel per leaf "
-                         "and step, as the tables before v11) instead of starting from None")
+                         "and step) instead of starting from None as a training step does")
     ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
@@ -325,7 +326,8 @@ def main(argv=None):
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
     if not torch.cuda.is_available():
-        print("kernels.py: no CUDA device: the kernel benchmark could not run")
+        print("benchmarks.kernels needs a CUDA GPU and the compiled extension; no GPU is "
+              "visible here", file=sys.stderr)
         return 1
     from tqdm import tqdm
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -15,7 +15,7 @@ Each figure carries the GPU, torch and CUDA versions and the date of its JSON.
 
 Usage::
 
-    python benchmarks/plot.py --kernels benchmarks/results/kernels_h100.json \
+    python -m benchmarks.plot --kernels benchmarks/results/kernels_h100.json \
         --e2e e2e.json --out-dir plots
 """
 from __future__ import annotations
@@ -225,12 +225,12 @@ def plot_e2e_breakdown(data: Dict[str, object], path: str, dpi: int = 130) -> st
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     r"""Writes the figures; returns their paths."""
     p = argparse.ArgumentParser(
-        prog="benchmarks/plot.py",
+        prog="python -m benchmarks.plot",
         description="Bar charts (PNG) of benchmarks/kernels.py and benchmarks/e2e.py results: "
                     "kernel speedup over PyG per graph (forward, forward+backward), end-to-end "
                     "training-step speedup per dataset and model, and the per-step time "
                     "breakdown (preprocess / forward / backward / optimizer).",
-        epilog="example:\n  python benchmarks/plot.py "
+        epilog="example:\n  python -m benchmarks.plot "
                "--kernels benchmarks/results/kernels_h100.json --e2e e2e.json --out-dir plots",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", metavar="JSON", help="output of benchmarks/kernels.py")

@@ -3,21 +3,18 @@ start to last kernel end), with an L2 flush before every call as in
 ``triton.testing.do_bench``. Shows which kernel of a forward or forward + backward
 takes the time, and (span against the kernel sum) how much of it waits on the host.
 
-Usage: python benchmarks/profile_kernels.py [--graphs PubMed,GitHub] [--json out.json]
+Usage: python -m benchmarks.profile_kernels [--graphs PubMed,GitHub] [--json out.json]
 """
 import argparse
 import collections
 import json
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kernels  # noqa: E402  (the benchmark's graphs)
-from pyg_dfgnn import ops  # noqa: E402
-from pyg_dfgnn.layout import GraphLayout  # noqa: E402
+from benchmarks import kernels  # the benchmark's graphs
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
 
 
 def profile_call(fn, flush, iters=20):

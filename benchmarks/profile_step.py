@@ -3,19 +3,17 @@ layer of a call, measured as pipelined wall time per call (the GPU work of these
 calls is shorter than their host work, so the queue never backs up), and a
 profiler table of one forward + backward.
 
-Usage: python benchmarks/profile_step.py [--graph Cora] [--json out.json] [--table]
+Usage: python -m benchmarks.profile_step [--graph Cora] [--json out.json] [--table]
 """
 import argparse
 import json
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pyg_dfgnn import datasets, ops  # noqa: E402
-from pyg_dfgnn.layout import GraphLayout  # noqa: E402
+from benchmarks import datasets
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
 
 
 def per_call_us(fn, n=400):

@@ -4,8 +4,8 @@
 //
 // Why C++ and not torch.library.register_autograd: the Python autograd kernel
 // runs for every call of the op, also under no_grad, and the backward ran a
-// Python function through the engine. On the H100 machine's host that was most
-// of a Cora-sized layer's wall time (benchmarks/NOTES.md, "host overhead").
+// Python function through the engine: most of a Cora-sized layer's wall time
+// (docs/design.md, "Host path").
 // Here a call with grad costs one C++ Node; the backward never takes the GIL.
 // GT and GAT have a hand-written node (AttentionBackward), AGNN and its
 // normalisation a torch::autograd::Function.
@@ -60,8 +60,7 @@ Tensor value_or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tens
 // Whether a call records an autograd node: grad mode is on and one of its
 // differentiable inputs requires a gradient. Otherwise every autograd kernel
 // below calls its op directly, below autograd: Function::apply would still build
-// a node and fill its context, host time that a small graph's call is made of
-// (benchmarks/NOTES.md, v11).
+// a node and fill its context, host time that a small graph's call is made of.
 bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> inputs) {
   if (!at::GradMode::is_enabled()) return false;
   for (const Tensor& t : inputs)
@@ -74,7 +73,7 @@ bool records_grad(std::initializer_list<std::reference_wrapper<const Tensor>> in
 // argument next to the differentiable tensors. apply's host cost grows with its number
 // of tensor arguments (an input VariableInfo, an edge and a saved variable
 // each): with the nine layout tensors as arguments, building the node took
-// about half of a Cora-sized forward's host time (benchmarks/NOTES.md, v13).
+// about half of a Cora-sized forward's host time.
 // The members refer to the caller's arguments and live for the call.
 struct LayoutArgs {
   const Tensor& rowptr;
@@ -183,9 +182,8 @@ constexpr char kGatBwd[] = "dfgnn::gat_bwd";
 constexpr char kGtNode[] = "dfgnn::GtAttentionBackward";
 constexpr char kGatNode[] = "dfgnn::GatAttentionBackward";
 
-// The pointer autograd holds its nodes by: std::shared_ptr<Node> in the torch
-// the GPU machine runs (2.11), c10::intrusive_ptr<Node> in the one CI builds
-// against (2.14). Node::getptr() returns it in both.
+// The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
+// c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
 using torch::autograd::Node;
 using NodePtr = decltype(std::declval<Node&>().getptr());
 
@@ -203,7 +201,7 @@ auto make_node() {
 // The backward node of a GT or GAT call (dfgnn::gt_fwd / gat_fwd with grad): a
 // hand-written Node, as PyTorch's generated ones are, not a
 // torch::autograd::Function (which AGNN below still uses). A small graph's
-// call is host time (benchmarks/NOTES.md, v17), and Function's node paid for
+// call is host time (docs/design.md, "Host path"), and Function's node paid for
 // generality on every call: a VariableInfo per input and output, the view /
 // dirty / non-differentiable bookkeeping of every output, a context map keyed
 // by strings, and a demangled type name on every backward. Here: the three
@@ -362,8 +360,8 @@ Tensor3 l2norm_autograd(const Tensor& x, const Tensor& beta, double eps) {
 // AGNN in one op call (dfgnn::agnn_fwd): the normalisation and the SMMF attention
 // over q = beta k, k = x / max(||x||, eps), v = x (scale 1). Composing the two ops
 // in Python cost a second op call, Python glue and two more autograd nodes: on
-// Cora that host time was three times the GPU time (benchmarks/NOTES.md, v5.1).
-// fp32 runs dfgnn::cos_fwd instead (v8): the kernel gathers x_j once per edge for
+// Cora that host time was three times the GPU time.
+// fp32 runs dfgnn::cos_fwd instead: the kernel gathers x_j once per edge for
 // both the score and the sum, and k, q are only built in the backward (for
 // gt_bwd). fp16 / bf16 keep l2norm_fwd + gt_fwd, whose lse matches the rounded
 // k and q that gt_bwd recomputes the scores from.

@@ -1,7 +1,7 @@
 // Operator schemas (TORCH_LIBRARY(dfgnn)) and the input checks every CUDA entry
 // point runs before a kernel sees the data: bad input raises a RuntimeError that
-// names the argument, never a CUDA fault. Python adds register_fake and
-// register_autograd (pyg_dfgnn/ops/_custom.py).
+// names the argument, never a CUDA fault. The fake (meta) implementations are
+// registered from Python (pyg_dfgnn/ops/_custom.py), autograd in autograd.cpp.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -13,8 +13,7 @@ namespace dfgnn {
 namespace {
 
 // Integers and shapes are formatted with std::to_string rather than streamed into
-// the TORCH_CHECK message: streaming them segfaulted under torch 2.11 on the GPU
-// machine (benchmarks/NOTES.md, "input checks").
+// the TORCH_CHECK message: streaming them segfaulted under torch 2.11.
 std::string num(int64_t v) { return std::to_string(v); }
 
 std::string shape(at::IntArrayRef s) {
@@ -102,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
     double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
     const c10::optional<at::Tensor>& dense_tiles) {
-  // The CSC arguments are only kept for the backward (register_autograd saves them).
+  // The CSC arguments are only kept for the backward (the autograd node saves them).
   check_qkv(q, k, v, rowptr, col);
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gt_fwd: dropout must be in [0, 1), got ",
               std::to_string(dropout));

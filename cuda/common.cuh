@@ -87,7 +87,7 @@ template <int G> __device__ __forceinline__ float group_sum(float x, unsigned ma
 // plain butterfly on what is left, then a broadcast of each sum from its owner.
 // 2K - 1 + log2(G / K) shuffles instead of K log2(G): 10 instead of 20 for four
 // scores over a warp, 17 instead of 40 for the backward's eight. Shuffles, not
-// FMAs, bound the issue rate of the per-edge dot products (benchmarks/NOTES.md).
+// FMAs, bound the issue rate of the per-edge dot products.
 template <int G, int K>
 __device__ __forceinline__ void group_sum_many(float* x, unsigned mask) {
   if constexpr (K == 1) {
@@ -162,7 +162,7 @@ inline void check_launch() { C10_CUDA_KERNEL_LAUNCH_CHECK(); }
 // warp is done, and the items of one block differ in length (power-law rows,
 // split-row tails), so small blocks keep the SMs fuller: 64 against 256 measured
 // 10-20 % faster on GitHub and PubMed, 3-5 % on the sparse batches, within
-// +-3 % on the dense batches and Reddit-like (NOTES.md, v7). 32 was no faster.
+// +-3 % on the dense batches and Reddit-like. 32 was no faster.
 // The edge-parallel PMF kernels keep 256 (their warps are short-lived: 64 made
 // PMF's SDDMM up to 1.7x slower).
 constexpr int kNodeBlock = 64;
@@ -230,10 +230,9 @@ template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.da
 // Two rows per warp (the SMMF forwards of GT and GAT): fp32 heads of 5-32 vectors
 // (C = 20 to 128) run G / 2 lanes x 2 vectors per row, so twice the rows are in
 // flight per SM at the same registers, on large graphs whose rows all fit one work
-// item (the batch graphs). Measured 6-25 % faster there (GT C = 128, v5.2; GT 4 x 32
-// and GAT, v6), but slower where one long chain is the kernel time: small graphs
-// (+27 %) and split rows of super nodes (GT up to +16 %, GAT up to +11 %;
-// benchmarks/NOTES.md). bf16 / fp16 would spill (fp32 q and accumulator fragments
+// item (the batch graphs). Measured 6-25 % faster there (GT and GAT), but slower
+// where one long chain is the kernel time: small graphs (+27 %) and split rows of
+// super nodes (GT up to +16 %, GAT up to +11 %). bf16 / fp16 would spill (fp32 q and accumulator fragments
 // twice as long per lane). kTwoRowsMinEdges mirrors
 // pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
 constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
@@ -255,8 +254,8 @@ void with_smmf_shape(bool two_rows, F&& f) {
 }
 
 // Edges whose k / v rows a lane loads before the first use (all loads of a step
-// are independent). 4 x 16 bytes per operand: 8 measured slower on the H100
-// (more registers, fewer resident warps; benchmarks/NOTES.md).
+// are independent). 4 x 16 bytes per operand: 8 measured slower (more registers,
+// fewer resident warps).
 template <int VEC, int NV> constexpr int edges_in_flight() {
   return VEC * NV <= 8 ? 4 : (VEC * NV <= 16 ? 2 : 1);
 }
@@ -287,7 +286,7 @@ __device__ __forceinline__ void load_packed(const T* __restrict__ row, int gl, i
 // element c of a 32-bit word of two is one shift (c even) or one mask (c odd) of
 // the word; the generic conversion extracted the half first and then shifted it
 // (three instructions per pair instead of two, in the loops that are issue-bound
-// in bf16: benchmarks/NOTES.md, v12.2).
+// in bf16).
 template <typename T, int VEC>
 __device__ __forceinline__ float packed_elem(const typename Packed<T, VEC>::type& x, int c) {
   if constexpr (VEC == 1) {
@@ -454,7 +453,7 @@ __device__ __forceinline__ bool group_item(const int* __restrict__ items,
   return group_item<G>(items, ptr, chunk, n_units, H, g, blockIdx.x);
 }
 
-// Split rows merged inside the kernel that computes them (v9), instead of by a
+// Split rows merged inside the kernel that computes them, instead of by a
 // separate merge launch (reduce_slots_kernel) that the stream has to wait for.
 // A row of n slots is merged up a tree of fan-out kMergeFanout: a node's slot
 // partials are merged by the group whose child arrives last (a counter per node
@@ -471,7 +470,7 @@ constexpr int kMergeFanout = 8;
 // Which kernels carry the merge code. Compiled in, it made the fp16 / bf16
 // kernels' main loops slower even where it never runs (bf16 GT forward 4 %,
 // forward + backward 5-6 % on the batch graphs, which have no split rows; fp32
-// within 1 %; NOTES.md, v9). So the fp32 kernels always carry it (skipped at run
+// within 1 %). So the fp32 kernels always carry it (skipped at run
 // time without counters), the half-precision forwards have a variant with it
 // that is launched only when the call merges in the kernel (with_merge_variant),
 // and the half-precision backward kernels keep the separate merge launch.
@@ -606,10 +605,9 @@ __device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int 
 // registers: free for the fp32 GT kernels and both backward families (same
 // blocks per SM; 5-11 % faster fwd+bwd), a lost 256-thread block per SM for the
 // packed fp16/bf16 kernels (GT forward bf16 up to 41 % slower) and for
-// softmax_spmm, and 5-7 % slower in GAT's SMMF forward (benchmarks/NOTES.md, v5).
-// With 64-thread blocks (v7) the bf16 GT forward goes from 24 to 20 warps per SM
-// with it and is 3-10 % faster (v12.1); the GT backward's bf16 kernels moved between
-// 2 % faster and 3 % slower (v12.1). kIndexAhead<T> picks for the backward kernels,
+// softmax_spmm, and 5-7 % slower in GAT's SMMF forward. With 64-thread blocks the
+// bf16 GT forward goes from 24 to 20 warps per SM with it and is 3-10 % faster; the
+// GT backward's bf16 kernels moved between 2 % faster and 3 % slower. kIndexAhead<T> picks for the backward kernels,
 // kForwardIndexAhead<T, NV> for the SMMF forward.
 template <int U, bool AHEAD> struct NbrPipe {
   const int* __restrict__ nbr;
@@ -635,7 +633,7 @@ template <int U, bool AHEAD> struct NbrPipe {
 
 // Calls step(e0, full) for the steps of U edges of an item's edges [beg, end):
 // full = std::true_type where all U edges exist, so the step compiles out its
-// per-edge existence tests (v13.3: the bf16 GT forward's loop 388 -> 309
+// per-edge existence tests (the bf16 GT forward's loop: 388 -> 309
 // instructions), std::false_type for the item's last, partial step. SPLIT
 // false: every step is a false_type step (the old loop), for kernels where
 // the second copy of the step costs registers (kFullStepsInBackward).
@@ -670,7 +668,7 @@ template <typename T, int NV> constexpr bool kForwardIndexAhead = kIndexAhead<T>
 // rows), like NbrPipe's look-ahead, for two registers instead of U to 2U, and a
 // per-edge scalar (weight, score, dropout multiplier) is computed once by the
 // edge's holder lane instead of by every lane of the group (`share`). The forward
-// kernels use it (benchmarks/NOTES.md, v6).
+// kernels use it (docs/design.md, "GAT").
 // DEPTH tiles of indices are in flight ahead of the current one (2 lets a kernel
 // gather a per-neighbour scalar one tile ahead: GAT's a_src).
 // `avail` (the number of edges of the whole graph) makes the constructor's loads
@@ -678,7 +676,7 @@ template <typename T, int NV> constexpr bool kForwardIndexAhead = kIndexAhead<T>
 // the row pointer, one more dependent round trip), and are masked once the end is
 // known; `raw` is this lane's first-tile neighbour before that mask, for a gather
 // that should not wait for the row pointer either (GAT's a_src). The same in
-// NbrPipe's first step measured 1 % slower in the GT forward (NOTES.md, v6.1).
+// NbrPipe's first step measured 1 % slower in the GT forward.
 template <int G, int DEPTH = 1> struct NbrTile {
   const int* __restrict__ nbr;
   int end, gl;
@@ -889,7 +887,7 @@ __device__ __forceinline__ void merge_split_softmax(const GroupItem& g, int H, i
 // multiplies per call to keep results below 2^-126 (subnormal) exact. Those are
 // weights under 2^-126 of the row's largest (which is 1 here), far below the
 // fp32 resolution of the row's sum, so flushing them to 0 changes nothing
-// measurable; the online-softmax step takes U + 1 of them per step (NOTES.md, v12.3).
+// measurable; the online-softmax step takes U + 1 of them per step.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -903,8 +901,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // EXTRAS: step() applies attention dropout (when p > 0) and stores the raw
 // scores (when attn is set); without it, step() has neither. The plain variant
 // serves the common call: the per-edge check of attn and its store's address
-// were about 8 of the ~100 instructions per edge of the bf16 GT forward's loop
-// (benchmarks/NOTES.md, v13.2).
+// were about 8 of the ~100 instructions per edge of the bf16 GT forward's loop.
 template <typename T, int VEC, int G, int NV, int U, bool EXTRAS>
 struct OnlineSoftmax {
   using P = typename Packed<T, VEC>::type;

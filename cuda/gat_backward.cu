@@ -4,7 +4,7 @@
 //   dE_ij = g_ij P_ij (z_ij dP_ij - D_i)
 //   d a_dst_i = sum_j dE_ij,  d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i.
 // dP enters the score gradients only through those sums, so no per-edge dot
-// product is needed (v7): with w_ij = P_ij z_ij g_ij,
+// product is needed: with w_ij = P_ij z_ij g_ij,
 //   d a_dst_i = dO_i . (sum_j w_ij x_j) - D_i sum_j P_ij g_ij     (CSR walk)
 //   d a_src_j = x_j . (sum_i w_ij dO_i) - sum_i P_ij g_ij D_i     (CSC walk)
 // and both walks are SpMMs with one scalar weight per edge, the GAT forward's
@@ -167,7 +167,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   // in da_dst's allocation (ops.h, Scratch). dx and da_src, which only the source
   // walk writes, are allocated after the destination walk's launch: a small
   // graph's backward is host-bound, and their allocations then run while that
-  // kernel does (v18.1).
+  // kernel does.
   Scratch scratch({N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
   auto f32 = x.options().dtype(at::kFloat);
   auto da_dst = scratch.empty_with({N_dst, H}, f32);

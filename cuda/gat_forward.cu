@@ -9,8 +9,8 @@
 // row of x_j is the only vector load per edge. Split rows are merged like the GT
 // kernel's.
 // PMF: an edge-parallel kernel writes the scores [E, H], then softmax_spmm.
-// Since the tiles (v6) SMMF measured as fast or faster on every graph, so "auto"
-// picks SMMF, as the paper does (pyg_dfgnn/ops/schedule.py).
+// With the tiles SMMF measured as fast or faster on every graph, so "auto" picks
+// SMMF, as the paper does (docs/design.md, "SMMF or PMF").
 #include "common.cuh"
 #include "ops.h"
 
@@ -29,7 +29,7 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
                float* __restrict__ partial_ml, int64_t n_units, int H, int C, float slope,
                float p, uint64_t seed, int n_edges, int* __restrict__ counters) {
   // The GT kernel's edges in flight, although GAT loads one row per edge, not
-  // two: twice as many measured 10-20 % slower (registers; benchmarks/NOTES.md).
+  // two: twice as many measured 10-20 % slower (registers, fewer resident warps).
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;

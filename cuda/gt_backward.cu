@@ -11,8 +11,8 @@
 //     (O(E H), freed when the backward returns).
 //   dkv kernel (CSC, node-parallel over src): dV_j = sum_i P'_ij dO_i and
 //     dK_j = scale * sum_i dS_ij q_i, an SpMM with those two weights per edge,
-//     read through the cached CSC permutation (v18: PubMed's backward kernels
-//     71.4 us in one launch, which recomputes the weights, against 29.2 + 26.1).
+//     read through the cached CSC permutation (PubMed's backward kernels: 71.4 us
+//     in one launch, which recomputes the weights, against 29.2 + 26.1).
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
@@ -315,12 +315,10 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
 }
 
 // Graphs of fewer edges than this run the backward in one launch
-// (gt_bwd_one_launch_kernel). Measured on the H100 (benchmarks/NOTES.md, v13.1,
-// v17, v18): backward kernels on Cora (11K edges) 14.9 us in one launch, 9.6 +
-// 9.6 in two (one launch fewer on the host); on PubMed (89K edges), whose walks
-// each fill the GPU, 71.4 us in one launch, 29.2 + 26.1 in two since the dkv
-// kernel takes the saved weights (v18; 2^17 in v17, when two launches took 64-72
-// us and one launch fewer won on the host).
+// (gt_bwd_one_launch_kernel). Backward kernels on Cora (11K edges): 14.9 us in
+// one launch, 9.6 + 9.6 in two, so one launch (one fewer on the host) wins; on
+// PubMed (89K edges), whose walks each fill the GPU, 71.4 us in one launch
+// against 29.2 + 26.1 in two, where the dkv kernel takes the saved weights.
 // PYG_DFGNN_BWD_LAUNCHES=1 or 2 in the environment forces one or two launches on
 // any graph, for comparisons and tests (read on each call: a scan of the
 // environment, well under a microsecond).
@@ -352,7 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   auto dq = scratch.empty_with(q.sizes(), q.options());
   // dK and dV are allocated after the dq kernel's launch in two launches: a small
   // graph's backward is host-bound, and their allocations then run while the dq
-  // kernel does instead of before it (v18.1).
+  // kernel does instead of before it.
   at::Tensor dk, dv;
   auto alloc_dkv = [&] {
     dk = at::empty_like(k);

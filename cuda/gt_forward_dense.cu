@@ -1,10 +1,10 @@
-// Forward pass of dot-product attention over dense tiles (fp16 / bf16, v14, v16):
+// Forward pass of dot-product attention over dense tiles (fp16 / bf16):
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
 //
 // Why: on the batch graphs (PATTERN-, CLUSTER-, MNIST-like: 1024 small graphs, one
 // after the other) the sparse tensor-core forward (gt_forward_mma.cu) gathers a k
 // and a v row per edge and is bound by L1 wavefronts: PATTERN's 6 M edges move
-// 3.1 GB through L1 (benchmarks/NOTES.md, v10). But the in-neighbours of 64
+// 3.1 GB through L1. But the in-neighbours of 64
 // consecutive destination rows there lie in a window of a few hundred consecutive
 // source rows (their graphs), and 30-40 % of a PATTERN or CLUSTER graph's node
 // pairs are edges.
@@ -17,9 +17,10 @@
 //   SpMM   O[16 x C] += P V (P rounded to T, fp32 accumulation),
 // with an online softmax per row (base 2). The window and the edge masks (a bit
 // per (row, key) pair, a word per row and 32-key chunk) come from the layout's
-// tile plan (pyg_dfgnn/ops/tiles.py), built once per graph: v14 found each
-// block's window and built a count table in shared memory on every call, a chain
-// of dependent loads and three barriers before the first chunk (NOTES.md, v16).
+// tile plan (pyg_dfgnn/ops/tiles.py), built once per graph: finding each block's
+// window and building a count table in shared memory on every call put a chain
+// of dependent loads and three barriers before the first chunk (PATTERN 0.142 ->
+// 0.090 ms with the plan).
 // A block's first q loads go out before its plan entry, so only the plan entry
 // and the first chunk are on the way to its first tile.
 // A warp skips the chunks where none of its 16 rows has an edge, the block those
@@ -29,7 +30,7 @@
 // `cells_per_edge`; the other blocks run the sparse units of gt_forward_mma.cu in
 // the same launch. Heads: a block walks its rows' heads one after the other,
 // sharing the masks (one head at a time was faster than 2 or 4 per pass at 4 x 32:
-// fewer registers, no spills; NOTES.md, v14).
+// fewer registers, no spills).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
 #include "mma.cuh"
@@ -47,8 +48,9 @@ constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v 
 constexpr int kDenseMaxWidth = 512;  // widest key window run dense
 constexpr int kMaxChunks = kDenseMaxWidth / kDenseKeys;  // 16 chunk bits per warp in the plan
 // Default for PYG_DFGNN_DENSE_TILES: a block runs dense while its window holds at
-// most this many (row, key) cells per edge (benchmarks/NOTES.md, v14). Which
-// graphs get a plan at all by default is the caller's rule (tiles.py, v16).
+// most this many (row, key) cells per edge. Which graphs get a plan at all by
+// default is the caller's rule (tiles.py; docs/design.md, "Tensor cores and dense
+// tiles").
 constexpr float kDenseCellsPerEdge = 24.f;
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -1,10 +1,10 @@
-// Forward pass of dot-product attention on tensor cores (fp16 / bf16, v10):
+// Forward pass of dot-product attention on tensor cores (fp16 / bf16):
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
 //
 // Why: the CUDA-core SMMF kernel (gt_forward.cu) spends per edge and channel a
 // widening convert and an FMA for q . k, another pair for p v, and a shuffle
 // reduction per edge; in bf16 that, not the bytes, bounded the batch graphs (bf16
-// only 1.1-1.2x faster than fp32 there; benchmarks/NOTES.md, v10).
+// only 1.1-1.2x faster than fp32 there).
 // Here one warp owns 8 consecutive destination rows (one head) and walks their
 // edges, which are contiguous in CSR, 16 at a time, with mma.m16n8k16:
 //   SDDMM  S[16 edges x 8 rows] = K[16 x C] . Q^T[C x 8], a score is kept where
@@ -19,7 +19,7 @@
 // layout with two movmatrix transposes. The softmax is online per row (running
 // max and sum, base 2), so rows of any length are one pass; a tile may hold edges
 // of up to 8 rows, so a row's maximum is the column maximum. The kernel is bound
-// by L1 wavefronts and load latency, not by its arithmetic (NOTES.md, v10).
+// by L1 wavefronts and load latency, not by its arithmetic.
 // Because a tile's product runs over all its edges for each of the 8 rows (the
 // masked ones with weight 0), a non-finite v row makes all 8 rows of its block
 // non-finite, not only the rows it is a neighbour of.
@@ -34,8 +34,7 @@ namespace {
 // One warp per block. A block holds its SM slot until its slowest warp is done
 // (kNodeBlock, common.cuh); this kernel's warps are independent, so single-warp
 // blocks free each slot as soon as its warp ends: 1.5-3 % faster than 64 threads
-// on the sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER
-// (benchmarks/NOTES.md, v12).
+// on the sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER.
 constexpr int kMmaBlock = 32;
 
 template <typename T, int C>

@@ -33,7 +33,7 @@ __global__ void csr_rowptr_kernel(const I* __restrict__ index, int64_t n, int64_
 // W threads, and the W threads of a group cover the head's C elements, V at a
 // time. Group sg reads slots sg, sg + P, ...: a row of n slots is a chain of
 // n / P independent loads per thread instead of n (one thread per element
-// walking all n slots took 18.6 us of GitHub's 94 us GAT forward; NOTES.md, v7).
+// walking all n slots took 18.6 us of GitHub's 94 us GAT forward).
 // The P group results are merged in a fixed order (deterministic).
 // SOFTMAX: each group keeps (m, l, acc) over its slots; then M = max m,
 // L = sum l 2^(m - M), out = sum acc 2^(m - M) / L, lse2 = M + log2(L).

@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 // g + 8 of 16 bytes for C = 128, slice g for C = 64, 8-byte slice g for C = 32) of
 // 4 edges, 2t, 2t + 1, 2t + 8, 2t + 9: loaded directly, every quarter-warp
 // instruction would touch 4 rows, i.e. 4 L1 wavefronts of 32 bytes each, and the
-// kernel was bound by L1 wavefronts (benchmarks/NOTES.md, v10). So lane
+// kernel was bound by L1 wavefronts. So lane
 // L = 8q + r loads slice r of the row of the q-th lane group's edge (a quarter-warp
 // reads one whole 128-byte line), and the SpMM takes each word from lane 8t + g
 // by shuffle when it needs it (4 shuffles per 16 bytes, for half the wavefronts;

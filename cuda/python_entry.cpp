@@ -2,8 +2,8 @@
 // registrations (bindings.cpp, autograd.cpp), and it holds a direct entry to the
 // forward ops for the eager host path.
 //
-// A small graph's training step is host-bound (benchmarks/NOTES.md, v13, v17,
-// v18.2), and torch.ops.dfgnn.gt_fwd(*args) parses its 22 arguments against the
+// A small graph's training step is host-bound (docs/design.md, "Host path"), and
+// torch.ops.dfgnn.gt_fwd(*args) parses its 22 arguments against the
 // schema in Python's op wrapper (torch function checks, JIT type matching per
 // argument) before the dispatcher sees them. _C.gt_fwd(*args) takes the same
 // positional arguments, converts them by the schema's argument kinds and calls the

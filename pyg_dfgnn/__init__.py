@@ -2,9 +2,19 @@
 
 ``from pyg_dfgnn.nn import FusedTransformerConv, FusedGATConv, FusedAGNNConv``
 """
+import warnings
+
 import torch
 
-from ._ext import HAS_EXTENSION, load_error
+with warnings.catch_warnings():
+    # PyG's import scripts a few classes with torch.jit.script, which recent torch
+    # deprecates with a FutureWarning on every import; it is PyG's, not the user's
+    # concern, so it is silenced for the import of PyG that this package triggers.
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated",
+                            category=FutureWarning)
+    import torch_geometric  # noqa: F401
+
+from ._ext import HAS_EXTENSION, load_error  # noqa: E402
 
 __version__ = "0.1.0"
 

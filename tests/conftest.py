@@ -6,6 +6,7 @@ that parametrised tests can call them with their own sizes.
 from __future__ import annotations
 
 import importlib.util
+import os
 import warnings
 import zlib
 from pathlib import Path
@@ -37,14 +38,26 @@ def pytest_collection_modifyitems(config, items):
 # ----------------------------------------------------------------------------- helpers
 ROOT = Path(__file__).resolve().parents[1]
 
+# The tests that read real graphs use the data folder next to the checkout unless
+# $PYG_DFGNN_DATA names another (benchmarks.datasets reads the variable).
+_SHARED_DATA = ROOT.parent / "shared" / "data"
+if not os.environ.get("PYG_DFGNN_DATA") and _SHARED_DATA.is_dir():
+    os.environ["PYG_DFGNN_DATA"] = str(_SHARED_DATA)
 
-def load_benchmark(name: str):
-    """Imports ``benchmarks/<name>.py`` (a script folder, not a package) as a module."""
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+
+def load_script(relpath: str):
+    """Imports the script ``<repository>/<relpath>`` (e.g. ``examples/train.py``)
+    as a module."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(f"_script_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_benchmark(name: str):
+    """Imports ``benchmarks/<name>.py`` as a module."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:

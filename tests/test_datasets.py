@@ -1,5 +1,6 @@
-"""Offline dataset loaders: sizes from ../shared/data/README.md, and no writes into
-the shared data folder."""
+"""Dataset loaders of benchmarks/: sizes from the data folder's README.md, no writes
+into the data folder, and the data folder only where it is named (root= or
+$PYG_DFGNN_DATA)."""
 from __future__ import annotations
 
 import os
@@ -9,10 +10,10 @@ import pytest
 import torch
 from torch_geometric.utils import degree
 
-from pyg_dfgnn import datasets
+from benchmarks import datasets
 
-pytestmark = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="offline data folder (../shared/data) not found")
+needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
+                                reason="no data folder ($PYG_DFGNN_DATA or ../shared/data)")
 
 
 def _snapshot(root: Path):
@@ -35,6 +36,7 @@ def cora():
     return datasets.planetoid("Cora")
 
 
+@needs_data
 def test_cora(cora):
     assert cora.num_nodes == 2708
     assert cora.edge_index.shape == (2, 10556)
@@ -45,6 +47,7 @@ def test_cora(cora):
     assert not cora.has_self_loops() and cora.is_undirected()
 
 
+@needs_data
 def test_citeseer():
     data = datasets.load("CiteSeer")
     assert data.num_nodes == 3327
@@ -54,6 +57,7 @@ def test_citeseer():
     assert _max_in_degree(data) == 99
 
 
+@needs_data
 def test_planetoid_transform_and_errors(cora):
     import torch_geometric.transforms as T
     data = datasets.planetoid("cora", transform=T.NormalizeFeatures())
@@ -64,6 +68,7 @@ def test_planetoid_transform_and_errors(cora):
         datasets.planetoid("Amazon")
 
 
+@needs_data
 def test_pubmed_graph():
     data = datasets.pubmed_graph(num_features=16, seed=1)
     assert data.num_nodes == 19717
@@ -76,6 +81,7 @@ def test_pubmed_graph():
     assert torch.equal(data.x, again.x)  # seeded features
 
 
+@needs_data
 def test_mutag():
     ds = datasets.tu_dataset("MUTAG")
     assert len(ds) == 188
@@ -84,6 +90,7 @@ def test_mutag():
     assert sum(g.num_edges for g in ds) == 7442
 
 
+@needs_data
 def test_musae_github():
     data = datasets.musae_github()
     assert data.num_nodes == 37700
@@ -93,6 +100,7 @@ def test_musae_github():
     assert data.x is None  # git.json is not staged
 
 
+@needs_data
 def test_load_dispatch():
     assert {"cora", "citeseer", "pubmed", "mutag", "enzymes", "proteins", "github"} <= set(
         datasets.available())
@@ -104,10 +112,55 @@ def test_load_dispatch():
 def test_missing_env_dir_fails_loudly(monkeypatch, tmp_path):
     monkeypatch.setenv(datasets.ENV_DATA, str(tmp_path / "nowhere"))
     monkeypatch.setattr(datasets, "_COPIES", {})
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
         datasets.planetoid("Cora")  # no silent download
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        datasets.ogbn_arxiv()
 
 
+def test_missing_root_fails_loudly(monkeypatch, tmp_path):
+    monkeypatch.delenv(datasets.ENV_DATA, raising=False)
+    for load in (lambda r: datasets.planetoid("Cora", root=r), lambda r: datasets.musae_github(r),
+                 lambda r: datasets.load("mutag", root=r), datasets.ogbn_arxiv):
+        with pytest.raises(FileNotFoundError, match="nowhere"):
+            load(tmp_path / "nowhere")
+
+
+def test_data_dir_is_only_what_is_named(monkeypatch, tmp_path):
+    """No implicit folder next to the checkout: an argument, the variable, or None
+    (then PyG downloads)."""
+    monkeypatch.delenv(datasets.ENV_DATA, raising=False)
+    assert datasets.data_dir() is None
+    assert datasets.data_dir(tmp_path) == tmp_path.resolve()
+    monkeypatch.setenv(datasets.ENV_DATA, str(tmp_path / "env"))
+    assert datasets.data_dir() == (tmp_path / "env").resolve()
+    assert datasets.data_dir(tmp_path) == tmp_path.resolve()  # the argument wins
+    monkeypatch.setenv(datasets.ENV_DATA, "")
+    assert datasets.data_dir() is None
+
+
+@needs_data
+def test_explicit_root_over_env(monkeypatch, tmp_path):
+    root = datasets.data_dir()
+    monkeypatch.setenv(datasets.ENV_DATA, str(tmp_path / "nowhere"))
+    assert datasets.musae("chameleon", root=root).num_nodes == 2277
+
+
+@needs_data
+def test_ogbn_arxiv():
+    data = datasets.ogbn_arxiv()
+    n = 169343
+    assert data.num_nodes == n and data.x is None
+    assert data.edge_index.shape == (2, 2315598) and data.edge_index.dtype == torch.long
+    assert data.is_undirected() and not data.has_self_loops()
+    assert data.y.shape == (n,) and data.y.dtype == torch.long and int(data.y.max()) == 39
+    sizes = [int(data[f"{s}_mask"].sum()) for s in ("train", "val", "test")]
+    assert sizes == [90941, 29799, 48603]
+    assert not (data.train_mask & data.test_mask).any()
+    assert datasets.load("ogbn-arxiv").num_nodes == n
+
+
+@needs_data
 def test_loaders_never_write_into_the_data_folder(monkeypatch):
     root = datasets.data_dir()
     before = _snapshot(root)
@@ -119,8 +172,9 @@ def test_loaders_never_write_into_the_data_folder(monkeypatch):
     datasets.tu_dataset("MUTAG")
     datasets.pubmed_graph(num_features=4)
     datasets.musae("chameleon")
+    datasets.ogbn_arxiv()
     # PyG processed the private copies, not the originals.
-    copy = datasets._COPIES[("Planetoid", "Cora")]
+    copy = datasets._COPIES[root / "Planetoid" / "Cora"]
     assert (copy / "processed").is_dir()
     assert not str(copy).startswith(str(root))
     assert not (root / "Planetoid" / "Cora" / "processed").exists()

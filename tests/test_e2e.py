@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_benchmark
-from pyg_dfgnn import datasets
+from benchmarks import datasets
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_tables(quick, e2e):
         assert word in text
 
 
-@pytest.mark.skipif(datasets.data_dir() is None, reason="offline data folder not found")
+@pytest.mark.skipif(datasets.data_dir() is None, reason="no data folder ($PYG_DFGNN_DATA)")
 def test_full_graph_agnn(e2e, tmp_path):
     report = e2e.main(["--quick", "--datasets", "cora", "--models", "agnn", "--dropout", "0",
                        "--device", "cpu", "--no-progress", "--full-epochs", "2",
@@ -238,7 +238,7 @@ def test_reset_training_state(e2e, adam):
         assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.skipif(datasets.data_dir() is None, reason="offline data folder not found")
+@pytest.mark.skipif(datasets.data_dir() is None, reason="no data folder ($PYG_DFGNN_DATA)")
 def test_cudagraph_bookkeeping_on_cpu(e2e):
     """The cudagraph run's step function, run eagerly (``capture=False``): the same
     losses as the eager run for both implementations (native with pre-added
@@ -266,7 +266,7 @@ def test_cudagraph_bookkeeping_on_cpu(e2e):
 
 # ------------------------------------------------------------------ cudagraph mode, GPU
 @pytest.mark.cuda
-@pytest.mark.skipif(datasets.data_dir() is None, reason="offline data folder not found")
+@pytest.mark.skipif(datasets.data_dir() is None, reason="no data folder ($PYG_DFGNN_DATA)")
 def test_cudagraph_mode_cuda(e2e, tmp_path):
     """Both implementations captured on Cora (GAT): positive replay times, finite
     losses, and the first captured loss equal to the eager one (same weights, same

@@ -1,5 +1,5 @@
-"""Synthetic generators (pyg_dfgnn.generators): statistics against the published
-numbers (../shared/data/README.md, "Synthetic stand-ins") and against what the
+"""Synthetic generators (benchmarks.generators): statistics against the published
+numbers (the data folder's README.md, "Synthetic stand-ins") and against what the
 construction implies, structure, labels, determinism, PyG Data helpers. CPU only."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch_geometric.utils import is_undirected
 
-from pyg_dfgnn import datasets, generators as G
+from benchmarks import datasets, generators as G
 
 NUM_SBM = 2000  # graphs for the statistics tests (the published sets have 10,000+)
 

@@ -90,7 +90,7 @@ def test_default_rule_on_batch_generators(kind, dense):
     """The default rule's statistic (median window cells per edge) puts the
     benchmark's batch graphs on the side of DEFAULT_MAX_CELLS where the H100 runs
     them faster (benchmarks/NOTES.md, v16)."""
-    from pyg_dfgnn import generators
+    from benchmarks import generators
     if kind == "pattern":
         ei, batch, _, _ = generators.sbm_batch(kind, 64, seed=1)
     else:

@@ -1,8 +1,9 @@
-"""The training example (examples/train.py -> pyg_dfgnn.train) and the CLI."""
+"""The training example (examples/train.py) and the command line (python -m pyg_dfgnn)."""
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,21 +11,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from pyg_dfgnn import datasets
+from benchmarks import datasets
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="offline data folder (../shared/data) not found")
+                                reason="no data folder ($PYG_DFGNN_DATA or ../shared/data)")
+
+
+@pytest.fixture(scope="module")
+def train():
+    return load_script("examples/train.py")
 
 
 @needs_data
 @pytest.mark.parametrize("model", ["gt", "gat", "agnn"])
-def test_train_both_impls(model, tmp_path, capsys):
-    from pyg_dfgnn.train import main
-
+def test_train_both_impls(train, model, tmp_path, capsys):
     out = tmp_path / "res.json"
-    report = main(["--model", model, "--impl", "both", "--epochs", "6", "--device", "cpu",
+    report = train.main(["--model", model, "--impl", "both", "--epochs", "6", "--device", "cpu",
                    "--lr", "0.01", "--no-progress", "--json", str(out)])
     saved = json.loads(out.read_text())
     assert set(saved["results"]) == {"native", "fused"}
@@ -43,23 +48,21 @@ def test_train_both_impls(model, tmp_path, capsys):
 
 @needs_data
 @pytest.mark.parametrize("model", ["gt", "gat", "agnn"])
-def test_fused_and_native_train_identically_without_dropout(model):
+def test_fused_and_native_train_identically_without_dropout(train, model):
     """Same seed -> same initial parameters; without dropout the two implementations
     compute the same function, so their loss curves agree to fp32 tolerance."""
-    from pyg_dfgnn.train import main
-
-    report = main(["--model", model, "--epochs", "3", "--dropout", "0", "--device", "cpu",
+    report = train.main(["--model", model, "--epochs", "3", "--dropout", "0", "--device", "cpu",
                    "--no-progress"])
     a = torch.tensor(report["results"]["native"]["losses"])
     b = torch.tensor(report["results"]["fused"]["losses"])
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a, b)
 
 
-def test_fused_model_uses_fused_layers_with_native_parameters():
+def test_fused_model_uses_fused_layers_with_native_parameters(train):
     from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
     from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
-    from pyg_dfgnn.train import build_model
+    build_model = train.build_model
 
     for model, native_cls, fused_cls in [("gt", TransformerConv, FusedTransformerConv),
                                         ("gat", GATConv, FusedGATConv),
@@ -78,27 +81,79 @@ def test_fused_model_uses_fused_layers_with_native_parameters():
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_train_help_documents_every_option(train, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for opt in ("--model", "--impl", "--dataset", "--data", "--epochs", "--hidden", "--heads",
+                "--lr", "--weight-decay", "--dropout", "--strategy", "--seed", "--device",
+                "--json", "--no-progress"):
+        assert opt in text
+    assert "paper" not in text  # auto is this package's measured choice, not the paper's
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_train_cuda_without_gpu_is_a_clear_error(train, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--device", "cuda"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "--device cpu" in err and "Traceback" not in err
+
+
+def test_train_bad_device_is_a_clear_error(train, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--device", "gpu0"])
+    assert e.value.code == 2
+    assert "--device gpu0" in capsys.readouterr().err
+
+
+def test_train_missing_data_folder_is_a_clear_error(train, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        train.main(["--data", str(tmp_path / "nowhere"), "--epochs", "1", "--device", "cpu",
+                    "--no-progress"])
+
+
+def test_cli_info(capsys):
+    from pyg_dfgnn.__main__ import main
+
+    assert main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "torch_geometric" in text and "extension _C" in text and "fused kernels" in text
+    assert "circular import" not in text
+
+
 def test_cli_help(capsys):
     from pyg_dfgnn.__main__ import main
 
-    assert main(["--help"]) == 0
-    text = capsys.readouterr().out
-    assert "train" in text and "bench" in text
     with pytest.raises(SystemExit) as e:
-        main(["train", "--help"])
+        main(["--help"])
     assert e.value.code == 0
-    text = capsys.readouterr().out
-    for opt in ("--model", "--impl", "--epochs", "--hidden", "--heads", "--lr",
-                "--weight-decay", "--dropout", "--seed", "--device", "--json"):
-        assert opt in text
+    assert "info" in capsys.readouterr().out
+    for removed in (["train"], ["bench"], []):
+        with pytest.raises(SystemExit) as e:
+            main(removed)
+        assert e.value.code == 2
 
 
-def test_cli_bench_without_script(monkeypatch, tmp_path, capsys):
-    import pyg_dfgnn.__main__ as cli
+def test_cli_info_without_extension(tmp_path):
+    """A copy of the package without ``_C``: ``info`` says the extension is not
+    built instead of reporting the import machinery's "circular import"."""
+    import shutil
 
-    monkeypatch.setattr(cli, "BENCH_SCRIPT", tmp_path / "missing.py")
-    assert cli.main(["bench"]) == 2
-    assert "no benchmark script" in capsys.readouterr().err
+    pkg = tmp_path / "pyg_dfgnn"
+    shutil.copytree(ROOT / "pyg_dfgnn", pkg, ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    code = ("import sys; sys.meta_path = [f for f in sys.meta_path "
+            "if 'editable' not in str(getattr(f, '__module__', ''))]; "  # an editable install
+            "from pyg_dfgnn.__main__ import main; main(['info'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "not built" in r.stdout and "circular" not in r.stdout + r.stderr
+    assert "fused kernels    no" in r.stdout
+    assert "FutureWarning" not in r.stderr  # PyG's torch.jit.script warning is silenced
 
 
 def test_example_script_help():
@@ -106,3 +161,4 @@ def test_example_script_help():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--model {gt,gat,agnn}" in r.stdout
+    assert "FutureWarning" not in r.stderr

@@ -43,7 +43,7 @@ def _check_features(layout, q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
             and k.shape == v.shape == (layout.num_src, qs[1], qs[2])
             and q.dtype == k.dtype == v.dtype and q.device == layout._device):
         # The common case, in one expression: this runs on every call's host path
-        # (no torch.Size slices, the layout's device cached: v17).
+        # (no torch.Size slices, the layout's device cached).
         return
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"{who}: q, k, v must be [N, H, C], got {tuple(q.shape)}, "
@@ -85,7 +85,7 @@ def _call_op(name: str, args: tuple):
     function modes and with exact ``torch.Tensor`` arguments, the extension's direct
     entry makes the same dispatcher call (autograd, profiler, inference mode and
     dispatch modes as before) without the Python op wrapper's argument parsing: a
-    small graph's step is host-bound (``benchmarks/NOTES.md``, v18.2). Under
+    small graph's step is host-bound (``docs/design.md``, "Host path"). Under
     ``torch.compile`` and for tensor subclasses the wrapper runs."""
     if (DIRECT_ENTRY and not torch.compiler.is_compiling()
             and not torch._C._is_torch_function_mode_enabled()):
@@ -185,8 +185,8 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         512 consecutive source rows, with at most 24 window cells per edge and no
         duplicate edge, run the window as one dense tile masked by the edges
         (``cuda/gt_forward_dense.cu``), on graphs whose median block has at most
-        20 cells per edge (the PATTERN, CLUSTER and MNIST-like batches; v14, v16 in
-        ``benchmarks/NOTES.md``). The windows and edge masks (the tile plan,
+        20 cells per edge (the PATTERN, CLUSTER and MNIST-like batches;
+        ``docs/design.md``, "Tensor cores and dense tiles"). The windows and edge masks (the tile plan,
         :mod:`pyg_dfgnn.ops.tiles`) are built on the first such call and cached
         on the layout. ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``,
         ``force`` or a cells-per-edge bound) overrides that rule. The environment variable
@@ -196,7 +196,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         ``PYG_DFGNN_BWD_LAUNCHES=1`` or ``2`` (read on each call) forces one or two. In two
         launches the dQ kernel saves each edge's dropped-out weight and score
         gradient (8 bytes per edge and head, freed when the backward returns) and
-        the dK / dV kernel is an SpMM with them (``benchmarks/NOTES.md``, v18).
+        the dK / dV kernel is an SpMM with them (``docs/design.md``, "Backward").
     """
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
@@ -297,7 +297,7 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
 
     per head, with in-kernel attention dropout; the backward returns gradients for
     ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` is SMMF (paper §4.2,
-    Fig. 12, and the H100 measurements in :mod:`pyg_dfgnn.ops.schedule`);
+    Fig. 12, and the measurements in ``docs/design.md``, "SMMF or PMF");
     ``"smmf"`` / ``"pmf"`` (edge-parallel score kernel, then softmax + SpMM) force
     one.
 

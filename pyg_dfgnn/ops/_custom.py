@@ -4,8 +4,8 @@ The fake (meta) implementations let ``torch.compile`` and ``opcheck`` trace
 through the fused ops. Their autograd is registered in C++
 (``cuda/autograd.cpp``, the ``Autograd`` dispatch key): a Python autograd kernel
 (``torch.library.register_autograd``) ran Python on every call, also under
-``no_grad``, and most of a Cora-sized layer's wall time was that host work
-(benchmarks/NOTES.md). ``dfgnn::agnn_fwd`` needs no fake: its
+``no_grad``, and most of a Cora-sized layer's wall time was that host work.
+``dfgnn::agnn_fwd`` needs no fake: its
 CompositeExplicitAutograd kernel composes ``cos_fwd`` (fp32) or ``l2norm_fwd`` and
 ``gt_fwd``. Only imported when the extension loaded.
 """

@@ -1,5 +1,5 @@
 r"""Tile plan of a graph for the dense-tile fp16 / bf16 GT forward
-(``cuda/gt_forward_dense.cu``, ``benchmarks/NOTES.md`` v14 and v16).
+(``cuda/gt_forward_dense.cu``; ``docs/design.md``, "Tensor cores and dense tiles").
 
 The kernel runs blocks of :data:`TILE_ROWS` consecutive destination rows. On batch
 graphs (PATTERN-, CLUSTER-, MNIST-like) a block's in-neighbours lie in a narrow
@@ -8,7 +8,7 @@ dense tile, masked by the edges. The plan says, per block, where its window is
 and which (row, key) pairs are edges; it depends on the graph only, so it is built
 once per :class:`~pyg_dfgnn.layout.GraphLayout` (a few tensor ops and one host
 synchronisation) and cached there. Building the window and the edge counts inside
-the kernel on every call (v14) cost a chain of dependent loads and three block
+the kernel on every call cost a chain of dependent loads and three block
 barriers before the block's first tile.
 
 Format: one ``int32`` tensor. For block ``b`` (rows ``64 b .. 64 b + 63``), ints
@@ -44,14 +44,13 @@ TILE_ROWS = 64
 CHUNK_KEYS = 32
 #: Widest window a block runs dense (``kDenseMaxWidth``); 16 chunk bits per warp.
 MAX_WIDTH = 512
-#: Ints per block before the masks (``kMetaInts``).
+#: Ints per block before the masks (``kTileMetaInts``).
 META_INTS = 8
 #: Default rule: a graph gets its plan (runs the dense-tile kernel) when the
 #: median over its dense-eligible blocks of ``64 W / E_b`` (window cells per edge)
-#: is at most this, and at least half its blocks are eligible. Measured on the
-#: H100 (``benchmarks/NOTES.md``, v16): dense is faster on PATTERN / CLUSTER (4.3 /
-#: 5.9 cells per edge) and MNIST-like (17.6), slower on CIFAR10- (23.9) and
-#: COCO-SP-like (24.7) batches.
+#: is at most this, and at least half its blocks are eligible. Measured: dense is
+#: faster on PATTERN / CLUSTER (4.3 / 5.9 cells per edge) and MNIST-like (17.6),
+#: slower on CIFAR10- (23.9) and COCO-SP-like (24.7) batches.
 DEFAULT_MAX_CELLS = 20.0
 _ENV = "PYG_DFGNN_DENSE_TILES"
 _INT32_MAX = 2**31 - 1
@@ -77,9 +76,8 @@ def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
 
     Per-edge work is in int32 (a few tensors of ``E`` entries at a time; the
     edges of blocks that cannot run dense go to a spare word, not through a
-    boolean selection): the build's peak extra memory on the H100 was 26 (PATTERN),
-    39 (MNIST) and 48 (COCO-SP) bytes per edge, against 91-109 with int64
-    (``benchmarks/results/ab/v16_plan_build_memory.json``).
+    boolean selection): the build's peak extra memory is 26 (PATTERN), 39
+    (MNIST) and 48 (COCO-SP) bytes per edge, against 91-109 with int64.
 
     Args:
         rowptr (Tensor): ``[N_dst + 1]`` CSR row pointers.

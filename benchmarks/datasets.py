@@ -1,26 +1,27 @@
-r"""Offline loaders for the real graphs used by the examples, tests and benchmarks.
+r"""Dataset loaders for the examples, tests and benchmarks.
 
-The data files live in a read-only data folder, found in this order:
-
-1. ``$PYG_DFGNN_DATA``, if set;
-2. ``<repository>/../shared/data`` (the folder next to a source checkout);
-3. otherwise nothing is read locally and PyG downloads the dataset as usual into
-   ``$PYG_DFGNN_CACHE`` (default ``~/.cache/pyg_dfgnn``).
+Each loader takes ``root``, a read-only data folder laid out as
+``<root>/Planetoid/Cora/raw/...``, ``<root>/MUSAE/GitHub/...``,
+``<root>/ogbn-arxiv/...`` and so on. Without ``root`` the folder named by
+``$PYG_DFGNN_DATA`` is used; without either, PyG downloads the dataset as usual
+into ``$PYG_DFGNN_CACHE`` (default ``~/.cache/pyg_dfgnn``). A folder that is
+named but lacks the dataset raises :class:`FileNotFoundError` instead of
+downloading silently.
 
 PyG writes a ``processed/`` folder next to ``raw/``. So that it never writes into
 the data folder, each dataset folder is first copied (once per process) to a
 temporary directory, and PyG reads the copy. The copies are removed when the
-process exits. Loaders that parse CSV or pickle files themselves
-(:func:`pubmed_graph`, :func:`musae`) read the data folder directly and write
+process exits. Loaders that parse the files themselves (:func:`pubmed_graph`,
+:func:`musae`, :func:`ogbn_arxiv`) read the data folder directly and write
 nothing.
 
 Example:
 
 .. code-block:: python
 
-    from pyg_dfgnn import datasets
-    data = datasets.planetoid('Cora')        # Data(x=[2708, 1433], edge_index=[2, 10556], ...)
-    data = datasets.load('github')           # 37,700 nodes, max in-degree 9,458 (super nodes)
+    from benchmarks import datasets
+    data = datasets.planetoid('Cora', root='/data')  # Data(x=[2708, 1433], ...)
+    data = datasets.load('github')            # $PYG_DFGNN_DATA, else a PyG download
 """
 from __future__ import annotations
 
@@ -32,59 +33,60 @@ import pickle
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
 __all__ = ["data_dir", "cache_dir", "planetoid", "pubmed_graph", "tu_dataset", "musae",
-           "musae_github", "actor", "webkb", "load", "available"]
+           "musae_github", "ogbn_arxiv", "actor", "webkb", "load", "available"]
 
-#: Environment variable that points at the offline data folder.
+#: Environment variable naming the data folder when no ``root`` is given.
 ENV_DATA = "PYG_DFGNN_DATA"
-#: Environment variable for the download cache used when no offline copy exists.
+#: Environment variable for the download cache used when there is no data folder.
 ENV_CACHE = "PYG_DFGNN_CACHE"
 
 _PathLike = Union[str, os.PathLike]
 
-# path parts under the data folder -> their private copy, for this process.
-_COPIES: Dict[Tuple[str, ...], Path] = {}
+# source folder -> its private copy, for this process.
+_COPIES: Dict[Path, Path] = {}
 _TMP_ROOT: Optional[Path] = None
 
 
 # --------------------------------------------------------------------- paths
-def data_dir() -> Optional[Path]:
-    r"""The offline data folder, or ``None`` if there is none.
+def data_dir(root: Optional[_PathLike] = None) -> Optional[Path]:
+    r"""The data folder: ``root`` if given, else ``$PYG_DFGNN_DATA`` if set,
+    else ``None`` (the loaders then download through PyG).
 
-    ``$PYG_DFGNN_DATA`` when set (it is returned even if it does not exist, so a
-    wrong path fails loudly instead of silently downloading), else
-    ``<repository>/../shared/data`` when that folder exists.
+    The folder is returned even if it does not exist, so a wrong path fails
+    loudly instead of silently downloading.
     """
-    env = os.environ.get(ENV_DATA)
-    if env:
-        return Path(env).expanduser().resolve()
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    return default if default.is_dir() else None
+    if root is None:
+        root = os.environ.get(ENV_DATA) or None
+    return None if root is None else Path(root).expanduser().resolve()
 
 
 def cache_dir() -> Path:
-    r"""Where PyG downloads datasets that are not in the offline data folder
+    r"""Where PyG downloads datasets when there is no data folder
     (``$PYG_DFGNN_CACHE``, default ``~/.cache/pyg_dfgnn``)."""
     return Path(os.environ.get(ENV_CACHE, "~/.cache/pyg_dfgnn")).expanduser()
 
 
-def _offline(*parts: str) -> Optional[Path]:
-    """``data_dir()/parts`` if it exists, else ``None``."""
-    root = data_dir()
-    if root is None:
+def _offline(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
+    """``data_dir(root)/parts``, or ``None`` without a data folder.
+
+    Raises:
+        FileNotFoundError: the data folder is named but lacks ``parts``.
+    """
+    base = data_dir(root)
+    if base is None:
         return None
-    path = root.joinpath(*parts)
-    if path.exists():
-        return path
-    if os.environ.get(ENV_DATA):
-        raise FileNotFoundError(f"{path} not found (${ENV_DATA}={os.environ[ENV_DATA]})")
-    return None
+    path = base.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (data folder {base}; pass another root= "
+                                f"or unset ${ENV_DATA} to download through PyG)")
+    return path
 
 
 def _tmp_root() -> Path:
@@ -95,29 +97,29 @@ def _tmp_root() -> Path:
     return _TMP_ROOT
 
 
-def _private_copy(*parts: str) -> Optional[Path]:
-    r"""A private, writable copy of ``data_dir()/parts``, made once per process.
+def _private_copy(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
+    r"""A private, writable copy of ``data_dir(root)/parts``, made once per process.
 
-    PyG writes ``processed/`` into the copy, never into the offline folder.
-    Returns ``None`` if the offline folder does not have ``parts``.
+    PyG writes ``processed/`` into the copy, never into the data folder.
+    Returns ``None`` without a data folder.
     """
-    src = _offline(*parts)
+    src = _offline(root, *parts)
     if src is None:
         return None
-    if parts not in _COPIES:
-        dst = _tmp_root().joinpath(*parts)
+    if src not in _COPIES:
+        dst = _tmp_root().joinpath(str(len(_COPIES)), *parts)
         shutil.copytree(src, dst)
-        _COPIES[parts] = dst
-    return _COPIES[parts]
+        _COPIES[src] = dst
+    return _COPIES[src]
 
 
-def _pyg_root(root: str, sub: str) -> str:
-    r"""A root directory for a PyG dataset class that expects ``<root>/<sub>/raw``
+def _pyg_root(root: Optional[_PathLike], name: str, sub: str) -> str:
+    r"""A root directory for a PyG dataset class that expects ``<dir>/<sub>/raw``
     (Planetoid, TUDataset, WebKB): the parent of a private copy of
-    ``<root>/<sub>``, or the download cache if there is no offline copy."""
-    copy = _private_copy(root, sub)
+    ``<name>/<sub>``, or the download cache without a data folder."""
+    copy = _private_copy(root, name, sub)
     if copy is None:
-        path = cache_dir() / root
+        path = cache_dir() / name
         path.mkdir(parents=True, exist_ok=True)
         return str(path)
     return str(copy.parent)
@@ -128,7 +130,7 @@ _PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 
 
 def planetoid(name: str, split: str = "public", transform: Optional[Callable] = None,
-              **kwargs) -> Data:
+              root: Optional[_PathLike] = None, **kwargs) -> Data:
     r"""A Planetoid citation graph (Cora or CiteSeer) with its split masks.
 
     Source: ``Planetoid/<Name>/raw/ind.<name>.*`` (the files of
@@ -138,13 +140,14 @@ def planetoid(name: str, split: str = "public", transform: Optional[Callable] = 
 
     Args:
         name (str): ``"Cora"`` or ``"CiteSeer"`` (case-insensitive). PubMed's
-            feature file is not available offline: use :func:`pubmed_graph`.
+            feature file is not in the data folder: use :func:`pubmed_graph`.
         split (str): ``"public"`` (default, the Planetoid split: 20 nodes per
             class for training, 500 validation, 1,000 test) or any other
             ``split`` of :class:`~torch_geometric.datasets.Planetoid`
             (``"geom-gcn"`` gives masks of shape ``[N, 10]``).
         transform (callable, optional): applied to the returned graph, e.g.
             :class:`torch_geometric.transforms.NormalizeFeatures`.
+        root (str, optional): the data folder (see :func:`data_dir`).
         **kwargs: passed on to :class:`~torch_geometric.datasets.Planetoid`.
 
     Returns:
@@ -160,11 +163,11 @@ def planetoid(name: str, split: str = "public", transform: Optional[Callable] = 
     if key not in _PLANETOID:
         raise ValueError(f"unknown Planetoid dataset {name!r}; expected Cora, CiteSeer or PubMed")
     name = _PLANETOID[key]
-    if name == "PubMed" and _offline("Planetoid", "PubMed") is not None:
-        raise ValueError("PubMed's features (ind.pubmed.allx) are not in the offline data "
-                         "folder; use pyg_dfgnn.datasets.pubmed_graph() for the graph")
+    if name == "PubMed" and data_dir(root) is not None:
+        raise ValueError("PubMed's features (ind.pubmed.allx) are not in the data folder; "
+                         "use benchmarks.datasets.pubmed_graph() for the graph")
     # The geom-gcn files live under <Name>/geom-gcn/raw, so one copy serves every split.
-    ds = Planetoid(root=_pyg_root("Planetoid", name), name=name, split=split, **kwargs)
+    ds = Planetoid(root=_pyg_root(root, "Planetoid", name), name=name, split=split, **kwargs)
     data = ds[0]
     return transform(data) if transform is not None else data
 
@@ -177,16 +180,17 @@ def _load_pickle(path: Path):
         return pickle.load(f, encoding="latin1")
 
 
-def pubmed_graph(num_features: int = 500, seed: int = 0) -> Data:
+def pubmed_graph(num_features: int = 500, seed: int = 0,
+                 root: Optional[_PathLike] = None) -> Data:
     r"""The PubMed citation graph with its labels and public split, and **random**
     node features.
 
     Source: ``Planetoid/PubMed/raw/ind.pubmed.{graph,ally,ty,test.index,...}``
     (``kimiyoung/planetoid``). The 500-d TF-IDF feature matrix ``ind.pubmed.allx``
-    is not available offline, so ``x`` is drawn from a standard normal
+    is not in the data folder, so ``x`` is drawn from a standard normal
     distribution: use this graph for kernel tests and benchmarks, not to report
     accuracy. Graph, labels and masks are identical to
-    ``Planetoid(name='PubMed')``. Without an offline copy, the graph is taken from
+    ``Planetoid(name='PubMed')``. Without a data folder, the graph is taken from
     a PyG download and ``x`` is still replaced by random features, so the result
     does not depend on where the data came from.
 
@@ -194,6 +198,7 @@ def pubmed_graph(num_features: int = 500, seed: int = 0) -> Data:
         num_features (int): width of the random features (default: 500, as
             PubMed).
         seed (int): seed of the feature generator.
+        root (str, optional): the data folder (see :func:`data_dir`).
 
     Returns:
         :class:`~torch_geometric.data.Data` with ``x`` ``[19717, num_features]``,
@@ -203,10 +208,10 @@ def pubmed_graph(num_features: int = 500, seed: int = 0) -> Data:
     from torch_geometric.io.planetoid import edge_index_from_dict
     from torch_geometric.utils import index_to_mask
 
-    raw = _offline("Planetoid", "PubMed", "raw")
+    raw = _offline(root, "Planetoid", "PubMed", "raw")
     if raw is None:
         from torch_geometric.datasets import Planetoid
-        data = Planetoid(root=_pyg_root("Planetoid", "PubMed"), name="PubMed")[0]
+        data = Planetoid(root=_pyg_root(root, "Planetoid", "PubMed"), name="PubMed")[0]
         data = Data(edge_index=data.edge_index, y=data.y, num_nodes=data.num_nodes,
                     train_mask=data.train_mask, val_mask=data.val_mask,
                     test_mask=data.test_mask)
@@ -235,7 +240,7 @@ def pubmed_graph(num_features: int = 500, seed: int = 0) -> Data:
 _TU = {"mutag": "MUTAG", "enzymes": "ENZYMES", "proteins": "PROTEINS"}
 
 
-def tu_dataset(name: str, **kwargs):
+def tu_dataset(name: str, root: Optional[_PathLike] = None, **kwargs):
     r"""A TU graph-classification dataset: MUTAG, ENZYMES or PROTEINS.
 
     Source: ``TUDataset/<NAME>/raw/<NAME>_*.txt`` (TU Dortmund benchmark files),
@@ -246,6 +251,7 @@ def tu_dataset(name: str, **kwargs):
 
     Args:
         name (str): ``"MUTAG"``, ``"ENZYMES"`` or ``"PROTEINS"`` (case-insensitive).
+        root (str, optional): the data folder (see :func:`data_dir`).
         **kwargs: passed on to :class:`~torch_geometric.datasets.TUDataset`
             (e.g. ``use_node_attr=True`` for ENZYMES' 18 node attributes,
             ``transform``).
@@ -263,7 +269,7 @@ def tu_dataset(name: str, **kwargs):
     if key not in _TU:
         raise ValueError(f"unknown TU dataset {name!r}; expected one of {sorted(_TU.values())}")
     name = _TU[key]
-    return TUDataset(root=_pyg_root("TUDataset", name), name=name, **kwargs)
+    return TUDataset(root=_pyg_root(root, "TUDataset", name), name=name, **kwargs)
 
 
 # -------------------------------------------------------------------- MUSAE
@@ -274,7 +280,7 @@ _MUSAE = {  # name -> (folder, file prefix, label column)
 }
 
 
-def musae(name: str) -> Data:
+def musae(name: str, root: Optional[_PathLike] = None) -> Data:
     r"""A MUSAE social/web graph: ``"github"``, ``"squirrel"`` or ``"chameleon"``.
 
     Source: ``MUSAE/<folder>/<k>_edges.csv``, ``<k>_target.csv`` and ``<k>.json``
@@ -287,6 +293,7 @@ def musae(name: str) -> Data:
     Args:
         name (str): ``"github"``, ``"squirrel"`` or ``"chameleon"``
             (case-insensitive).
+        root (str, optional): the data folder (see :func:`data_dir`).
 
     Returns:
         :class:`~torch_geometric.data.Data` with ``edge_index`` ``[2, E]``,
@@ -294,13 +301,13 @@ def musae(name: str) -> Data:
 
         * GitHub (37,700 nodes, 578,006 edges): ``y`` ``[N]`` (2 classes, web vs.
           machine-learning developer); no ``x`` (the features file is not
-          available offline).
+          in the data folder).
         * squirrel (5,201 nodes, 396,846 edges incl. 140 self-loops) and
           chameleon (2,277 nodes, 62,792 edges incl. 50 self-loops): ``x``
           ``[N, F]`` multi-hot features and ``y`` ``[N]`` float traffic counts
           (a regression target).
 
-        Without an offline copy, GitHub is downloaded through
+        Without a data folder, GitHub is downloaded through
         :class:`torch_geometric.datasets.GitHub` (same topology, 128-d ``x``);
         the Wikipedia graphs raise :class:`FileNotFoundError`.
     """
@@ -310,17 +317,17 @@ def musae(name: str) -> Data:
     if key not in _MUSAE:
         raise ValueError(f"unknown MUSAE dataset {name!r}; expected one of {sorted(_MUSAE)}")
     folder, k, label = _MUSAE[key]
-    root = _offline("MUSAE", folder)
-    if root is None:
+    src = _offline(root, "MUSAE", folder)
+    if src is None:
         if key == "github":
             from torch_geometric.datasets import GitHub
             return GitHub(root=str(cache_dir() / "GitHub"))[0]
-        raise FileNotFoundError(f"MUSAE/{folder} is not in the offline data folder "
-                                f"({data_dir()}) and PyG has no loader for it")
-    with open(root / f"{k}_target.csv", encoding="utf-8") as f:
+        raise FileNotFoundError(f"MUSAE/{folder} needs a data folder (root= or ${ENV_DATA}): "
+                                "PyG has no loader for it")
+    with open(src / f"{k}_target.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     n = len(rows)
-    with open(root / f"{k}_edges.csv", encoding="utf-8") as f:
+    with open(src / f"{k}_edges.csv", encoding="utf-8") as f:
         reader = csv.reader(f)
         next(reader)  # header
         e = torch.tensor([[int(a), int(b)] for a, b in reader], dtype=torch.long).t()
@@ -333,7 +340,7 @@ def musae(name: str) -> Data:
     else:
         data.y = torch.empty(n, dtype=torch.float)
         data.y[ids] = torch.tensor([float(r[label]) for r in rows])
-    feat = root / f"{k}.json"
+    feat = src / f"{k}.json"
     if feat.exists():
         with open(feat, encoding="utf-8") as f:
             active = json.load(f)
@@ -345,10 +352,11 @@ def musae(name: str) -> Data:
     return data
 
 
-def musae_github() -> Data:
+def musae_github(root: Optional[_PathLike] = None) -> Data:
     r"""The MUSAE GitHub developer graph: 37,700 nodes, 578,006 (directed)
     edges, maximum in-degree 9,458 (21 nodes above 1,000): a real graph with
-    super nodes. ``y`` ``[N]`` has 2 classes; there is no ``x`` offline.
+    super nodes. ``y`` ``[N]`` has 2 classes; there is no ``x`` in the data
+    folder (PyG's download has a 128-d ``x``).
 
     Source: ``MUSAE/GitHub/git_edges.csv`` and ``git_target.csv``. See
     :func:`musae`.
@@ -357,28 +365,78 @@ def musae_github() -> Data:
         :class:`~torch_geometric.data.Data` with ``edge_index`` ``[2, 578006]``,
         ``y`` ``[37700]`` and ``num_nodes=37700``.
     """
-    return musae("github")
+    return musae("github", root=root)
+
+
+# --------------------------------------------------------------- ogbn-arxiv
+def ogbn_arxiv(root: Optional[_PathLike] = None) -> Data:
+    r"""The ogbn-arxiv citation graph (Open Graph Benchmark) with its labels and
+    the OGB time split, and **no** node features.
+
+    Source: ``ogbn-arxiv/edges.npz`` (``edge_index`` int32 ``[2, 1166243]``,
+    citing -> cited), ``labels.npy`` and ``split.npy`` (0 train, 1 valid, 2 test),
+    read directly (nothing is written). Without a data folder the graph comes
+    from the ``ogb`` package's download, if it is installed, reduced to the same
+    fields. Give the nodes stand-in features (random, or a learned
+    :class:`torch.nn.Embedding`).
+
+    Args:
+        root (str, optional): the data folder (see :func:`data_dir`).
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``num_nodes=169343``,
+        ``edge_index`` ``[2, 2315598]`` (undirected:
+        :func:`~torch_geometric.utils.to_undirected`), ``y`` ``[N]`` int64 (40
+        classes) and boolean ``train_mask`` (90,941), ``val_mask`` (29,799),
+        ``test_mask`` (48,603).
+
+    Raises:
+        FileNotFoundError: no data folder and no ``ogb`` package.
+    """
+    from torch_geometric.utils import index_to_mask, to_undirected
+
+    src = _offline(root, "ogbn-arxiv")
+    if src is None:
+        try:
+            from ogb.nodeproppred import PygNodePropPredDataset
+        except ImportError:
+            raise FileNotFoundError(f"ogbn-arxiv needs a data folder (root= or ${ENV_DATA}) "
+                                    "or the ogb package (pip install ogb)") from None
+        ds = PygNodePropPredDataset("ogbn-arxiv", root=str(cache_dir() / "ogb"))
+        n = ds[0].num_nodes
+        edge_index, y = ds[0].edge_index, ds[0].y.view(-1).long()
+        masks = {k: index_to_mask(v, n) for k, v in ds.get_idx_split().items()}
+        masks["val"] = masks.pop("valid")
+    else:
+        edge_index = torch.from_numpy(np.load(src / "edges.npz")["edge_index"]).long()
+        y = torch.from_numpy(np.load(src / "labels.npy").astype(np.int64))
+        split = torch.from_numpy(np.load(src / "split.npy"))
+        n = y.numel()
+        masks = {"train": split == 0, "val": split == 1, "test": split == 2}
+    return Data(edge_index=to_undirected(edge_index, num_nodes=n), y=y, num_nodes=n,
+                train_mask=masks["train"], val_mask=masks["val"], test_mask=masks["test"])
 
 
 # -------------------------------------------------------- Geom-GCN graphs
-def actor(**kwargs) -> Data:
+def actor(root: Optional[_PathLike] = None, **kwargs) -> Data:
     r"""The Actor (film) co-occurrence graph from Geom-GCN: 7,600 nodes, 30,019
     directed edges (with self-loops, as PyG keeps them), 932 features, 5
     classes, masks ``[N, 10]`` (the 10 geom-gcn splits). Maximum in-degree
     1,296. Source: ``Actor/raw/`` via :class:`~torch_geometric.datasets.Actor`.
 
     Args:
+        root (str, optional): the data folder (see :func:`data_dir`).
         **kwargs: passed on to :class:`~torch_geometric.datasets.Actor`.
     """
     from torch_geometric.datasets import Actor
 
-    root = _private_copy("Actor")  # Actor(root) expects <root>/raw
-    if root is None:
-        root = cache_dir() / "Actor"
-    return Actor(root=str(root), **kwargs)[0]
+    path = _private_copy(root, "Actor")  # Actor(root) expects <root>/raw
+    if path is None:
+        path = cache_dir() / "Actor"
+    return Actor(root=str(path), **kwargs)[0]
 
 
-def webkb(name: str, **kwargs) -> Data:
+def webkb(name: str, root: Optional[_PathLike] = None, **kwargs) -> Data:
     r"""A WebKB page graph from Geom-GCN: ``"cornell"`` (183 nodes, 298 edges),
     ``"texas"`` (183, 325) or ``"wisconsin"`` (251, 515); 1,703 features, 5
     classes, masks ``[N, 10]``. Directed, with self-loops. Source:
@@ -386,6 +444,7 @@ def webkb(name: str, **kwargs) -> Data:
 
     Args:
         name (str): ``"cornell"``, ``"texas"`` or ``"wisconsin"``.
+        root (str, optional): the data folder (see :func:`data_dir`).
         **kwargs: passed on to :class:`~torch_geometric.datasets.WebKB`.
     """
     from torch_geometric.datasets import WebKB
@@ -393,7 +452,7 @@ def webkb(name: str, **kwargs) -> Data:
     key = name.lower()
     if key not in ("cornell", "texas", "wisconsin"):
         raise ValueError(f"unknown WebKB dataset {name!r}; expected cornell, texas or wisconsin")
-    return WebKB(root=_pyg_root("WebKB", key), name=key, **kwargs)[0]
+    return WebKB(root=_pyg_root(root, "WebKB", key), name=key, **kwargs)[0]
 
 
 # ---------------------------------------------------------------- dispatch
@@ -407,6 +466,7 @@ _LOADERS: Dict[str, Callable] = {
     "github": lambda **kw: musae("github", **kw),
     "squirrel": lambda **kw: musae("squirrel", **kw),
     "chameleon": lambda **kw: musae("chameleon", **kw),
+    "arxiv": lambda **kw: ogbn_arxiv(**kw),
     "actor": lambda **kw: actor(**kw),
     "cornell": lambda **kw: webkb("cornell", **kw),
     "texas": lambda **kw: webkb("texas", **kw),
@@ -426,14 +486,15 @@ def load(name: str, **kwargs):
         name (str): one of :func:`available`: ``cora``, ``citeseer``,
             ``pubmed`` (graph + random features, :func:`pubmed_graph`),
             ``mutag``, ``enzymes``, ``proteins`` (:func:`tu_dataset`),
-            ``github``, ``squirrel``, ``chameleon`` (:func:`musae`), ``actor``,
-            ``cornell``, ``texas``, ``wisconsin``. ``musae_github`` and
+            ``github``, ``squirrel``, ``chameleon`` (:func:`musae`), ``arxiv``
+            (:func:`ogbn_arxiv`), ``actor``, ``cornell``, ``texas``,
+            ``wisconsin``. ``musae_github``, ``ogbn-arxiv`` and
             ``wikipedia-squirrel`` style aliases work too. Generated (seeded,
-            :mod:`pyg_dfgnn.generators`): ``pattern``, ``cluster``
+            :mod:`benchmarks.generators`): ``pattern``, ``cluster``
             (:func:`sbm_dataset`), ``mnist``, ``cifar10``, ``coco_sp``,
             ``pascalvoc_sp`` (:func:`knn_dataset`, synthetic labels); these take
             ``num_graphs`` (default 1,000) and ``seed`` (default 0).
-        **kwargs: passed on to the loader.
+        **kwargs: passed on to the loader (``root`` for the real graphs).
 
     Returns:
         A :class:`~torch_geometric.data.Data` for node-level datasets, a
@@ -442,7 +503,7 @@ def load(name: str, **kwargs):
         :class:`torch_geometric.loader.DataLoader`) for the generated ones.
     """
     key = name.lower().replace("-", "").replace("_", "")
-    for prefix in ("musae", "wikipedia", "planetoid", "tu"):
+    for prefix in ("musae", "wikipedia", "planetoid", "tu", "ogbn"):
         if key.startswith(prefix) and key[len(prefix):] in _LOADERS:
             key = key[len(prefix):]
     if key == "film":
@@ -453,9 +514,9 @@ def load(name: str, **kwargs):
 
 
 # ------------------------------------------------------ synthetic generators
-# Seeded stand-ins for the datasets that are not available offline (SBM PATTERN /
+# Seeded stand-ins for the datasets that are not in the data folder (SBM PATTERN /
 # CLUSTER, MNIST / CIFAR10 superpixels, COCO-SP / PascalVOC-SP region graphs,
-# super-node graphs): see pyg_dfgnn.generators.
+# super-node graphs): see benchmarks.generators.
 from .generators import (describe, knn_batch, knn_dataset, power_law_graph,  # noqa: E402
                          sbm_batch, sbm_dataset)
 
@@ -464,7 +525,8 @@ __all__ += ["sbm_batch", "sbm_dataset", "knn_batch", "knn_dataset", "power_law_g
 
 
 def _synthetic(fn, kind):
-    def load_synthetic(num_graphs: int = 1000, seed: int = 0, **kw):
+    def load_synthetic(num_graphs: int = 1000, seed: int = 0, root=None, **kw):
+        del root  # generated: no data folder
         return fn(kind, num_graphs=num_graphs, seed=seed, **kw)
     load_synthetic.__doc__ = (f"``{fn.__name__}({kind!r}, num_graphs=1000, seed=0)``: a list "
                               "of generated Data graphs.")

@@ -1,7 +1,7 @@
 r"""Seeded, vectorised synthetic graphs with the shapes of the paper's Table 1.
 
-Parameters follow ``../shared/data/README.md`` ("Synthetic stand-ins"), which
-cites the original generators:
+Parameters follow the original generators (as summarised in the data folder's
+``README.md``, "Synthetic stand-ins"):
 
 * :func:`sbm_batch` / :func:`sbm_dataset`: SBM **PATTERN** and **CLUSTER** of
   Benchmarking GNNs (Dwivedi et al.), ``generate_SBM_{PATTERN,CLUSTER}.ipynb``.
@@ -29,7 +29,7 @@ cites the original generators:
 Every generator is a pure function of its arguments and ``seed`` (same seed,
 same output) and works on whole batches of graphs at once: generating 10,000
 graphs takes seconds. Outputs are on the CPU (``int64`` ``edge_index``), except
-:func:`power_law_graph` given a ``device``. ``python -m pyg_dfgnn.generators``
+:func:`power_law_graph` given a ``device``. ``python -m benchmarks.generators``
 prints the statistics of every generator.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ class SBMParams(NamedTuple):
     num_patterns: int = 100  # distinct pattern instances
 
 
-#: Published generation parameters (``../shared/data/README.md``).
+#: Published generation parameters (the data folder's ``README.md``).
 SBM_PARAMS: Dict[str, SBMParams] = {
     "pattern": SBMParams(5, 5, 34, 0.5, 0.35, vocab=3, num_classes=2, pattern=True),
     "cluster": SBMParams(6, 5, 34, 0.55, 0.25, vocab=7, num_classes=6),
@@ -280,7 +280,7 @@ class KNNParams(NamedTuple):
     graph_task: bool      # graph labels (superpixels) or node labels (region graphs)
 
 
-#: Shapes of the superpixel / region graphs (``../shared/data/README.md``).
+#: Shapes of the superpixel / region graphs (the data folder's ``README.md``).
 KNN_PARAMS: Dict[str, KNNParams] = {
     "mnist": KNNParams(40, 75, 8, False, 3, 10, True),
     "cifar10": KNNParams(85, 150, 8, False, 5, 10, True),
@@ -568,7 +568,7 @@ def expected_stats(kind: str) -> Dict[str, float]:
     :math:`E[s(s-1)] = \mathrm{Var}(s) + E[s]^2 - E[s]`; undirected edges are
     :math:`C \cdot E[s(s-1)]/2 \cdot p + \binom{C}{2} E[s]^2 q` (+ pattern terms);
     directed = 2 x undirected. PATTERN: about 117 nodes, 5,870 edges; CLUSTER:
-    117 and 4,290 (``../shared/data/README.md``). kNN: edges = 8 x nodes.
+    117 and 4,290 (the data folder's ``README.md``). kNN: edges = 8 x nodes.
     """
     kind = kind.lower()
     if kind in SBM_PARAMS:
@@ -733,5 +733,5 @@ def summary(num_graphs: int = 1000, seed: int = 0, file=None) -> Dict[str, Dict[
     return out
 
 
-if __name__ == "__main__":  # python -m pyg_dfgnn.generators [num_graphs]
+if __name__ == "__main__":  # python -m benchmarks.generators [num_graphs]
     summary(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
