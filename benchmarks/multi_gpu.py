@@ -131,9 +131,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 continue
             for impl in args.impls:
                 reports.append(run_one(args, task, impl, world, gpus, out))
+    nccl = torch.cuda.nccl.version()
     result = {
         "device_name": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "model": args.model,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+        "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
         "workers": args.workers, "runs": reports,
     }

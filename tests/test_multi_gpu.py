@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import runpy
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def test_layout_is_built_on_its_graphs_device():
     torch.cuda.synchronize(1)
     assert torch.cuda.max_memory_allocated(0) == base
     assert lay.device == torch.device("cuda", 1)
-    for name in ("rowptr", "col", "colptr", "row", "perm"):
+    for name in ("rowptr", "col", "edge_perm", "colptr", "row", "perm"):
         got = getattr(lay, name)
         assert got.device == lay.device, name
         assert torch.equal(got.cpu().long(), getattr(want, name).long()), name
@@ -248,12 +249,14 @@ def test_layout_on_another_device_than_the_features_raises():
 
 
 # ------------------------------------------------- examples/multi_gpu.py (DDP)
-def _example(tmp_path, *args, timeout=300):
-    """Runs the example; returns rank 0's JSON report."""
+def _example(tmp_path, *args, env=None, timeout=300):
+    """Runs the example (a timeout turns a hang into a failure); returns rank 0's
+    JSON report. The ranks meet through a file store: no port is picked."""
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, str(EXAMPLE), *args, "--quick", "--check-params",
                            "--no-progress", "--json", str(out)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -319,6 +322,6 @@ def test_ddp_on_two_gpus_with_nccl(tmp_path):
 def test_ddp_two_processes_on_one_gpu(tmp_path):
     """Two ranks share GPU 0 (gloo: NCCL refuses two ranks on one GPU)."""
     rep = _example(tmp_path, "--task", "graph", "--impl", "fused", "--device", "cuda",
-                   "--nprocs", "2", "--oversubscribe")
+                   "--nprocs", "2", "--oversubscribe", env={"CUDA_VISIBLE_DEVICES": "0"})
     _check_ddp_report(rep, 2)
     assert rep["backend"] == "gloo"
