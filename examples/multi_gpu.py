@@ -14,7 +14,8 @@ One process per GPU (NCCL), or per CPU share (gloo). Two tasks:
 The model is two attention convs (``--model gat | gt``, 4 heads) built from PyG's
 convs (``--impl native``) or from the fused ones (``--impl fused``); on CPU the
 fused convs run their pure-PyTorch reference path. ``--batch-size`` is per rank,
-so N ranks train on N times the batch of one process per step; the reported
+so N ranks train on N times the batch of one process per step (to compare the
+accuracy with one process at batch B, give N ranks B / N each); the reported
 throughput (seeds or graphs per second) counts every rank's samples.
 
     torchrun --nproc-per-node 2 examples/multi_gpu.py --task node --impl fused
@@ -93,8 +94,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="node: neighbours sampled per layer (default: 10 10)")
     p.add_argument("--features", type=int, default=128,
                    help="node: width of the random stand-in features (default: 128)")
-    p.add_argument("--root", default=None, help="node: ogbn-arxiv folder (default: the "
-                   "offline data folder)")
+    p.add_argument("--root", default=None, help="node: the data folder that holds "
+                   "ogbn-arxiv/ (default: the repository's, see benchmarks.datasets)")
     p.add_argument("--graphs", type=int, default=None,
                    help="graph: training graphs (default: 4000)")
     p.add_argument("--test-graphs", type=int, default=None,
@@ -201,6 +202,36 @@ def _outputs(model, batch, task: str):
     return out, batch.y, batch.num_graphs
 
 
+# ----------------------------------------------------------------------- model
+def conv_class(model: str, impl: str) -> type:
+    """PyG's conv (``native``) or its fused drop-in subclass (``fused``)."""
+    # Imported here, not at the top: the launching process needs none of it.
+    if impl == "native":
+        from torch_geometric.nn import GATConv, TransformerConv
+        return {"gat": GATConv, "gt": TransformerConv}[model]
+    from pyg_dfgnn.nn import FusedGATConv, FusedTransformerConv
+    return {"gat": FusedGATConv, "gt": FusedTransformerConv}[model]
+
+
+class Net(torch.nn.Module):
+    r"""Two attention convs: ``heads`` concatenated heads of ``hidden`` channels,
+    ELU, then one head with the class scores; dropout on each conv's input and on
+    the attention weights."""
+
+    def __init__(self, conv: type, in_channels: int, hidden: int, heads: int, classes: int,
+                 dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = conv(in_channels, hidden, heads=heads, dropout=dropout)
+        self.conv2 = conv(hidden * heads, classes, heads=1, concat=False, dropout=dropout)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = F.elu(self.conv1(x, edge_index))
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        return self.conv2(x, edge_index)
+
+
 # -------------------------------------------------------------------- training
 def param_checksum(model: torch.nn.Module) -> str:
     """CRC-32 of every parameter's bytes, in order: equal iff the parameters are."""
@@ -217,9 +248,6 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
     from torch.nn.parallel import DistributedDataParallel as DDP
     from tqdm.auto import tqdm
 
-    # Imported here, not at the top: the launching process needs none of it.
-    from pyg_dfgnn.train import build_model
-
     if args.device == "cuda":
         gpus = torch.cuda.device_count()
         if local_rank >= gpus and not args.oversubscribe:
@@ -231,7 +259,6 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group(args.backend, init_method=init_method, rank=rank, world_size=world)
     # NCCL reduces device tensors, gloo host tensors (it would copy device ones).
     comm = device if args.backend == "nccl" else torch.device("cpu")
@@ -239,8 +266,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         make = node_task if args.task == "node" else graph_task
         train_loader, test_loader, sampler, in_ch, classes = make(args, rank, world)
         torch.manual_seed(args.seed)  # DDP broadcasts rank 0's parameters anyway
-        model = build_model(args.model, args.impl, in_ch, classes, args.hidden, args.heads,
-                            args.dropout).to(device)
+        model = Net(conv_class(args.model, args.impl), in_ch, args.hidden, args.heads,
+                    classes, args.dropout).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         initial = param_checksum(model) if args.check_params else None
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
@@ -336,6 +363,8 @@ def _sync(device: torch.device) -> None:
 
 # -------------------------------------------------------------------- launching
 def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
+    if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
 
 
