@@ -83,9 +83,11 @@ def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dic
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {**base, "error": f"timed out after {args.timeout} s"}
+    path.with_suffix(".log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {**base, "error": lines[-1] if lines else f"exit status {proc.returncode}"}
+        return {**base, "error": (lines[-1] if lines else f"exit status {proc.returncode}")
+                + f" (log: {path.with_suffix('.log')})"}
     rep = json.loads(path.read_text())
     if rep["steps"] < args.steps:
         rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
@@ -133,7 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 reports.append(run_one(args, task, impl, world, gpus, out))
     nccl = torch.cuda.nccl.version()
     result = {
-        "device_name": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
+        # From a run's report: this process leaves the GPUs to the runs (no CUDA context).
+        "device_name": next((r["device_name"] for r in reports if "device_name" in r), "?"),
+        "gpus": gpus, "torch": torch.__version__,
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
