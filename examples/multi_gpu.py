@@ -234,10 +234,12 @@ class Net(torch.nn.Module):
 
 # -------------------------------------------------------------------- training
 def param_checksum(model: torch.nn.Module) -> str:
-    """CRC-32 of every parameter's bytes, in order: equal iff the parameters are."""
+    """CRC-32 of every parameter's bytes, in order: ranks whose parameters differ in
+    any bit get different checksums (but for a 2^-32 chance of a collision)."""
     crc = 0
     for p in model.parameters():
-        crc = zlib.crc32(p.detach().cpu().contiguous().numpy().tobytes(), crc)
+        raw = p.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype
+        crc = zlib.crc32(raw.numpy().tobytes(), crc)
     return f"{crc:08x}"
 
 

@@ -306,7 +306,9 @@ def test_param_checksum_sees_one_ulp():
     assert checksum(lin) == before
     with torch.no_grad():
         lin.weight[1, 2] = torch.nextafter(lin.weight[1, 2], torch.tensor(math.inf))
-    assert checksum(lin) != before
+    fp32 = checksum(lin)
+    assert fp32 != before
+    assert checksum(lin.to(torch.bfloat16)) != fp32  # dtypes numpy lacks work too
 
 
 @pytest.mark.cuda
