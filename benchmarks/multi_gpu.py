@@ -1,0 +1,156 @@
+"""Data-parallel training throughput of the fused and native attention convs on 1
+and 2 GPUs (DistributedDataParallel, NCCL).
+
+    python benchmarks/multi_gpu.py                      # node and graph task, fused and native
+    python benchmarks/multi_gpu.py --oversubscribe      # one GPU: also 2 ranks on it (gloo)
+    python benchmarks/multi_gpu.py --tasks graph --world-sizes 1 2 4 --out results/ddp
+
+Each configuration (task x implementation x world size) trains
+``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
+``torch.multiprocessing.spawn``; a fresh process per configuration starts every
+measurement from the same state (empty caching allocator, new NCCL communicator).
+Throughput is the samples of every rank (seed nodes or graphs) over the slowest
+rank's time for the steps after the warm-up; ``--batch-size`` is per rank, so a
+world size of N trains N times the batch of one GPU per step (weak scaling).
+
+A world size larger than the number of GPUs is skipped unless ``--oversubscribe``
+is given: then the ranks share GPUs, over gloo, since NCCL refuses two ranks on
+one GPU. That exercises the multi-process path, not the scaling: such rows are
+marked in the table.
+
+Writes ``multi_gpu.json`` (every configuration's report) and ``multi_gpu.md`` (the
+table) to ``--out`` (default: a new temporary folder) and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_gpu.py"
+UNIT = {"node": "seeds/s", "graph": "graphs/s"}
+BATCH_SIZE = {"node": 1024, "graph": 64}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/multi_gpu.py", description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="+", choices=("node", "graph"), default=["node", "graph"])
+    p.add_argument("--impls", nargs="+", choices=("fused", "native"),
+                   default=["fused", "native"])
+    p.add_argument("--model", choices=("gat", "gt"), default="gat")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="run world sizes above the number of GPUs with ranks sharing GPUs")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run (default: 40)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="of which the first are not timed (default: 10)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="per rank (default: 1024 seeds for node, 64 graphs for graph)")
+    p.add_argument("--hidden", type=int, default=32, help="channels per head (default: 32)")
+    p.add_argument("--workers", type=int, default=4,
+                   help="data loader workers per rank (default: 4)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per run (default: 600)")
+    p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
+    args = p.parse_args(argv)
+    if args.warmup >= args.steps:
+        p.error("--warmup must be below --steps")
+    return args
+
+
+def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dict[str, object]:
+    """Trains one configuration; returns the example's report, or an ``error``."""
+    batch = args.batch_size or BATCH_SIZE[task]
+    path = out / f"{task}_{args.model}_{impl}_{world}.json"
+    cmd = [sys.executable, str(EXAMPLE), "--task", task, "--model", args.model, "--impl", impl,
+           "--device", "cuda", "--nprocs", str(world), "--epochs", "1",
+           "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--batch-size", str(batch), "--hidden", str(args.hidden),
+           "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
+           "--json", str(path)]
+    if task == "graph":  # enough graphs for every rank's steps in one epoch
+        cmd += ["--graphs", str(args.steps * batch * world), "--test-graphs", str(batch)]
+    if world > gpus:
+        cmd.append("--oversubscribe")
+    print(" ".join(cmd[1:]), flush=True)
+    base = {"task": task, "model": args.model, "impl": impl, "world_size": world}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {**base, "error": f"timed out after {args.timeout} s"}
+    path.with_suffix(".log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {**base, "error": (lines[-1] if lines else f"exit status {proc.returncode}")
+                + f" (log: {path.with_suffix('.log')})"}
+    rep = json.loads(path.read_text())
+    if rep["steps"] < args.steps:
+        rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
+    return rep
+
+
+def table(reports: List[Dict[str, object]]) -> str:
+    """Markdown table with the scaling over one rank and fused over native."""
+    thr = {(r["task"], r["impl"], r["world_size"]): r.get("throughput")
+           for r in reports if "error" not in r}
+    rows = ["| task | model | impl | ranks | backend | throughput | vs 1 rank | fused / native "
+            "| note |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        key = (r["task"], r["impl"], r["world_size"])
+        if "error" in r:
+            rows.append(f"| {r['task']} | {r['model']} | {r['impl']} | {r['world_size']} | | "
+                        f"| | | failed: {r['error']} |")
+            continue
+        one = thr.get((r["task"], r["impl"], 1))
+        native = thr.get((r["task"], "native", r["world_size"]))
+        scale = f"{r['throughput'] / one:.2f}x" if one else ""
+        ratio = f"{r['throughput'] / native:.2f}x" if native and r["impl"] == "fused" else ""
+        note = "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else ""
+        rows.append(f"| {r['task']} | {r['model']} | {r['impl']} | {r['world_size']} | "
+                    f"{r['backend']} | {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} "
+                    f"| {note} |")
+    return "\n".join(rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/multi_gpu.py measures GPUs; none is visible (the CPU path is "
+                 "tested by tests/test_multi_gpu.py)")
+    gpus = torch.cuda.device_count()
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="multi_gpu_bench_"))
+    out.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for task in args.tasks:
+        for world in args.world_sizes:
+            if world > gpus and not args.oversubscribe:
+                print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares them)")
+                continue
+            for impl in args.impls:
+                reports.append(run_one(args, task, impl, world, gpus, out))
+    nccl = torch.cuda.nccl.version()
+    result = {
+        # From a run's report: this process leaves the GPUs to the runs (no CUDA context).
+        "device_name": next((r["device_name"] for r in reports if "device_name" in r), "?"),
+        "gpus": gpus, "torch": torch.__version__,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+        "model": args.model,
+        "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
+        "workers": args.workers, "runs": reports,
+    }
+    md = table(reports)
+    (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
+    (out / "multi_gpu.md").write_text(
+        f"{result['device_name']} x {gpus}, torch {result['torch']}, NCCL {result['nccl']}, "
+        f"{args.model}, {args.steps} steps ({args.warmup} warm-up)\n\n{md}\n")
+    print(f"\n{md}\n\nwritten to {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

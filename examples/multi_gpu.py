@@ -1,0 +1,393 @@
+"""Data-parallel training of the fused attention layers with DistributedDataParallel.
+
+One process per GPU (NCCL), or per CPU share (gloo). Two tasks:
+
+* ``--task node``: node classification on ogbn-arxiv. Every rank samples its own
+  mini-batches with a :class:`~torch_geometric.loader.NeighborLoader` over its
+  share of the training seeds. The offline copy has no node features, so every
+  node gets a fixed random embedding (the same on all ranks: one seed).
+  NeighborLoader needs ``pyg-lib`` or ``torch_sparse``.
+* ``--task graph``: batches of synthetic SBM PATTERN graphs (node labels: is the
+  node part of the planted pattern) split over the ranks by a
+  :class:`~torch.utils.data.distributed.DistributedSampler`.
+
+The model is two attention convs (``--model gat | gt``, 4 heads) built from PyG's
+convs (``--impl native``) or from the fused ones (``--impl fused``); on CPU the
+fused convs run their pure-PyTorch reference path. ``--batch-size`` is per rank,
+so N ranks train on N times the batch of one process per step (to compare the
+accuracy with one process at batch B, give N ranks B / N each); the reported
+throughput (seeds or graphs per second) counts every rank's samples.
+
+    torchrun --nproc-per-node 2 examples/multi_gpu.py --task node --impl fused
+    python examples/multi_gpu.py --nprocs 2 --task graph          # mp.spawn instead
+    python examples/multi_gpu.py --nprocs 2 --device cpu --quick --check-params
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# Run as a script from a checkout: the repository root holds pyg_dfgnn and benchmarks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TASKS = ("node", "graph")
+
+# Options left unset take these values; --quick takes the second set (a smoke test).
+DEFAULTS = dict(epochs=3, steps=0, batch_size=None, hidden=32, fanout=[10, 10], graphs=4000,
+                test_graphs=1000, eval_steps=0, warmup=3)
+QUICK = dict(epochs=1, steps=4, batch_size=8, hidden=8, fanout=[5, 5], graphs=48,
+             test_graphs=16, eval_steps=2, warmup=1)
+BATCH_SIZE = {"node": 1024, "graph": 64}  # per rank
+
+
+# ----------------------------------------------------------------------- options
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="examples/multi_gpu.py",
+        description="DistributedDataParallel training of fused (or native) attention convs.",
+        epilog="Under torchrun the ranks come from torchrun; otherwise --nprocs processes "
+               "are started with torch.multiprocessing.spawn.")
+    p.add_argument("--task", choices=TASKS, default="graph",
+                   help="node: ogbn-arxiv with NeighborLoader; graph: PATTERN batches "
+                        "(default: graph)")
+    p.add_argument("--model", choices=("gat", "gt"), default="gat",
+                   help="gat: GATConv, gt: TransformerConv; 2 layers, 4 heads (default: gat)")
+    p.add_argument("--impl", choices=("fused", "native"), default="fused",
+                   help="fused: pyg_dfgnn.nn convs, native: torch_geometric.nn convs")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cuda: one GPU per rank, NCCL; cpu: gloo (default: cuda if available)")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                   help="process group backend (default: nccl on cuda, gloo on cpu and with "
+                        "--oversubscribe)")
+    p.add_argument("--nprocs", type=int, default=None,
+                   help="processes to spawn when not run by torchrun (default: the number "
+                        "of GPUs on cuda, 2 on cpu)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than GPUs (ranks share GPUs round-robin; NCCL "
+                        "refuses two ranks on one GPU, so the backend is gloo)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: 3)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="at most this many steps per epoch, 0 = whole epoch (default: 0)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: tiny sizes, 1 epoch of 4 steps (explicit options win)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="per rank: seed nodes (node, default 1024) or graphs (graph, default 64)")
+    p.add_argument("--hidden", type=int, default=None, help="channels per head (default: 32)")
+    p.add_argument("--heads", type=int, default=4, help="heads of the first layer (default: 4)")
+    p.add_argument("--dropout", type=float, default=0.2,
+                   help="dropout on features and attention (default: 0.2)")
+    p.add_argument("--lr", type=float, default=0.005, help="Adam learning rate (default: 0.005)")
+    p.add_argument("--fanout", type=int, nargs="+", default=None,
+                   help="node: neighbours sampled per layer (default: 10 10)")
+    p.add_argument("--features", type=int, default=128,
+                   help="node: width of the random stand-in features (default: 128)")
+    p.add_argument("--root", default=None, help="node: the data folder that holds "
+                   "ogbn-arxiv/ (default: the repository's, see benchmarks.datasets)")
+    p.add_argument("--graphs", type=int, default=None,
+                   help="graph: training graphs (default: 4000)")
+    p.add_argument("--test-graphs", type=int, default=None,
+                   help="graph: test graphs (default: 1000)")
+    p.add_argument("--eval-steps", type=int, default=None,
+                   help="at most this many test batches per rank, 0 = all (default: 0)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="data loader worker processes per rank (default: 0)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="first steps left out of the throughput (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--check-params", action="store_true",
+                   help="at the end, all-gather a checksum of the parameters and fail unless "
+                        "every rank has the same")
+    p.add_argument("--json", metavar="PATH", default=None, help="rank 0 writes the results here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.batch_size is None:
+        args.batch_size = BATCH_SIZE[args.task]
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible")
+    if args.backend is None:
+        args.backend = "nccl" if args.device == "cuda" and not args.oversubscribe else "gloo"
+    if args.device == "cpu" and args.backend == "nccl":
+        p.error("NCCL needs GPUs; use --backend gloo with --device cpu")
+    if args.nprocs is None:
+        args.nprocs = torch.cuda.device_count() if args.device == "cuda" else 2
+    if min(args.epochs, args.batch_size, args.nprocs) < 1 or args.steps < 0:
+        p.error("--epochs, --batch-size and --nprocs must be >= 1, --steps >= 0")
+    if args.task == "node":
+        try:
+            require_neighbor_sampler()
+        except ImportError as e:
+            p.error(str(e))
+    return args
+
+
+def require_neighbor_sampler() -> None:
+    r"""Raises :class:`ImportError` unless PyG's neighbour sampling can run: it
+    calls ``pyg-lib`` or ``torch_sparse``."""
+    import torch_geometric.typing as T
+    if not (T.WITH_PYG_LIB or T.WITH_TORCH_SPARSE):
+        raise ImportError("--task node samples neighbours with torch_geometric's "
+                          "NeighborLoader, which needs pyg-lib or torch_sparse; neither is "
+                          "installed (see PyG's installation guide), or run --task graph")
+
+
+# ------------------------------------------------------------------------ data
+def node_task(args, rank: int, world: int):
+    r"""ogbn-arxiv: ``(train_loader, test_loader, sampler=None, in_channels,
+    classes)``; each rank's loaders cover its share of the train / test seeds."""
+    from torch_geometric.loader import NeighborLoader
+
+    from benchmarks.datasets import ogbn_arxiv
+
+    data = ogbn_arxiv(args.root)
+    gen = torch.Generator().manual_seed(args.seed)  # same features and shares on every rank
+    data.x = torch.randn(data.num_nodes, args.features, generator=gen)
+    train = data.train_mask.nonzero().flatten()
+    train = train[torch.randperm(train.numel(), generator=gen)]
+    train = train[: train.numel() // world * world]  # equal shares: equal steps per rank
+    test = data.test_mask.nonzero().flatten()
+    kw = dict(num_neighbors=args.fanout, num_workers=args.workers,
+              persistent_workers=args.workers > 0)
+    train_loader = NeighborLoader(data, input_nodes=train[rank::world], shuffle=True,
+                                  batch_size=args.batch_size, drop_last=True, **kw)
+    test_loader = NeighborLoader(data, input_nodes=test[rank::world],
+                                 batch_size=4 * args.batch_size, **kw)
+    return train_loader, test_loader, None, args.features, int(data.y.max()) + 1
+
+
+def graph_task(args, rank: int, world: int):
+    r"""PATTERN graphs: ``(train_loader, test_loader, sampler, in_channels,
+    classes)``; the train loader draws this rank's graphs from a
+    :class:`~torch.utils.data.distributed.DistributedSampler`."""
+    from torch.utils.data.distributed import DistributedSampler
+    from torch_geometric.loader import DataLoader
+
+    from benchmarks import generators
+
+    train = generators.sbm_dataset("pattern", args.graphs, seed=args.seed)
+    test = generators.sbm_dataset("pattern", args.test_graphs, seed=args.seed + 1)
+    sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
+    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler,
+                              drop_last=True, **kw)
+    # Evaluation needs no collective per batch, so the shares may differ in size.
+    test_loader = DataLoader(test[rank::world], batch_size=args.batch_size, **kw)
+    return train_loader, test_loader, sampler, train[0].num_features, 2
+
+
+def _outputs(model, batch, task: str):
+    """``(logits, labels, samples)`` of the nodes the batch is for."""
+    out = model(batch.x, batch.edge_index)
+    if task == "node":  # the seed nodes come first
+        n = batch.batch_size
+        return out[:n], batch.y[:n], n
+    return out, batch.y, batch.num_graphs
+
+
+# ----------------------------------------------------------------------- model
+def conv_class(model: str, impl: str) -> type:
+    """PyG's conv (``native``) or its fused drop-in subclass (``fused``)."""
+    # Imported here, not at the top: the launching process needs none of it.
+    if impl == "native":
+        from torch_geometric.nn import GATConv, TransformerConv
+        return {"gat": GATConv, "gt": TransformerConv}[model]
+    from pyg_dfgnn.nn import FusedGATConv, FusedTransformerConv
+    return {"gat": FusedGATConv, "gt": FusedTransformerConv}[model]
+
+
+class Net(torch.nn.Module):
+    r"""Two attention convs: ``heads`` concatenated heads of ``hidden`` channels,
+    ELU, then one head with the class scores; dropout on each conv's input and on
+    the attention weights."""
+
+    def __init__(self, conv: type, in_channels: int, hidden: int, heads: int, classes: int,
+                 dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = conv(in_channels, hidden, heads=heads, dropout=dropout)
+        self.conv2 = conv(hidden * heads, classes, heads=1, concat=False, dropout=dropout)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = F.elu(self.conv1(x, edge_index))
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        return self.conv2(x, edge_index)
+
+
+# -------------------------------------------------------------------- training
+def param_checksum(model: torch.nn.Module) -> str:
+    """CRC-32 of every parameter's bytes, in order: ranks whose parameters differ in
+    any bit get different checksums (but for a 2^-32 chance of a collision)."""
+    crc = 0
+    for p in model.parameters():
+        raw = p.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype
+        crc = zlib.crc32(raw.numpy().tobytes(), crc)
+    return f"{crc:08x}"
+
+
+def run(rank: int, world: int, local_rank: int, init_method: str,
+        args: argparse.Namespace) -> Optional[Dict[str, object]]:
+    r"""One rank: joins the process group, trains, evaluates; rank 0 returns
+    (and with ``--json`` writes) the results, the other ranks ``None``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from tqdm.auto import tqdm
+
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus and not args.oversubscribe:
+            raise RuntimeError(f"rank {rank} has no GPU of its own ({gpus} visible); start at "
+                               "most one process per GPU, or pass --oversubscribe")
+        if local_rank >= gpus and args.backend == "nccl":
+            raise RuntimeError("NCCL does not run two ranks on one GPU; use --backend gloo")
+        device = torch.device("cuda", local_rank % gpus)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(args.backend, init_method=init_method, rank=rank, world_size=world)
+    # NCCL reduces device tensors, gloo host tensors (it would copy device ones).
+    comm = device if args.backend == "nccl" else torch.device("cpu")
+    try:
+        make = node_task if args.task == "node" else graph_task
+        train_loader, test_loader, sampler, in_ch, classes = make(args, rank, world)
+        torch.manual_seed(args.seed)  # DDP broadcasts rank 0's parameters anyway
+        model = Net(conv_class(args.model, args.impl), in_ch, args.hidden, args.heads,
+                    classes, args.dropout).to(device)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        initial = param_checksum(model) if args.check_params else None
+        opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+        torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
+
+        step, samples, t0, loss = 0, 0, None, torch.zeros(())
+        for epoch in range(args.epochs):
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            n_steps = min(args.steps or len(train_loader), len(train_loader))
+            bar = tqdm(total=n_steps, desc=f"epoch {epoch + 1}/{args.epochs}",
+                       disable=rank != 0 or args.no_progress, dynamic_ncols=True,
+                       file=sys.stderr)
+            ddp.train()
+            for i, batch in enumerate(train_loader):
+                if i == n_steps:
+                    break
+                if step == args.warmup:  # timing starts after the warm-up steps
+                    _sync(device)
+                    t0, samples = time.perf_counter(), 0
+                opt.zero_grad(set_to_none=True)
+                out, y, n = _outputs(ddp, batch.to(device), args.task)
+                loss = F.cross_entropy(out, y)
+                loss.backward()
+                opt.step()
+                step, samples = step + 1, samples + n
+                bar.update()
+                if rank == 0 and (i % 10 == 0 or i == n_steps - 1):
+                    bar.set_postfix(loss=f"{loss.item():.4f}")
+            bar.close()
+        _sync(device)
+        elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
+
+        correct, total = _evaluate(model, test_loader, args, device)
+        stats = torch.tensor([correct, total, samples, loss.item()], dtype=torch.float64,
+                             device=comm)
+        dist.all_reduce(stats)
+        slowest = torch.tensor([elapsed], dtype=torch.float64, device=comm)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        checksums: Optional[List[str]] = None
+        if args.check_params:
+            checksums = [None] * world
+            dist.all_gather_object(checksums, param_checksum(model))
+            if len(set(checksums)) != 1:
+                raise RuntimeError(f"the ranks' parameters differ: checksums {checksums}")
+    finally:
+        dist.destroy_process_group()
+
+    if rank != 0:
+        return None
+    correct, total, samples, loss_sum = stats.tolist()
+    report = {
+        "task": args.task, "model": args.model, "impl": args.impl, "world_size": world,
+        "backend": args.backend, "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "oversubscribed": args.device == "cuda" and world > torch.cuda.device_count(),
+        "torch": torch.__version__, "epochs": args.epochs, "steps": step,
+        "batch_size_per_rank": args.batch_size, "final_loss": loss_sum / world,
+        "test_acc": correct / max(total, 1), "test_samples": int(total),
+        "unit": "seeds/s" if args.task == "node" else "graphs/s",
+        "throughput": samples / slowest.item() if step > args.warmup else math.nan,
+        "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
+        "param_checksum_initial": initial,
+    }
+    print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
+          f"{step} steps, final loss {report['final_loss']:.4f}, test accuracy "
+          f"{report['test_acc']:.4f} ({int(total)} nodes), {report['throughput']:.1f} "
+          f"{report['unit']}" + (", parameters identical on every rank" if checksums else ""))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+@torch.no_grad()
+def _evaluate(model, loader, args, device) -> tuple:
+    """This rank's ``(correct, total)`` test predictions (nodes)."""
+    model.eval()
+    correct = total = 0
+    for i, batch in enumerate(loader):
+        if args.eval_steps and i == args.eval_steps:
+            break
+        out, y, _ = _outputs(model, batch.to(device), args.task)
+        correct += int((out.argmax(-1) == y).sum())
+        total += y.numel()
+    return correct, total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -------------------------------------------------------------------- launching
+def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
+    if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    run(local_rank, world, local_rank, init_method, args)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    if "LOCAL_RANK" in os.environ:  # started by torchrun: it set the rendezvous up
+        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+            int(os.environ["LOCAL_RANK"]), "env://", args)
+        return
+    # A file store in a fresh folder: no port to pick, nothing shared between runs.
+    store = tempfile.mkdtemp(prefix="multi_gpu_")
+    try:
+        init = "file://" + os.path.join(store, "rendezvous")
+        if args.nprocs == 1:
+            run(0, 1, 0, init, args)
+        else:
+            import torch.multiprocessing as mp
+            mp.spawn(_spawned, args=(args.nprocs, init, args), nprocs=args.nprocs, join=True)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

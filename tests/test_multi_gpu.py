@@ -1,0 +1,329 @@
+"""Multi-device and multi-process tests.
+
+* Two GPUs (marked ``cuda``, skipped with fewer): every fused op, forward and
+  backward, on tensors on ``cuda:1`` while ``cuda:0`` is current, matches the
+  float64 reference, runs on ``cuda:1``'s current stream and allocates nothing on
+  ``cuda:0``; layouts live on their graph's device.
+* ``examples/multi_gpu.py`` under DistributedDataParallel: two gloo processes on
+  the CPU (the fused layers' reference path) end with identical parameters; on
+  GPUs the same with NCCL (two GPUs) or two processes on one GPU (gloo).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, random_graph, rel_err
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import get_layout
+
+EXAMPLE = ROOT / "examples" / "multi_gpu.py"
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+# torch.cuda._sleep cycles: about 0.1 s, far longer than the host needs to launch
+# an op, so a kernel on any other stream than the busy one runs before its inputs
+# are written.
+SLEEP_CYCLES = 200_000_000
+
+
+# ---------------------------------------------------------------- two GPUs: ops
+def _graph(n: int = 400):
+    """Random edges (duplicates, isolated nodes) plus a node with 300 in-edges, so
+    rows are split into several work items."""
+    ei = random_graph(n, num_edges=5000)
+    hub = torch.stack([torch.randint(0, n, (300,)), torch.full((300,), 1)])
+    return torch.cat([ei, hub], 1), n
+
+
+def _gt(strategy):
+    return lambda lay, q, k, v: ops.gt_attention(lay, q, k, v, strategy=strategy)
+
+
+def _gat(strategy):
+    return lambda lay, a_src, a_dst, x: ops.gat_attention(lay, a_src, a_dst, x,
+                                                          strategy=strategy)
+
+
+def _agnn(strategy):
+    return lambda lay, x, beta: ops.agnn_attention(lay, x, None, beta, strategy=strategy)
+
+
+def _inputs(op: str, n: int, dtype=torch.float32):
+    H, C = 2, 32
+    if op == "gt":
+        return [torch.randn(n, H, C, dtype=dtype) for _ in range(3)]
+    if op == "gat":
+        return [torch.randn(n, H, dtype=dtype), torch.randn(n, H, dtype=dtype),
+                torch.randn(n, H, C, dtype=dtype)]
+    return [torch.randn(n, C, dtype=dtype), torch.tensor([1.5], dtype=torch.float32)]
+
+
+def _reference(fn, ei, n, inputs, grad_out):
+    """Output and input gradients of ``fn`` in float64 on the CPU (reference path)."""
+    lay = get_layout(ei, size=(n, n))
+    xs = [t.detach().double().requires_grad_() for t in inputs]
+    out = fn(lay, *xs)
+    out.backward(grad_out.double())
+    return out.detach(), [x.grad for x in xs]
+
+
+def _run_on_busy_stream(fn, lay, inputs, grad_out, backward: bool):
+    r"""Runs ``fn(lay, *inputs)`` (and its backward) with ``cuda:0`` current and a
+    side stream current on ``cuda:1`` that first sleeps, then writes the inputs
+    (NaN until then). A kernel on another stream or device reads NaN or faults.
+    Asserts that nothing was allocated on ``cuda:0`` meanwhile."""
+    dev1 = torch.device("cuda", 1)
+    src = [t.to(dev1) for t in inputs]
+    g_src = grad_out.to(dev1)
+    xs = [torch.full_like(t, math.nan).requires_grad_(backward) for t in src]
+    g = torch.full_like(g_src, math.nan)
+    torch.cuda.synchronize(dev1)
+    torch.cuda.set_device(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    base = torch.cuda.memory_allocated(0)
+    side = torch.cuda.Stream(device=dev1)
+    prev = torch.cuda.current_stream(dev1)
+    torch.cuda.set_stream(side)
+    try:
+        torch.cuda.set_device(1)
+        torch.cuda._sleep(SLEEP_CYCLES)  # on the side stream
+        with torch.no_grad():
+            for x, s in zip(xs, src):
+                x.copy_(s)
+            g.copy_(g_src)
+        torch.cuda.set_device(0)
+        assert torch.cuda.current_device() == 0
+        assert torch.cuda.current_stream(dev1) == side
+        with torch.set_grad_enabled(backward):
+            out = fn(lay, *xs)
+            if backward:
+                out.backward(g)
+        side.synchronize()
+    finally:
+        torch.cuda.set_stream(prev)
+        torch.cuda.set_device(0)
+    assert torch.cuda.max_memory_allocated(0) == base, "the call allocated memory on cuda:0"
+    assert out.device == dev1
+    return out.detach(), [x.grad for x in xs] if backward else []
+
+
+OPS = {"gt": _gt, "gat": _gat, "agnn": _agnn}
+
+
+@pytest.mark.cuda
+@two_gpus
+@pytest.mark.parametrize("backward", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_op_on_second_gpu_while_first_is_current(op, strategy, backward):
+    ei, n = _graph()
+    fn = OPS[op](strategy)
+    inputs = _inputs(op, n)
+    torch.cuda.set_device(0)
+    lay = get_layout(ei.to("cuda:1"), size=(n, n)).prepare()
+    with torch.no_grad():  # warm-up: fills the layout's caches
+        shape = fn(lay, *[t.to("cuda:1") for t in inputs]).shape
+    grad_out = torch.randn(shape)
+    ref, ref_grads = _reference(fn, ei, n, inputs, grad_out)
+    out, grads = _run_on_busy_stream(fn, lay, inputs, grad_out, backward)
+    assert rel_err(out.cpu(), ref) < 1e-5
+    for got, want in zip(grads, ref_grads):
+        assert got is not None and got.device == torch.device("cuda", 1)
+        assert rel_err(got.cpu(), want) < 1e-4
+
+
+@pytest.mark.cuda
+@two_gpus
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gt_on_second_gpu(dtype):
+    """The tensor-core forward and its tile plan (fp16 / bf16, C = 32)."""
+    ei, n = _graph()
+    fn = _gt("smmf")
+    inputs = _inputs("gt", n, dtype)
+    torch.cuda.set_device(0)
+    lay = get_layout(ei.to("cuda:1"), size=(n, n)).prepare()
+    grad_out = torch.randn(n, 2, 32, dtype=dtype)
+    ref, ref_grads = _reference(fn, ei, n, inputs, grad_out)
+    out, grads = _run_on_busy_stream(fn, lay, inputs, grad_out, backward=True)
+    assert rel_err(out.cpu(), ref) < 1e-2
+    for got, want in zip(grads, ref_grads):
+        assert rel_err(got.cpu(), want) < 1e-2
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_dropout_on_second_gpu_matches_first():
+    """The in-kernel dropout mask depends on the seed only, not on the device."""
+    ei, n = _graph()
+    q, k, v = _inputs("gt", n)
+    outs = []
+    for dev in ("cuda:0", "cuda:1"):
+        torch.cuda.set_device(0)
+        lay = get_layout(ei.to(dev), size=(n, n))
+        torch.manual_seed(5)
+        outs.append(ops.gt_attention(lay, q.to(dev), k.to(dev), v.to(dev), dropout=0.3).cpu())
+    assert rel_err(outs[1], outs[0]) < 1e-6
+    assert rel_err(outs[0], ops.gt_attention(get_layout(ei, size=(n, n)), q, k, v)) > 1e-2
+
+
+# ------------------------------------------------------------ two GPUs: layouts
+@pytest.mark.cuda
+@two_gpus
+def test_layout_is_built_on_its_graphs_device():
+    ei, n = _graph()
+    want = get_layout(ei, size=(n, n)).prepare()
+    torch.cuda.set_device(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    base = torch.cuda.memory_allocated(0)
+    lay = get_layout(ei.to("cuda:1"), size=(n, n)).prepare()
+    torch.cuda.synchronize(1)
+    assert torch.cuda.max_memory_allocated(0) == base
+    assert lay.device == torch.device("cuda", 1)
+    for name in ("rowptr", "col", "edge_perm", "colptr", "row", "perm"):
+        got = getattr(lay, name)
+        assert got.device == lay.device, name
+        assert torch.equal(got.cpu().long(), getattr(want, name).long()), name
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_graph_moved_to_another_gpu_gets_its_own_layout():
+    from torch_geometric.data import Data
+
+    from pyg_dfgnn.nn import FusedGATConv
+    from pyg_dfgnn.transforms import CacheLayout
+
+    ei, n = _graph()
+    data = CacheLayout()(Data(x=torch.randn(n, 16), edge_index=ei).to("cuda:0"))
+    conv = FusedGATConv(16, 8, heads=2).to("cuda:0")
+    out0 = conv(data.x, data.edge_index)
+    lay0 = get_layout(data.edge_index, (n, n), add_self_loops=True)
+
+    torch.cuda.set_device(0)
+    moved = data.to("cuda:1")
+    assert moved.dfgnn_layout.device == torch.device("cuda", 1)
+    assert all(t.device == moved.dfgnn_layout.device
+               for t in (moved.dfgnn_layout.rowptr, moved.dfgnn_layout.colptr))
+    conv.to("cuda:1")
+    out1 = conv(moved.x, moved.edge_index)
+    lay1 = get_layout(moved.edge_index, (n, n), add_self_loops=True)
+    assert lay1 is not lay0
+    assert lay1.device == torch.device("cuda", 1) and lay0.device == torch.device("cuda", 0)
+    assert out1.device == torch.device("cuda", 1)
+    assert rel_err(out1.cpu(), out0.cpu()) < 1e-6
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_moved_layout_carries_everything_to_the_new_device():
+    """GraphLayout.to copies the cached work items too; the copy computes the same."""
+    ei, n = _graph()
+    q, k, v = _inputs("gt", n)
+    lay0 = get_layout(ei.to("cuda:0"), size=(n, n)).prepare()
+    out0 = ops.gt_attention(lay0, q.cuda(0), k.cuda(0), v.cuda(0))
+    lay1 = lay0.to("cuda:1")
+    for val in lay1._cache.values():
+        for t in (val if isinstance(val, tuple) else (val,)):
+            if isinstance(t, torch.Tensor):
+                assert t.device == torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    out1 = ops.gt_attention(lay1, q.cuda(1), k.cuda(1), v.cuda(1))
+    assert rel_err(out1.cpu(), out0.cpu()) < 1e-6
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_layout_on_another_device_than_the_features_raises():
+    ei, n = _graph()
+    q, k, v = (t.cuda(1) for t in _inputs("gt", n))
+    with pytest.raises(ValueError, match="layout is on"):
+        ops.gt_attention(get_layout(ei.cuda(0), size=(n, n)), q, k, v)
+
+
+# ------------------------------------------------- examples/multi_gpu.py (DDP)
+def _example(tmp_path, *args, env=None, timeout=300):
+    """Runs the example (a timeout turns a hang into a failure); returns rank 0's
+    JSON report. The ranks meet through a file store: no port is picked."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(EXAMPLE), *args, "--quick", "--check-params",
+                           "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=None if env is None else {**os.environ, **env})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _check_ddp_report(rep, world):
+    assert rep["world_size"] == world
+    assert rep["steps"] > 0 and math.isfinite(rep["final_loss"])
+    sums = rep["param_checksums"]
+    assert len(sums) == world and len(set(sums)) == 1, sums
+    assert sums[0] != rep["param_checksum_initial"], "training did not change the parameters"
+    assert rep["test_samples"] > 0 and 0.0 <= rep["test_acc"] <= 1.0
+
+
+@pytest.mark.parametrize("model", ["gat", "gt"])
+def test_ddp_on_cpu_gives_every_rank_the_same_parameters(tmp_path, model):
+    rep = _example(tmp_path, "--task", "graph", "--model", model, "--impl", "fused",
+                   "--device", "cpu", "--nprocs", "2")
+    _check_ddp_report(rep, 2)
+    assert rep["backend"] == "gloo"
+
+
+def _has_neighbor_sampler() -> bool:
+    import torch_geometric.typing as T
+    return bool(T.WITH_PYG_LIB or T.WITH_TORCH_SPARSE)
+
+
+@pytest.mark.skipif(not _has_neighbor_sampler(), reason="NeighborLoader needs pyg-lib or "
+                    "torch_sparse")
+def test_ddp_node_task_on_cpu(tmp_path):
+    rep = _example(tmp_path, "--task", "node", "--device", "cpu", "--nprocs", "2")
+    _check_ddp_report(rep, 2)
+
+
+@pytest.mark.skipif(_has_neighbor_sampler(), reason="a neighbour sampler is installed")
+def test_node_task_without_sampler_names_the_missing_packages(capsys):
+    example = runpy.run_path(str(EXAMPLE))
+    with pytest.raises(SystemExit):
+        example["parse_args"](["--task", "node", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert "pyg-lib" in err and "torch_sparse" in err
+
+
+def test_param_checksum_sees_one_ulp():
+    checksum = runpy.run_path(str(EXAMPLE))["param_checksum"]
+    lin = torch.nn.Linear(4, 3)
+    before = checksum(lin)
+    assert checksum(lin) == before
+    with torch.no_grad():
+        lin.weight[1, 2] = torch.nextafter(lin.weight[1, 2], torch.tensor(math.inf))
+    fp32 = checksum(lin)
+    assert fp32 != before
+    assert checksum(lin.to(torch.bfloat16)) != fp32  # dtypes numpy lacks work too
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_ddp_on_two_gpus_with_nccl(tmp_path):
+    rep = _example(tmp_path, "--task", "graph", "--impl", "fused", "--device", "cuda",
+                   "--nprocs", "2")
+    _check_ddp_report(rep, 2)
+    assert rep["backend"] == "nccl"
+
+
+@pytest.mark.cuda
+def test_ddp_two_processes_on_one_gpu(tmp_path):
+    """Two ranks share GPU 0 (gloo: NCCL refuses two ranks on one GPU)."""
+    rep = _example(tmp_path, "--task", "graph", "--impl", "fused", "--device", "cuda",
+                   "--nprocs", "2", "--oversubscribe", env={"CUDA_VISIBLE_DEVICES": "0"})
+    _check_ddp_report(rep, 2)
+    assert rep["backend"] == "gloo"
