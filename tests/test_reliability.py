@@ -219,7 +219,7 @@ def test_layout_does_not_alias_a_later_edit():
     assert torch.equal(b.edge_index, ei)
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_compiled_model_raises_on_a_stale_layout(backend):
     torch._dynamo.reset()
     native, fused = pair("gat")
@@ -337,3 +337,22 @@ def test_cuda_compiled_static_buffer_edit_raises():
     L.invalidate(ei)
     fused(x, ei)
     assert rel_err(model(x, ei), native(x, ei)) < 1e-5
+
+
+@pytest.mark.cuda
+def test_cuda_reduce_overhead_still_checks_the_layout():
+    """Under mode="reduce-overhead" (CUDA graphs captured by torch.compile) the
+    check op is cudagraph-unsafe, so it runs outside the replayed graph each call."""
+    torch._dynamo.reset()
+    native, fused = pair("gat")
+    native, fused = native.to(DEV), fused.to(DEV)
+    x = torch.randn(N, F, device=DEV)
+    ei = random_graph(N, num_edges=40).to(DEV)
+    with torch.no_grad():
+        fused(x, ei)
+        model = torch.compile(fused, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):  # warm-up, record, replay
+            assert rel_err(model(x, ei), native(x, ei)) < 1e-5
+        ei.copy_(other_graph(ei))
+        with pytest.raises(StaleLayoutError):
+            model(x, ei)

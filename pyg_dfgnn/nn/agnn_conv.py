@@ -43,7 +43,9 @@ class FusedAGNNConv(AGNNConv):
 
     Falls back to PyG's own ``forward`` (same results, unfused) for a
     ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
-    uncoalesced ``torch.sparse`` COO matrix, features that are not 2-D, an
+    uncoalesced ``torch.sparse`` COO matrix with ``add_self_loops=False`` (with
+    self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
+    does), features that are not 2-D, an
     ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
     ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode
     or registered message-passing hooks.

@@ -70,8 +70,10 @@ class FusedGATConv(GATConv):
     * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
     * ``return_attention_weights=True`` with a ``torch.sparse`` input and
       ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
-    * an uncoalesced ``torch.sparse`` COO input (PyG keeps duplicate entries as
-      separate edges) or a ``torch.sparse`` layout other than COO/CSR (PyG raises);
+    * an uncoalesced ``torch.sparse`` COO input with ``add_self_loops=False``
+      (PyG raises for it) or a ``torch.sparse`` layout other than COO/CSR (PyG
+      raises); with self-loops, duplicate COO entries are merged, as PyG's
+      ``add_self_loops`` does;
     * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
       returns the weights *after* dropout, the fused op those before it;
     * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
