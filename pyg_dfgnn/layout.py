@@ -361,10 +361,9 @@ class _LayoutCache:
         with torch.inference_mode(False):
             self.snapshot = (tuple(_plain(t).detach().clone() for t in parts)
                              if _content_checked(parts) else ())
-        t = parts[0]
         # The common case, a plain edge_index on the GPU, compares one tuple: the
         # lookup runs in every layer's host path.
-        self.plain = (_plain_key(t) if len(parts) == 1 and type(t) is Tensor
+        self.plain = (_plain_key(parts[0]) if len(parts) == 1 and type(parts[0]) is Tensor
                       and not self.snapshot else None)
         self.layouts: dict = {}
 

@@ -254,14 +254,23 @@ def test_compile_without_cached_layout_names_the_fix():
 
 
 # ----------------------------------------------------------------------------- torch.sparse
+@pytest.mark.parametrize("layout", ["coo", "csr"])
 @pytest.mark.parametrize("name", ["gat", "agnn"])
-def test_uncoalesced_coo_with_duplicates_gives_one_answer(name):
+def test_sparse_adjacency_with_duplicates_gives_one_answer(name, layout):
+    """With self-loops PyG rebuilds a torch.sparse matrix coalesced (duplicates
+    merged); an uncoalesced COO input is flagged coalesced by PyG's first call
+    without being merged, which must not change the fused layer's answer."""
     native, fused = pair(name)
     x = torch.randn(N, F)
     ei = random_graph(N, num_edges=40, num_duplicates=8, num_self_loops=2)
 
     def adj():
-        return torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1)), (N, N))
+        coo = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1)), (N, N))
+        if layout == "coo":
+            return coo
+        order = torch.argsort(ei[1] * N + ei[0])  # CSR rows keep the duplicates
+        crow = torch._convert_indices_from_coo_to_csr(ei[1][order], N)
+        return torch.sparse_csr_tensor(crow, ei[0][order], torch.ones(ei.size(1)), (N, N))
 
     want = native(x, adj())
     a = adj()
@@ -356,3 +365,24 @@ def test_cuda_reduce_overhead_still_checks_the_layout():
         ei.copy_(other_graph(ei))
         with pytest.raises(StaleLayoutError):
             model(x, ei)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_layout_first_used_in_inference_mode_then_trained(strategy, dtype):
+    """Derived data the ops cache lazily on the layout (PMF's csr_row, the
+    dense-tile plan, work items) must not be inference tensors when the first call
+    ran under inference_mode: a later training step saves them for backward."""
+    native = TransformerConv(64, 32, heads=2).to(DEV, dtype)
+    fused = FusedTransformerConv(64, 32, heads=2, strategy=strategy).to(DEV, dtype)
+    fused.load_state_dict(native.state_dict())
+    ei = random_graph(64, num_edges=600).to(DEV)
+    x = torch.randn(64, 64, device=DEV, dtype=dtype)
+    with torch.inference_mode():
+        fused.eval()(x, ei)
+    xr = x.clone().requires_grad_(True)
+    g, = torch.autograd.grad(fused.train()(xr, ei).float().square().sum(), xr)
+    xn = x.clone().requires_grad_(True)
+    gn, = torch.autograd.grad(native.train()(xn, ei).float().square().sum(), xn)
+    assert rel_err(g, gn) < (1e-4 if dtype == torch.float32 else 1e-2)
