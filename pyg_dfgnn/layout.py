@@ -442,15 +442,15 @@ def _merged(adj: Tensor) -> Tensor:
 
 
 def _build(adj, size, add_self_loops: bool) -> GraphLayout:
-    src = adj
-    if (add_self_loops and isinstance(adj, Tensor)
-            and adj.layout in (torch.sparse_coo, torch.sparse_csr)):
-        # PyG's add_self_loops rebuilds a torch.sparse matrix coalesced: the layer
-        # then sees its duplicate entries merged.
-        src = _merged(adj)
     # Plain (not inference) tensors, so a layout built under inference_mode also
     # serves later training steps (autograd saves its index tensors).
     with torch.inference_mode(False):
+        src = adj
+        if (add_self_loops and isinstance(adj, Tensor)
+                and adj.layout in (torch.sparse_coo, torch.sparse_csr)):
+            # PyG's add_self_loops rebuilds a torch.sparse matrix coalesced: the
+            # layer then sees its duplicate entries merged.
+            src = _merged(adj)
         layout = GraphLayout.from_adj(src, size, add_self_loops)
     _store(adj, _key(size, add_self_loops), layout)
     return layout
@@ -504,7 +504,7 @@ def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = N
         torch.ops.pyg_dfgnn.check_layout.default(list(_index_parts(adj)), cache.stamp,
                                                  list(cache.snapshot))
         return layout
-    if cache is not None:
+    if type(cache) is _LayoutCache:
         layout = cache.layouts.get(key)
         if layout is not None and cache.matches(adj):
             return layout
