@@ -314,12 +314,15 @@ def _plain(t: Tensor) -> Tensor:
 
 def _stamp(parts: Tuple[Tensor, ...]) -> list:
     """Identity of the index tensors: version counter (``-1`` for inference
-    tensors, which have none), data pointer, storage offset, shape and strides."""
+    tensors, which have none), data pointer, storage offset, shape and strides.
+    An ``EdgeIndex`` adds the version of the tensor it wraps: an edit through
+    either one bumps only its own counter."""
     out = []
     for t in parts:
         v = _plain(t)
-        out += (-1 if t.is_inference() else t._version, v.data_ptr(), v.storage_offset(),
-                v.dim(), *v.shape, *v.stride())
+        inner = -1 if v is t or v.is_inference() else v._version
+        out += (-1 if t.is_inference() else t._version, inner, v.data_ptr(),
+                v.storage_offset(), v.dim(), *v.shape, *v.stride())
     return out
 
 

@@ -200,6 +200,24 @@ def test_edits_of_edge_index_are_seen(name, write):
     assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
 
 
+def test_edits_of_an_edge_index_object_are_seen():
+    from torch_geometric import EdgeIndex
+    native, fused = pair("gt")
+    x = torch.randn(N, F)
+    ei = EdgeIndex(random_graph(N, num_edges=40), sparse_size=(N, N))
+    assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
+    ei.as_tensor().copy_(other_graph(ei.as_tensor()))  # the wrapped tensor, in place
+    assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
+
+
+def test_layout_built_in_inference_mode_holds_plain_tensors():
+    with torch.inference_mode():
+        ei = random_graph(N, num_edges=40)
+        lay = get_layout(ei, (N, N), add_self_loops=True)
+    assert not any(t.is_inference() for t in (lay.rowptr, lay.col, lay.edge_perm, lay.colptr,
+                                                lay.row, lay.perm))
+
+
 def test_invalidate_drops_the_cache(build_count):
     ei = random_graph(N, num_edges=40)
     a = get_layout(ei, (N, N))
@@ -386,3 +404,17 @@ def test_cuda_layout_first_used_in_inference_mode_then_trained(strategy, dtype):
     xn = x.clone().requires_grad_(True)
     gn, = torch.autograd.grad(native.train()(xn, ei).float().square().sum(), xn)
     assert rel_err(g, gn) < (1e-4 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_edits_of_an_edge_index_object_are_seen():
+    from torch_geometric import EdgeIndex
+    native, fused = pair("gt")
+    native, fused = native.to(DEV), fused.to(DEV)
+    x = torch.randn(N, F, device=DEV)
+    ei = EdgeIndex(random_graph(N, num_edges=40).to(DEV), sparse_size=(N, N))
+    assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
+    ei.as_tensor().copy_(other_graph(ei.as_tensor()))  # bumps the wrapped tensor's counter
+    assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
+    ei[1, 0] = (int(ei[1, 0]) + 1) % N  # bumps the wrapper's counter
+    assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
