@@ -362,6 +362,10 @@ class _LayoutCache:
     def __init__(self, parts: Tuple[Tensor, ...]):
         self.stamp = _stamp(parts)
         with torch.inference_mode(False):
+            # The compiled check reads the stamp as a tensor: torch.compile lifts
+            # tensors reachable from its inputs as graph inputs, whereas Python ints
+            # would be guarded as constants (a recompile for each new edge_index).
+            self.stamp_tensor = torch.tensor(self.stamp, dtype=torch.int64)
             self.snapshot = (tuple(_plain(t).detach().clone() for t in parts)
                              if _content_checked(parts) else ())
         # The common case, a plain edge_index on the GPU, compares one tuple: the
@@ -385,11 +389,11 @@ def _plain_key(t: Tensor) -> tuple:
     return (t._version, t.data_ptr(), t.storage_offset(), t.shape, t.stride())
 
 
-def _check_layout(index: List[Tensor], stamp: List[int], snapshot: List[Tensor]) -> None:
+def _check_layout(index: List[Tensor], stamp: Tensor, snapshot: List[Tensor]) -> None:
     # Runs each time a compiled graph runs (the op is opaque to the compiler), so an
     # edit of edge_index between calls is seen although the layout is a constant of
     # the compiled code.
-    if not _matches(tuple(index), list(stamp), tuple(snapshot)):
+    if not _matches(tuple(index), stamp.tolist(), tuple(snapshot)):
         raise StaleLayoutError(
             "pyg_dfgnn: edge_index changed since its GraphLayout was cached (in-place "
             "edit), and a compiled model cannot rebuild the layout. Pass a new edge_index "
@@ -403,7 +407,7 @@ def _check_layout(index: List[Tensor], stamp: List[int], snapshot: List[Tensor])
 # torch.compile captures (mode="reduce-overhead"), so it still runs on each call.
 _LIB = torch.library.Library("pyg_dfgnn", "DEF")
 _TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
-_LIB.define("check_layout(Tensor[] index, int[] stamp, Tensor[] snapshot) -> ()", tags=_TAGS)
+_LIB.define("check_layout(Tensor[] index, Tensor stamp, Tensor[] snapshot) -> ()", tags=_TAGS)
 _LIB.impl("check_layout", _check_layout, "CompositeExplicitAutograd")
 
 
@@ -504,7 +508,7 @@ def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = N
         layout = cache.layouts.get(key) if isinstance(cache, _LayoutCache) else None
         if layout is None:
             return _build_outside_graph(adj, size, add_self_loops)
-        torch.ops.pyg_dfgnn.check_layout.default(list(_index_parts(adj)), cache.stamp,
+        torch.ops.pyg_dfgnn.check_layout.default(list(_index_parts(adj)), cache.stamp_tensor,
                                                  list(cache.snapshot))
         return layout
     if type(cache) is _LayoutCache:

@@ -256,6 +256,25 @@ def test_compiled_model_raises_on_a_stale_layout(backend):
             assert rel_err(model(x, ei), native(x, ei)) < 1e-5
 
 
+def test_compiled_model_takes_a_new_edge_index_without_recompiling():
+    """The check reads the cache's identity as tensors (graph inputs), not as
+    Python ints the compiler would guard on: a new edge_index object with the same
+    layout shape reuses the compiled code."""
+    torch._dynamo.reset()
+    native, fused = pair("gat")
+    x = torch.randn(N, F)
+    ei = random_graph(N, num_edges=40)
+    with torch.no_grad():
+        fused(x, ei)
+        model = torch.compile(fused, fullgraph=True, backend="eager")
+        model(x, ei)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for _ in range(3):
+                other = ei.clone()
+                fused(x, other)  # its own layout, built eagerly
+                assert rel_err(model(x, other), native(x, other)) < 1e-5
+
+
 def test_compile_without_cached_layout_names_the_fix():
     torch._dynamo.reset()
     native, fused = pair("gt")
