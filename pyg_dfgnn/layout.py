@@ -15,7 +15,7 @@ node. The kernels therefore walk
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -118,8 +118,9 @@ class GraphLayout:
             lo, hi = torch.aminmax(edge_index, dim=1)
             lo, hi = lo.tolist(), hi.tolist()
             if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
-                raise LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
-                                 f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+                raise LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for "
+                                       f"N_src={num_src}, dst in [{lo[1]}, {hi[1]}] for "
+                                       f"N_dst={num_dst}")
         if add_self_loops:
             from torch_geometric.utils import add_self_loops as _add, remove_self_loops
             edge_index, _ = remove_self_loops(edge_index)
@@ -389,7 +390,8 @@ def _plain_key(t: Tensor) -> tuple:
     return (t._version, t.data_ptr(), t.storage_offset(), t.shape, t.stride())
 
 
-def _check_layout(index: List[Tensor], stamp: Tensor, snapshot: List[Tensor]) -> None:
+def _check_layout(index: Tuple[Tensor, ...], stamp: Tensor,
+                  snapshot: Tuple[Tensor, ...]) -> None:
     # Runs each time a compiled graph runs (the op is opaque to the compiler), so an
     # edit of edge_index between calls is seen although the layout is a constant of
     # the compiled code.
