@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.transforms import BaseTransform
 
@@ -19,7 +20,11 @@ class CacheLayout(BaseTransform):
     :class:`~torch_geometric.transforms.ToDevice`): a ``.to()`` copy of
     ``edge_index`` is a new tensor and gets its own layout on first use. Batches
     from a ``DataLoader`` are new tensors too: their layout is built on the first
-    layer's call and shared by the other layers of the model.
+    layer's call and shared by the other layers of the model. Layouts built under
+    ``torch.inference_mode`` hold plain tensors, so training can reuse them. The
+    cached layout follows later edits of ``edge_index`` as described in
+    docs/layout_cache.md (``data.dfgnn_layout`` keeps the layout of the edges it
+    was built from).
 
     Args:
         self_loops (sequence of bool): which variants to build: ``False`` for
@@ -42,7 +47,9 @@ class CacheLayout(BaseTransform):
             layout = get_layout(data.edge_index, (n, n), add_self_loops=loops)
             attach_layout(data.edge_index, layout, None, loops)
             if self.with_csc:
-                layout.colptr  # noqa: B018  (builds the CSC)
+                # Plain tensors even under inference_mode: training reuses them.
+                with torch.inference_mode(False):
+                    layout.colptr  # noqa: B018  (builds the CSC)
             if not loops or layout is None:
                 data.dfgnn_layout = layout
         if getattr(data, "dfgnn_layout", None) is None:

@@ -21,6 +21,29 @@ _HOOK_DICTS = (
 )
 
 
+def use_own_propagate(cls) -> None:
+    r"""Gives ``cls`` (a fused subclass) PyG's un-generated ``propagate`` before
+    :class:`~torch_geometric.nn.conv.MessagePassing` first instantiates it.
+
+    PyG generates a ``propagate`` per class from a template on the first
+    instantiation and records the class's previous ``propagate`` as
+    ``_orig_propagate``, which explain mode (edge masks) and decomposed layers
+    switch to. When the native parent (say ``GATConv``) was instantiated first,
+    the subclass inherits the parent's *generated* ``propagate`` and would record
+    that one: explain mode would then run a ``propagate`` that ignores the edge
+    mask. Restoring the parent's original here makes the subclass's records the
+    same whatever the instantiation order.
+    """
+    if "_orig_propagate" in cls.__dict__:
+        return
+    for base in cls.__mro__[1:]:
+        if "_orig_propagate" in base.__dict__:
+            cls.propagate = base.__dict__["_orig_propagate"]
+            if "_orig_edge_updater" in base.__dict__:
+                cls.edge_updater = base.__dict__["_orig_edge_updater"]
+            return
+
+
 def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -47,17 +70,22 @@ def is_sparse_tensor(adj) -> bool:
     return isinstance(adj, SparseTensor)
 
 
-def adjacency_supported(adj, need_input_edge_order: bool) -> bool:
+def adjacency_supported(adj, need_input_edge_order: bool, add_self_loops: bool = False) -> bool:
     r"""Whether :func:`~pyg_dfgnn.layout.get_layout` sees the same edges, in the
     same order where that matters (``need_input_edge_order``: attention weights are
     returned), as PyG's ``propagate``.
 
     * ``[2, E]`` tensors and ``EdgeIndex``: always.
     * ``SparseTensor``: always (row-major COO order, as ``set_value(layout='coo')``).
-    * ``torch.sparse`` CSR: always; coalesced COO: always (row-major order);
-      uncoalesced COO: never (PyG keeps duplicate entries as separate edges,
-      the layout coalesces them); other layouts (CSC, BSR): never (PyG's
-      ``propagate`` rejects them, so the layer lets PyG raise).
+    * ``torch.sparse`` CSR: always. COO with ``add_self_loops`` (the layer's):
+      always; PyG's ``add_self_loops`` rebuilds the matrix coalesced, merging
+      duplicate entries, and ``get_layout`` merges them too, whatever the
+      ``is_coalesced()`` flag says (PyG sets it on the input without merging).
+      COO without self-loops: when flagged coalesced; PyG's ``propagate`` and
+      the layout then both take the entries as stored (duplicates are separate
+      edges); unflagged, PyG's GATConv raises, so the layer lets it.
+      Other layouts (CSC, BSR): never (PyG's ``propagate`` rejects them, so the
+      layer lets PyG raise).
     """
     if is_sparse_tensor(adj):
         return True
@@ -67,7 +95,7 @@ def adjacency_supported(adj, need_input_edge_order: bool) -> bool:
         if adj.layout == torch.sparse_csr:
             return True
         if adj.layout == torch.sparse_coo:
-            return adj.is_coalesced()
+            return add_self_loops or adj.is_coalesced()
         return False  # CSC/BSR: PyG's propagate rejects them; let it raise
     if adj.layout != torch.strided:
         return False

@@ -8,7 +8,7 @@ from torch_geometric.typing import Adj
 from ..layout import get_layout
 from ..ops import agnn_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised)
+                      propagate_is_customised, use_own_propagate)
 
 
 class FusedAGNNConv(AGNNConv):
@@ -43,16 +43,31 @@ class FusedAGNNConv(AGNNConv):
 
     Falls back to PyG's own ``forward`` (same results, unfused) for a
     ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
-    uncoalesced ``torch.sparse`` COO matrix, features that are not 2-D, an
+    uncoalesced ``torch.sparse`` COO matrix with ``add_self_loops=False`` (with
+    self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
+    does), features that are not 2-D, an
     ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
     ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode
     or registered message-passing hooks.
+
+    :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward (sharing ``beta``):
+    the fused op runs in Python and under ``torch.compile``.
     """
 
     def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, *,
                  strategy: str = "auto", **kwargs):
+        use_own_propagate(type(self))
         super().__init__(requires_grad=requires_grad, add_self_loops=add_self_loops, **kwargs)
         self.strategy = check_strategy(strategy)
+
+    def __prepare_scriptable__(self) -> AGNNConv:
+        """What :func:`torch.jit.script` compiles: a native ``AGNNConv`` sharing
+        this layer's ``beta`` (the fused op is not TorchScript), so scripting
+        works where ``AGNNConv``'s does, with PyG's forward."""
+        native = AGNNConv(requires_grad=self.requires_grad, add_self_loops=self.add_self_loops,
+                          aggr=self.aggr, flow=self.flow, node_dim=self.node_dim)
+        native.beta = self.beta
+        return native.train(self.training)
 
     def _fusable(self, x, edge_index) -> bool:
         if not isinstance(x, Tensor) or x.dim() != 2:
@@ -61,7 +76,7 @@ class FusedAGNNConv(AGNNConv):
             return False
         if self.add_self_loops and is_sparse_tensor(edge_index):
             return False
-        return adjacency_supported(edge_index, False)
+        return adjacency_supported(edge_index, False, self.add_self_loops)
 
     def forward(self, x: Tensor, edge_index: Adj) -> Tensor:
         r"""Runs the forward pass (same signature and results as

@@ -12,7 +12,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from ..layout import get_layout
 from ..ops import gat_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised)
+                      propagate_is_customised, use_own_propagate)
 
 
 class FusedGATConv(GATConv):
@@ -70,8 +70,10 @@ class FusedGATConv(GATConv):
     * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
     * ``return_attention_weights=True`` with a ``torch.sparse`` input and
       ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
-    * an uncoalesced ``torch.sparse`` COO input (PyG keeps duplicate entries as
-      separate edges) or a ``torch.sparse`` layout other than COO/CSR (PyG raises);
+    * an uncoalesced ``torch.sparse`` COO input with ``add_self_loops=False``
+      (PyG raises for it) or a ``torch.sparse`` layout other than COO/CSR (PyG
+      raises); with self-loops, duplicate COO entries are merged, as PyG's
+      ``add_self_loops`` does;
     * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
       returns the weights *after* dropout, the fused op those before it;
     * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
@@ -86,6 +88,7 @@ class FusedGATConv(GATConv):
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
                  *args, strategy: str = "auto", **kwargs):
+        use_own_propagate(type(self))
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
 
@@ -111,7 +114,7 @@ class FusedGATConv(GATConv):
             return False
         if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
             return False
-        return adjacency_supported(edge_index, want_alpha)
+        return adjacency_supported(edge_index, want_alpha, self.add_self_loops)
 
     def forward(  # noqa: F811
         self,

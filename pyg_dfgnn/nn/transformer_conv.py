@@ -12,7 +12,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor
 from ..layout import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised)
+                      propagate_is_customised, use_own_propagate)
 
 
 class FusedTransformerConv(TransformerConv):
@@ -81,6 +81,7 @@ class FusedTransformerConv(TransformerConv):
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
                  *args, strategy: str = "auto", **kwargs):
+        use_own_propagate(type(self))
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
 
