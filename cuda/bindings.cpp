@@ -3,6 +3,7 @@
 // names the argument, never a CUDA fault. The fake (meta) implementations are
 // registered from Python (pyg_dfgnn/ops/_custom.py), autograd in autograd.cpp.
 #include <Python.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <string>
@@ -75,6 +76,7 @@ at::Tensor csr_rowptr(const at::Tensor& index, int64_t num_rows) {
               "dfgnn::csr_rowptr: index must be int32 or int64, got ", index.scalar_type());
   TORCH_CHECK(num_rows >= 0 && num_rows < INT32_MAX && index.numel() < INT32_MAX,
               "dfgnn::csr_rowptr: sizes must fit int32");
+  const c10::cuda::CUDAGuard guard(index.device());  // the inputs' device and its stream
   return csr_rowptr_cuda(index, num_rows);
 }
 
@@ -123,6 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
                 "dfgnn::gt_fwd: dense_tiles must be 16-byte aligned (a tensor of its own, "
                 "not a view at an offset)");
   }
+  const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   return gt_forward_cuda(q, k, v, rowptr, col, rw, csr_row, chunk, scale, dropout, seed, pmf,
                          need_attn, dense_tiles);
 }
@@ -149,6 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   TORCH_CHECK(chunk > 0, "dfgnn::gt_bwd: chunk must be > 0, got ", num(chunk));
   Work rw = make_work(row_items, row_combine, row_slots, "row", q);
   Work cw = make_work(col_items, col_combine, col_slots, "col", q);
+  const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   return gt_backward_cuda(grad_out, q, k, v, out, lse, rowptr, col, rw, colptr, row, perm, cw,
                           chunk, scale, dropout, seed);
 }
@@ -191,6 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
     TORCH_CHECK(csr_row.has_value(), "dfgnn::gat_fwd: pmf=True needs csr_row");
     check_index(*csr_row, "csr_row", col.numel(), x);
   }
+  const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, csr_row, chunk, negative_slope,
                           dropout, seed, pmf, need_attn);
 }
@@ -220,6 +225,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
   TORCH_CHECK(chunk > 0, "dfgnn::gat_bwd: chunk must be > 0, got ", num(chunk));
   Work rw = make_work(row_items, row_combine, row_slots, "row", x);
   Work cw = make_work(col_items, col_combine, col_slots, "col", x);
+  const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return gat_backward_cuda(grad_out, a_dst, a_src, x, out, lse, rowptr, col, rw, colptr, row, perm,
                            cw, chunk, negative_slope, dropout, seed);
 }
@@ -240,6 +246,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
   check_features(x, "x", x, "x");
   check_beta(beta, x);
   TORCH_CHECK(eps > 0.0, "dfgnn::l2norm_fwd: eps must be > 0, got ", std::to_string(eps));
+  const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return l2norm_forward_cuda(x, beta, eps);
 }
 
@@ -255,6 +262,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
   TORCH_CHECK(eps > 0.0, "dfgnn::cos_fwd: eps must be > 0, got ", std::to_string(eps));
   TORCH_CHECK(chunk > 0, "dfgnn::cos_fwd: chunk must be > 0, got ", num(chunk));
   Work rw = make_work(row_items, row_combine, row_slots, "row", x);
+  const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return cosine_forward_cuda(x, beta, eps, rowptr, col, rw, chunk, need_attn);
 }
 
@@ -272,6 +280,7 @@ std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Te
                   rnorm.size(0) == k.size(0) && rnorm.size(1) == k.size(1),
               "dfgnn::l2norm_bwd: rnorm must be float32 [N, H]");
   check_beta(beta, k);
+  const c10::cuda::CUDAGuard guard(k.device());  // the inputs' device and its stream
   return l2norm_backward_cuda(dk, dq, k, rnorm, beta);
 }
 

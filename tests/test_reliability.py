@@ -441,3 +441,22 @@ def test_cuda_edits_of_an_edge_index_object_are_seen():
     assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
     ei[1, 0] = (int(ei[1, 0]) + 1) % N  # bumps the wrapper's counter
     assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gat_under_autocast_matches_native(device, dtype):
+    """Under autocast GATConv's projections are half precision and its attention
+    terms float32; the fused layer ran into its one-dtype check and raised."""
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("CPU autocast is bfloat16")
+    ei = random_graph(60, num_edges=400).to(device)
+    x = torch.randn(60, 16, device=device)
+    native = GATConv(16, 8, heads=2).to(device)
+    fused = FusedGATConv(16, 8, heads=2).to(device)
+    fused.load_state_dict(native.state_dict())
+    with torch.autocast(device, dtype=dtype):
+        want = native(x, ei)
+        got = fused(x, ei)
+    assert got.dtype == want.dtype
+    assert rel_err(got, want) < 1e-2

@@ -182,6 +182,12 @@ class FusedGATConv(GATConv):
             alpha_dst = alpha_src.new_zeros(num_dst, H)
         else:
             alpha_dst = (x_dst * self.att_dst).sum(-1)
+        # Under autocast the projections are half precision and att_* float32, so
+        # the attention terms come out float32 and PyG aggregates in float32: the
+        # kernel takes one dtype, and the result is returned in PyG's dtype.
+        out_dtype = alpha_src.dtype
+        if out_dtype != x_src.dtype:
+            alpha_src, alpha_dst = alpha_src.to(x_src.dtype), alpha_dst.to(x_src.dtype)
 
         layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
         want_alpha = bool(return_attention_weights)
@@ -192,6 +198,7 @@ class FusedGATConv(GATConv):
         alpha = None
         if want_alpha:
             out, alpha = out
+        out = out.to(out_dtype)
 
         if self.concat:
             out = out.reshape(-1, self.heads * self.out_channels)
