@@ -20,20 +20,11 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._ext import HAS_EXTENSION
 
 #: Number of GraphLayout builds in this process (tests use it to check caching).
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
-
-
-def _rowptr_from_sorted(index: Tensor, num_rows: int, dtype: torch.dtype) -> Tensor:
-    """``rowptr[r]`` = number of entries of the sorted ``index`` that are ``< r``."""
-    if index.is_cuda and HAS_EXTENSION and dtype == torch.int32:
-        return torch.ops.dfgnn.csr_rowptr(index, num_rows)
-    return torch._convert_indices_from_coo_to_csr(index, num_rows,
-                                                  out_int32=dtype == torch.int32)
 
 
 class GraphLayout:
@@ -46,26 +37,29 @@ class GraphLayout:
     Attributes:
         rowptr (Tensor): ``[N_dst + 1]``, CSR row pointer over destination nodes.
         col (Tensor): ``[E]``, source node of each edge, in CSR order.
+        csr_row (Tensor): ``[E]``, destination node of each edge, in CSR order.
         edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position.
         edge_index (Tensor): ``[2, E]`` int64, the edges in input order (with the
             self-loops this layout added, if any), as PyG layers return them with
-            attention weights.
+            attention weights (built on first use).
         num_src, num_dst (int): node counts (equal unless the graph is bipartite).
         max_in_degree (int), mean_in_degree (float): in-degree statistics used by
             :mod:`pyg_dfgnn.ops.schedule`.
-        colptr, row, perm (Tensor): CSC by source (built on first use):
-            ``[N_src + 1]``, ``[E]`` dst of each CSC edge, ``[E]`` CSR position of each
-            CSC edge.
+        colptr, row, perm (Tensor): CSC by source (built with the layout unless
+            ``with_csc=False``, then on first use): ``[N_src + 1]``, ``[E]`` dst of
+            each CSC edge, ``[E]`` CSR position of each CSC edge.
 
     Index tensors are int32 when every index and ``E`` fit, else int64.
     """
 
-    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Tensor, edge_index: Tensor,
-                 num_src: int, num_dst: int, max_in_degree: int, self_loops: bool = False):
+    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Tensor,
+                 edge_index: Optional[Tensor], num_src: int, num_dst: int, max_in_degree: int,
+                 self_loops: bool = False, csr_row: Optional[Tensor] = None):
         self.rowptr = rowptr
         self.col = col
         self.edge_perm = edge_perm
-        self.edge_index = edge_index
+        self._edge_index = edge_index
+        self._csr_row = csr_row
         self.num_src = int(num_src)
         self.num_dst = int(num_dst)
         self.num_edges = int(col.numel())
@@ -78,13 +72,20 @@ class GraphLayout:
         # costs time.
         self._device = col.device
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
-        self._cache: dict = {}  # derived data the kernels reuse (row of each CSR edge, splits)
+        self._cache: dict = {}  # derived data the kernels reuse (work items, tile plan)
 
     # ------------------------------------------------------------------ build
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, size: Optional[Tuple[int, int]] = None,
                         add_self_loops: bool = False, with_csc: bool = True) -> "GraphLayout":
         r"""Builds the layout from a ``[2, E]`` COO ``edge_index`` (src, dst).
+
+        Edges keep their multiplicity (duplicates are separate edges, as in PyG's
+        ``propagate``) and, within a destination row, their input order. The build
+        takes one host synchronisation (two when ``size`` is inferred): degrees,
+        work-item counts and the index bounds are computed on the device and read
+        together. Input already grouped by destination (as PyG's neighbour
+        samplers emit it) skips the sort by destination.
 
         Args:
             edge_index (Tensor): ``[2, E]`` integer tensor.
@@ -106,34 +107,20 @@ class GraphLayout:
                              f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}")
         if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
             raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
+        sorted_by_dst = getattr(edge_index, "_sort_order", None) is not None and \
+            str(getattr(edge_index, "_sort_order")).lower().endswith("col")
         # detach() first: a plain as_subclass() alias keeps a hidden reference to
         # the input, and the input caches this layout (get_layout), a cycle the
-        # garbage collector cannot see: every batch's graph leaked (e2e, GT model).
-        edge_index = edge_index.detach().as_subclass(Tensor).long()
+        # garbage collector cannot see: every batch's graph would leak.
+        edge_index = edge_index.detach().as_subclass(Tensor)
+        if edge_index.dtype not in (torch.int32, torch.int64):
+            edge_index = edge_index.long()
         if size is None:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
             size = (n, n)
-        num_src, num_dst = int(size[0]), int(size[1])
-        if edge_index.numel() > 0:
-            lo, hi = torch.aminmax(edge_index, dim=1)
-            lo, hi = lo.tolist(), hi.tolist()
-            if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
-                raise ValueError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
-                                 f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
-        if add_self_loops:
-            from torch_geometric.utils import add_self_loops as _add, remove_self_loops
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = _add(edge_index, num_nodes=min(num_src, num_dst))
-        src, dst = edge_index[0], edge_index[1]
-        E = src.numel()
-        idx_dtype = torch.int32 if max(E, num_src, num_dst) <= _INT32_MAX else torch.int64
-        dst_sorted, edge_perm = torch.sort(dst, stable=True)
-        col = src[edge_perm].to(idx_dtype)
-        rowptr = _rowptr_from_sorted(dst_sorted.to(idx_dtype), num_dst, idx_dtype)
-        max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if num_dst > 0 and E > 0 else 0
+        layout = _build(edge_index, int(size[0]), int(size[1]), bool(add_self_loops),
+                        with_csc, sorted_by_dst or None)
         BUILD_COUNT += 1
-        layout = cls(rowptr, col, edge_perm, edge_index, num_src, num_dst, max_deg, add_self_loops)
-        layout.prepare(with_csc)
         return layout
 
     @classmethod
@@ -187,19 +174,27 @@ class GraphLayout:
         return self.col.device
 
     def _build_csc(self):
-        perm = torch.sort(self.col, stable=True).indices
-        row = self.csr_row[perm]
-        colptr = _rowptr_from_sorted(self.col[perm], self.num_src, self.col.dtype)
-        self._csc = (colptr, row, perm.to(self.col.dtype))
+        colptr = torch.zeros(self.num_src + 1, dtype=self.col.dtype, device=self.col.device)
+        colptr[1:].index_add_(0, self.col, torch.ones_like(self.col))
+        self._csc = _csc(self.col, self.csr_row, colptr.cumsum_(0))
 
     @property
     def csr_row(self) -> Tensor:
         """``[E]`` destination node of each CSR edge (for edge-parallel kernels)."""
-        r = self._cache.get("csr_row")
-        if r is None:
-            r = self.edge_index[1][self.edge_perm].to(self.col.dtype)
-            self._cache["csr_row"] = r
-        return r
+        if self._csr_row is None:
+            self._csr_row = torch.repeat_interleave(
+                torch.arange(self.num_dst, dtype=self.col.dtype, device=self.col.device),
+                self.rowptr[1:] - self.rowptr[:-1], output_size=self.num_edges)
+        return self._csr_row
+
+    @property
+    def edge_index(self) -> Tensor:
+        """``[2, E]`` int64 edges in input order (self-loops appended, if added)."""
+        if self._edge_index is None:
+            ei = torch.empty(2, self.num_edges, dtype=torch.long, device=self.col.device)
+            ei.index_copy_(1, self.edge_perm, torch.stack([self.col, self.csr_row]).long())
+            self._edge_index = ei
+        return self._edge_index
 
     @property
     def colptr(self) -> Tensor:
@@ -247,12 +242,16 @@ class GraphLayout:
         here = self.device
         if device.type == here.type and (device.index is None or device.index == here.index):
             return self
-        new = GraphLayout(self.rowptr.to(device), self.col.to(device), self.edge_perm.to(device),
-                          self.edge_index.to(device), self.num_src, self.num_dst,
-                          self.max_in_degree, self.self_loops)
+
+        def move(t):
+            return None if t is None else t.to(device)
+
+        new = GraphLayout(move(self.rowptr), move(self.col), move(self.edge_perm),
+                          move(self._edge_index), self.num_src, self.num_dst,
+                          self.max_in_degree, self.self_loops, move(self._csr_row))
         if self._csc is not None:
             new._csc = tuple(t.to(device) for t in self._csc)
-        for key, val in self._cache.items():  # work items, csr_row, degree statistics
+        for key, val in self._cache.items():  # work items, degree statistics
             if isinstance(key, tuple) and key[0] == "op_args":
                 continue  # tuples of the tensors above, rebuilt on the first call
             new._cache[key] = (tuple(t.to(device) if isinstance(t, Tensor) else t for t in val)
@@ -271,6 +270,159 @@ class GraphLayout:
                 f"num_edges={self.num_edges}, max_in_degree={self.max_in_degree}, "
                 f"mean_in_degree={self.mean_in_degree:.2f}, self_loops={self.self_loops}, "
                 f"index={self.col.dtype}, device={self.device})")
+
+
+# ---------------------------------------------------------------------- the build
+def _csc(col: Tensor, csr_row: Tensor, colptr: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """CSC by source: ``(colptr, row, perm)``; ``perm`` is the stable order of the
+    CSR positions by source, so each column keeps the CSR order."""
+    perm = torch.sort(col, stable=True).indices
+    return colptr, csr_row[perm], perm.to(col.dtype)
+
+
+def _out_of_range(lo, hi, num_src: int, num_dst: int) -> ValueError:
+    return ValueError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
+                      f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+
+
+def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
+           sorted_by_dst: Optional[bool]) -> GraphLayout:
+    r"""The layout of ``ei`` (``[2, E]`` int32 / int64), its CSC when ``with_csc``,
+    and the work items of both, with one host synchronisation.
+
+    Phase 1 (device): the index bounds, the in- and out-degrees (self-loops
+    removed and appended by arithmetic: no compaction), the work items each row
+    needs, whether the input is grouped by destination; all read by one
+    ``tolist()``. Phase 2 (device, sizes known): the CSR (no sort where the input
+    is grouped by destination: the CSR position of an edge follows from its rank),
+    the CSC (one stable sort by source) and the work items.
+    """
+    from .ops import schedule
+    E0 = ei.size(1)
+    dev = ei.device
+    n = min(num_src, num_dst) if loops else 0
+    if E0 and (num_src == 0 or num_dst == 0):
+        lo, hi = torch.aminmax(ei, dim=1)
+        raise _out_of_range(lo.tolist(), hi.tolist(), num_src, num_dst)
+    wd = torch.int32 if max(E0 + n, num_src, num_dst) <= _INT32_MAX else torch.int64
+    chunk = schedule.chunk_for(E0 + n)  # exact unless existing self-loops are removed
+    src, dst = ei[0], ei[1]
+
+    # ---- phase 1: statistics on the device, one synchronisation
+    deg = torch.zeros(num_dst + num_src, dtype=wd, device=dev)
+    din, dout = deg[:num_dst], deg[num_dst:]
+    parts = []
+    keep = None
+    if E0:
+        parts.extend(torch.aminmax(ei, dim=1))
+        if loops:
+            keep = src != dst
+            w = keep.to(wd)
+        else:
+            w = torch.ones(1, dtype=wd, device=dev).expand(E0)
+        # Clamped: an out-of-range index must reach the range check below, not
+        # fault inside a scatter first.
+        din.index_add_(0, dst.clamp(0, num_dst - 1), w)
+        dout.index_add_(0, src.clamp(0, num_src - 1), w)
+    if n:
+        if num_src == num_dst:
+            deg.add_(1)
+        else:
+            din[:n].add_(1)
+            dout[:n].add_(1)
+    extra = schedule.work_stats(deg, chunk)
+    have_deg = num_dst > 0 and num_src > 0
+    if have_deg:
+        ex_cum = extra.cumsum(0)
+        sp_cum = (extra > 0).cumsum(0)
+        # [extra items of the CSR, of both], [split rows of the CSR, of both]
+        parts.append(ex_cum.as_strided((2,), (num_src,), num_dst - 1))
+        parts.append(sp_cum.as_strided((2,), (num_src,), num_dst - 1))
+        parts.append(din.amax(0, keepdim=True))
+    if keep is not None:
+        parts.append(keep.sum(0, keepdim=True))
+    check_sorted = sorted_by_dst is None and E0 > 1
+    if check_sorted:
+        parts.append((dst[1:] < dst[:-1]).any(0, keepdim=True))
+    vals = torch.cat(parts).tolist() if parts else []  # the build's one synchronisation
+
+    # ---- host: sizes and checks
+    if E0:
+        lo, hi, vals = vals[0:2], vals[2:4], vals[4:]
+        if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
+            raise _out_of_range(lo, hi, num_src, num_dst)
+    if have_deg:
+        ex_in, ex_all, sp_in, sp_all, max_in = vals[:5]
+        vals = vals[5:]
+    else:
+        ex_in = ex_all = sp_in = sp_all = max_in = 0
+    kept = vals.pop(0) if keep is not None else E0
+    unsorted = bool(vals.pop(0)) if check_sorted else not sorted_by_dst and E0 > 1
+    E = kept + n
+    idx = torch.int32 if max(E, num_src, num_dst) <= _INT32_MAX else torch.int64
+
+    # ---- phase 2: CSR
+    rowptr = torch.zeros(num_dst + 1, dtype=idx, device=dev)
+    torch.cumsum(din, 0, dtype=idx, out=rowptr[1:])
+    if not loops:
+        ei_idx = ei.to(idx, copy=True)  # a copy: the layout never aliases the input
+        if unsorted:
+            csr_row, edge_perm = torch.sort(ei_idx[1], stable=True)
+            col = ei_idx[0][edge_perm]
+        else:
+            col, csr_row = ei_idx[0], ei_idx[1]
+            edge_perm = torch.arange(E, device=dev)
+    else:
+        col, csr_row, edge_perm = _csr_with_loops(ei, keep, kept, n, rowptr, idx, unsorted)
+
+    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, max_in, loops,
+                         csr_row=csr_row)
+    same_chunk = schedule.chunk_for(E) == chunk
+    if same_chunk:
+        schedule.cache_work(layout, "row_work", chunk, schedule.work_items(
+            rowptr, extra[:num_dst], num_dst + ex_in, sp_in, chunk))
+    if with_csc:
+        colptr = torch.zeros(num_src + 1, dtype=idx, device=dev)
+        torch.cumsum(dout, 0, dtype=idx, out=colptr[1:])
+        layout._csc = _csc(col, csr_row, colptr)
+        if same_chunk:
+            schedule.cache_work(layout, "col_work", chunk, schedule.work_items(
+                colptr, extra[num_dst:], num_src + ex_all - ex_in, sp_all - sp_in, chunk))
+    if not same_chunk:  # removed self-loops moved E across the chunk threshold
+        layout.prepare(with_csc)
+    return layout
+
+
+def _csr_with_loops(ei: Tensor, keep: Optional[Tensor], kept: int, n: int, rowptr: Tensor,
+                    idx: torch.dtype, unsorted: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(col, csr_row, edge_perm)`` of PyG's ``remove_self_loops`` followed by
+    ``add_self_loops(num_nodes=n)``: the kept edges in input order (ids
+    ``0 .. kept - 1``), then loop ``i`` with id ``kept + i``."""
+    dev = ei.device
+    E = kept + n
+    src, dst = ei[0], ei[1]
+    loop = torch.arange(n, dtype=ei.dtype, device=dev)
+    if keep is None:  # no input edges
+        return loop.to(idx), loop.to(idx), torch.arange(n, device=dev)
+    rank = keep.cumsum(0) - 1  # id of each kept edge
+    if unsorted:
+        # Stable sort of [kept edges, loops] by destination; removed loops get
+        # the key N_dst + 1 and sort past the end.
+        key = torch.cat([torch.where(keep, dst, rowptr.numel()), loop]).to(idx)
+        csr_row, order = torch.sort(key, stable=True)
+        order = order[:E]
+        edge_perm = torch.cat([rank, loop + kept])[order]
+        col = torch.cat([src, loop]).to(idx)[order]
+        return col, csr_row[:E], edge_perm
+    # Grouped by destination: row r holds its kept edges in input order, then its
+    # loop; a kept edge's CSR position is its id plus the loops of the rows before.
+    pos = torch.where(keep, rank + dst.clamp(max=n), E)
+    loop_pos = rowptr[1:n + 1].long() - 1
+    edge_perm = torch.empty(E + 1, dtype=torch.long, device=dev)
+    edge_perm.index_copy_(0, pos, rank).index_copy_(0, loop_pos, loop.long() + kept)
+    pair = torch.empty(2, E + 1, dtype=idx, device=dev)
+    pair.index_copy_(1, pos, ei.to(idx)).index_copy_(1, loop_pos, loop.to(idx).expand(2, n))
+    return pair[0, :E], pair[1, :E], edge_perm[:E]
 
 
 _ATTR = "_dfgnn_layouts"
