@@ -35,7 +35,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,7 @@ def load_dataset(name: str, root: Optional[str] = None) -> Data:
     return data
 
 
-class _Sampler:
+class StandInSampler:
     """NeighborLoader's conventions, vectorised (used without pyg-lib / torch_sparse)."""
 
     def __init__(self, edge_index: Tensor, num_nodes: int, seed: int = 0):
@@ -126,10 +126,12 @@ def sample_batches(data: Data, num_seeds: int, fanouts: Sequence[int], num_batch
     else:
         sampler = getattr(data, "_stand_in_sampler", None)
         if sampler is None:  # its CSC is built once per dataset
-            sampler = data._stand_in_sampler = _Sampler(data.edge_index, data.num_nodes, seed)
+            sampler = StandInSampler(data.edge_index, data.num_nodes, seed)
+            data._stand_in_sampler = sampler
         name = "stand-in sampler"
-        draw = lambda: sampler(pool[torch.randperm(pool.numel(), generator=gen)[:num_seeds]],  # noqa: E731
-                               fanouts)
+
+        def draw():
+            return sampler(pool[torch.randperm(pool.numel(), generator=gen)[:num_seeds]], fanouts)
     batches, times = [], []
     for _ in range(num_batches):
         t0 = time.perf_counter()

@@ -33,38 +33,24 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
-from torch_geometric.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE  # noqa: E402
 
 from benchmarks.datasets import ogbn_arxiv  # noqa: E402
+from benchmarks.minibatch import FEATURES, Net, StandInSampler  # noqa: E402
 from pyg_dfgnn.nn import fuse  # noqa: E402
 
 
-class Net(torch.nn.Module):
-    def __init__(self, kind: str, num_nodes: int, num_classes: int, hidden: int = 256,
-                 heads: int = 4, layers: int = 2):
+class Model(torch.nn.Module):
+    """A learned 128-dim embedding per node, then the attention layers (plain PyG
+    convs: :class:`benchmarks.minibatch.Net`, 4 heads, hidden 256)."""
+
+    def __init__(self, kind: str, num_nodes: int, num_classes: int, layers: int):
         super().__init__()
-        self.emb = torch.nn.Embedding(num_nodes, 128)
-        self.pre = torch.nn.Linear(128, hidden) if kind == "agnn" else None
-        self.post = torch.nn.Linear(hidden, num_classes) if kind == "agnn" else None
-        convs = []
-        for i in range(layers):
-            last, cin = i == layers - 1, 128 if i == 0 else hidden
-            cout = num_classes if last else hidden // heads
-            convs.append(GATConv(cin, cout, heads=heads, concat=not last) if kind == "gat" else
-                         TransformerConv(cin, cout, heads=heads, concat=not last)
-                         if kind == "gt" else AGNNConv())
-        self.convs = torch.nn.ModuleList(convs)
+        self.emb = torch.nn.Embedding(num_nodes, FEATURES)
+        self.net = Net(kind, layers, num_classes)
 
     def forward(self, n_id, edge_index):
-        x = self.emb(n_id)
-        if self.pre is not None:
-            x = self.pre(x).relu()
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = F.elu(x)
-        return self.post(x) if self.post is not None else x
+        return self.net(self.emb(n_id), edge_index)
 
 
 def loader(data, nodes, fanouts, batch_size, shuffle, seed):
@@ -73,8 +59,7 @@ def loader(data, nodes, fanouts, batch_size, shuffle, seed):
         from torch_geometric.loader import NeighborLoader
         return NeighborLoader(data, num_neighbors=fanouts, input_nodes=nodes,
                               batch_size=batch_size, shuffle=shuffle, generator=gen)
-    from benchmarks.minibatch import _Sampler
-    sampler = _Sampler(data.edge_index, data.num_nodes, seed)
+    sampler = StandInSampler(data.edge_index, data.num_nodes, seed)
     order = nodes[torch.randperm(nodes.numel(), generator=gen)] if shuffle else nodes
 
     class Batches:  # drawn lazily, like a loader
@@ -144,7 +129,7 @@ def main():
               "conventions draws the batches")
 
     torch.manual_seed(a.seed)
-    native = Net(a.model, data.num_nodes, num_classes, layers=len(fanouts)).to(device)
+    native = Model(a.model, data.num_nodes, num_classes, len(fanouts)).to(device)
     report = fuse(copy.deepcopy(native), inplace=False)
     print(report)
     models = {"native": native, "fused": report.model}
