@@ -158,6 +158,29 @@ class GraphLayout:
                 size = (int(s[0]), int(s[1]))
         return cls.from_edge_index(adj, size, add_self_loops, with_csc)
 
+    def narrow(self, edge_index: Tensor, size: Tuple[int, int],
+               with_csc: bool = True) -> Optional["GraphLayout"]:
+        r"""The layout of a prefix of this graph, as PyG's
+        :func:`~torch_geometric.utils.trim_to_layer` makes one for a deeper layer:
+        ``edge_index`` holds the first ``E_k`` input edges, ``size`` =
+        ``(N_src_k, N_dst_k)`` node prefixes, same self-loop handling.
+
+        It serves when those edges lead this layout's CSR (their destinations
+        come first, as in NeighborLoader batches, where they are the first hops'
+        edges) with sources below ``N_src_k``, and without self-loops added
+        (added loops of the rows the prefix leaves without edges sit between the
+        parent's edges). Then the CSR is a view of this one's and only the CSC
+        and the work items are built, with one host synchronisation, which also
+        checks that the prefix serves.
+
+        Returns:
+            the :class:`GraphLayout` :meth:`from_edge_index` would build for
+            ``edge_index`` and ``size``, or ``None`` where the prefix does not
+            serve (build that one instead; a prefix of edges grouped by
+            destination skips the sort there too).
+        """
+        return _narrow(self, edge_index, int(size[0]), int(size[1]), with_csc)
+
     # ------------------------------------------------------------------ derived
     def prepare(self, with_csc: bool = True) -> "GraphLayout":
         """Builds now what the kernels read lazily: the CSR work items and, with
@@ -333,12 +356,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     extra = schedule.work_stats(deg, chunk)
     have_deg = num_dst > 0 and num_src > 0
     if have_deg:
-        ex_cum = extra.cumsum(0)
-        sp_cum = (extra > 0).cumsum(0)
-        # [extra items of the CSR, of both], [split rows of the CSR, of both]
-        parts.append(ex_cum.as_strided((2,), (num_src,), num_dst - 1))
-        parts.append(sp_cum.as_strided((2,), (num_src,), num_dst - 1))
-        parts.append(din.amax(0, keepdim=True))
+        parts.extend(_count_parts(deg, extra, num_dst, num_src))
     if keep is not None:
         parts.append(keep.sum(0, keepdim=True))
     check_sorted = sorted_by_dst is None and E0 > 1
@@ -351,11 +369,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         lo, hi, vals = vals[0:2], vals[2:4], vals[4:]
         if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
             raise _out_of_range(lo, hi, num_src, num_dst)
-    if have_deg:
-        ex_in, ex_all, sp_in, sp_all, max_in = vals[:5]
-        vals = vals[5:]
-    else:
-        ex_in = ex_all = sp_in = sp_all = max_in = 0
+    counts, vals = (vals[:5], vals[5:]) if have_deg else ([0] * 5, vals)
     kept = vals.pop(0) if keep is not None else E0
     unsorted = bool(vals.pop(0)) if check_sorted else not sorted_by_dst and E0 > 1
     E = kept + n
@@ -375,22 +389,89 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     else:
         col, csr_row, edge_perm = _csr_with_loops(ei, keep, kept, n, rowptr, idx, unsorted)
 
-    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, max_in, loops,
+    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, counts[4], loops,
                          csr_row=csr_row)
-    same_chunk = schedule.chunk_for(E) == chunk
+    return _finish(layout, dout, extra, counts, chunk, with_csc)
+
+
+def _count_parts(deg: Tensor, extra: Tensor, num_dst: int, num_src: int) -> list:
+    """Device values the work items need, for one read: extra items of the CSR and
+    of CSR + CSC, split rows of the CSR and of both, the largest in-degree."""
+    ex_cum = extra.cumsum(0)
+    sp_cum = (extra > 0).cumsum(0)
+    return [ex_cum.as_strided((2,), (num_src,), num_dst - 1),
+            sp_cum.as_strided((2,), (num_src,), num_dst - 1),
+            deg[:num_dst].amax(0, keepdim=True)]
+
+
+def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chunk: int,
+            with_csc: bool) -> GraphLayout:
+    """The CSC (when ``with_csc``) and the work items of a layout whose CSR is
+    built, from the out-degrees, :func:`~pyg_dfgnn.ops.schedule.work_stats` over
+    ``[in-degrees, out-degrees]`` and the :func:`_count_parts` values read."""
+    from .ops import schedule
+    ex_in, ex_all, sp_in, sp_all = counts[:4]
+    nd, ns = layout.num_dst, layout.num_src
+    same_chunk = schedule.chunk_for(layout.num_edges) == chunk
     if same_chunk:
         schedule.cache_work(layout, "row_work", chunk, schedule.work_items(
-            rowptr, extra[:num_dst], num_dst + ex_in, sp_in, chunk))
+            layout.rowptr, extra[:nd], nd + ex_in, sp_in, chunk))
     if with_csc:
-        colptr = torch.zeros(num_src + 1, dtype=idx, device=dev)
-        torch.cumsum(dout, 0, dtype=idx, out=colptr[1:])
-        layout._csc = _csc(col, csr_row, colptr)
+        col = layout.col
+        colptr = torch.zeros(ns + 1, dtype=col.dtype, device=col.device)
+        torch.cumsum(dout, 0, dtype=col.dtype, out=colptr[1:])
+        layout._csc = _csc(col, layout.csr_row, colptr)
         if same_chunk:
             schedule.cache_work(layout, "col_work", chunk, schedule.work_items(
-                colptr, extra[num_dst:], num_src + ex_all - ex_in, sp_all - sp_in, chunk))
+                colptr, extra[nd:], ns + ex_all - ex_in, sp_all - sp_in, chunk))
     if not same_chunk:  # removed self-loops moved E across the chunk threshold
         layout.prepare(with_csc)
     return layout
+
+
+def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
+            with_csc: bool) -> Optional[GraphLayout]:
+    from .ops import schedule
+    ek = edge_index.size(1)
+    if (parent.self_loops or edge_index.dim() != 2 or edge_index.size(0) != 2 or ek == 0
+            or ek > parent.num_edges or num_src > parent.num_src or num_dst > parent.num_dst
+            or num_src <= 0 or num_dst <= 0 or parent.col.dtype != torch.int32):
+        return None
+    dev = parent.col.device
+    # The prefix's edges lead the CSR; destinations past them keep no in-edge.
+    rowptr = parent.rowptr[:num_dst + 1].clamp(max=ek)
+    col, edge_perm = parent.col[:ek], parent.edge_perm[:ek]
+    chunk = schedule.chunk_for(ek)
+    deg = torch.zeros(num_dst + num_src, dtype=torch.int32, device=dev)
+    torch.sub(rowptr[1:], rowptr[:-1], out=deg[:num_dst])
+    deg[num_dst:].index_add_(0, col.clamp(max=num_src - 1),
+                             torch.ones(1, dtype=torch.int32, device=dev).expand(ek))
+    extra = schedule.work_stats(deg, chunk)
+    vals = torch.cat([parent.rowptr[num_dst:num_dst + 1], edge_perm.amax(0, keepdim=True),
+                      col.amax(0, keepdim=True),
+                      *_count_parts(deg, extra, num_dst, num_src)]).tolist()  # one sync
+    in_rows, max_id, max_src = vals[:3]
+    # Serves iff the first E_k CSR positions are the prefix's edges (ids below E_k),
+    # all in the first N_dst_k rows, with sources below N_src_k.
+    if in_rows < ek or max_id >= ek or max_src >= num_src:
+        return None
+    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, vals[7], False,
+                         csr_row=parent.csr_row[:ek])
+    return _finish(layout, deg[num_dst:], extra, vals[3:7], chunk, with_csc)
+
+
+def prefix_base(adj) -> Optional[Tensor]:
+    r"""The ``[2, E]`` tensor whose first ``E_k`` columns ``adj`` is (a view such as
+    :func:`~torch_geometric.utils.trim_to_layer`'s ``narrow``), else ``None``: a
+    layout cached for it may serve ``adj`` through :meth:`GraphLayout.narrow`."""
+    base = getattr(adj, "_base", None)
+    if (base is None or type(adj) is not Tensor or adj.layout != torch.strided
+            or adj.dim() != 2 or base.dim() != 2 or base.size(0) != 2 or adj.size(0) != 2):
+        return None
+    if (adj.storage_offset() != base.storage_offset() or adj.stride() != base.stride()
+            or adj.size(1) > base.size(1) or adj.dtype != base.dtype):
+        return None
+    return base
 
 
 def _csr_with_loops(ei: Tensor, keep: Optional[Tensor], kept: int, n: int, rowptr: Tensor,

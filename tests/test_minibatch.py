@@ -66,7 +66,7 @@ def loader_batch(edge_index: Tensor, num_nodes: int, seeds: Tensor, fanouts: Lis
         frontier = range(start, len(n_id))
         nodes_per_hop.append(len(n_id) - start)
         edges_per_hop.append(n_edges)
-    data = Data(edge_index=torch.tensor([rows, cols], dtype=torch.long).view(2, -1),
+    data = Data(edge_index=torch.tensor([rows, cols], dtype=torch.long).view(2, -1).clone(),
                 n_id=torch.tensor(n_id), num_nodes=len(n_id), batch_size=seeds.numel(),
                 num_sampled_nodes=nodes_per_hop, num_sampled_edges=edges_per_hop)
     if disjoint:
@@ -369,3 +369,63 @@ def test_fuse_then_layout_is_built_once(build_count):
     assert isinstance(getattr(b.edge_index, "_dfgnn_layouts", None), dict)
     lay = next(iter(b.edge_index._dfgnn_layouts.values()))[1]
     assert isinstance(lay, GraphLayout) and lay.self_loops
+
+
+# ----------------------------------------------------------------------------- trimmed layouts
+def _same_layout(a: GraphLayout, b: GraphLayout):
+    from pyg_dfgnn.ops import schedule
+    assert (a.num_src, a.num_dst, a.num_edges, a.max_in_degree, a.self_loops) == \
+        (b.num_src, b.num_dst, b.num_edges, b.max_in_degree, b.self_loops)
+    for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm", "edge_index"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert torch.equal(x, y) and x.dtype == y.dtype and x.is_contiguous(), name
+    chunk = schedule.choose_chunk(b)
+    for kind in ("row_work", "col_work"):
+        wa = a._cache[schedule._work_key(kind, chunk)]
+        wb = b._cache[schedule._work_key(kind, chunk)]
+        assert torch.equal(wa[0], wb[0]) and torch.equal(wa[1], wb[1]) and wa[2] == wb[2], kind
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("loops", [False, True])
+def test_trimmed_layout_is_a_prefix(source, loops):
+    """Each trim_to_layer view's layout, derived from the first layer's, equals the
+    one built from scratch (CSR, CSC, input order, work items). With self-loops
+    added the prefix does not serve (``None``): the view is built afresh."""
+    from pyg_dfgnn.layout import prefix_base
+    b = make_batch(source, fanouts=(8, 6, 5))
+    ei = b.edge_index
+    ei[0, 3] = ei[1, 3]  # a self-loop, which GAT's layout removes
+    x = torch.randn(b.num_nodes, 4)
+    full = GraphLayout.from_edge_index(ei, (b.num_nodes, b.num_nodes), add_self_loops=loops)
+    xk, eik = x, ei
+    for layer in range(1, 3):
+        xk, eik, _ = trim_to_layer(layer, b.num_sampled_nodes, b.num_sampled_edges, xk, eik)
+        assert prefix_base(eik) is ei
+        n = xk.size(0)
+        derived = full.narrow(eik, (n, n))
+        assert (derived is None) == loops
+        if derived is not None:
+            _same_layout(derived, GraphLayout.from_edge_index(eik, (n, n)))
+
+
+def test_trimmed_layout_refuses_what_is_not_a_prefix():
+    b = make_batch("conventions")
+    n = b.num_nodes
+    full = GraphLayout.from_edge_index(b.edge_index, (n, n))
+    m = b.batch_size + b.num_sampled_nodes[1]
+    e = b.num_sampled_edges[0]
+    assert full.narrow(b.edge_index[:, :e], (m, b.batch_size)) is not None
+    short = b.edge_index[:, :e - 1]  # a row cut short: still a prefix of the CSR
+    _same_layout(full.narrow(short, (m, b.batch_size)),
+                 GraphLayout.from_edge_index(short, (m, b.batch_size)))
+    assert full.narrow(b.edge_index[:, :e], (m - 1, b.batch_size)) is None  # a source beyond
+    shuffled = b.edge_index[:, torch.randperm(b.edge_index.size(1))]
+    lay = GraphLayout.from_edge_index(shuffled, (n, n))
+    assert lay.narrow(shuffled[:, :e], (m, b.batch_size)) is None
+    flipped = b.edge_index.clone()
+    flipped[:, :3] = flipped[:, :3].flip(0)  # hop-1 edges into hop-1 nodes: rows shared
+    lay = GraphLayout.from_edge_index(flipped, (n, n))  # with the second hop's edges
+    assert lay.narrow(flipped[:, :e], (m, m)) is None
+    from pyg_dfgnn.layout import prefix_base
+    assert prefix_base(b.edge_index[:, 1:]) is None and prefix_base(b.edge_index) is None
