@@ -132,16 +132,18 @@ def work_items(ptr: Tensor, extra: Tensor, num_items: int, num_split: int, chunk
         row = torch.arange(N, dtype=torch.int32, device=dev)
         items = torch.stack([row, ptr[:-1].to(torch.int32), row.new_full((N,), -1)], 1)
         return items, row.new_empty((0, 3)), 0
-    n_items = extra.long() + 1
+    # int32 throughout (I, E < 2^31 here): the items come out int32 without a cast.
+    i32 = torch.int32
+    n_items = extra.to(i32) + 1
     row = torch.repeat_interleave(n_items, output_size=num_items)
-    first = n_items.cumsum(0) - n_items
-    local = torch.arange(num_items, device=dev) - first[row]
+    first = n_items.cumsum(0, dtype=i32) - n_items
+    local = torch.arange(num_items, dtype=i32, device=dev) - first[row]
     start = ptr[:-1][row] + local * chunk
     # Split rows' items take consecutive partial slots, in item (= row) order.
     split = extra > 0
     split_item = split[row]
-    slot = split_item.cumsum(0) * split_item - 1
-    items = torch.stack([row, start, slot], 1).to(torch.int32)
+    slot = split_item.cumsum(0, dtype=i32) * split_item - 1
+    items = torch.stack([row, start, slot], 1).to(i32)
     if LONG_ITEMS_FIRST if long_first is None else long_first:
         # Longest first (stable): a kernel ends with its last-started long items
         # otherwise, and a split row's last item merges the row. Only where rows
@@ -149,9 +151,9 @@ def work_items(ptr: Tensor, extra: Tensor, num_items: int, num_split: int, chunk
         # graphs) row order keeps neighbouring rows, which share neighbours,
         # together in L2, and sorting made them 1.2-1.8x slower.
         n_edges = (ptr[1:][row] - start).clamp_(max=chunk)
-        items = items[torch.argsort(-n_edges, stable=True)]
+        items = items[torch.sort(n_edges, descending=True, stable=True).indices]
     split_rows = torch.nonzero_static(split, size=num_split).flatten()
-    combine = torch.stack([split_rows, slot[first[split_rows]], n_items[split_rows]], 1)
+    combine = torch.stack([split_rows.to(i32), slot[first[split_rows]], n_items[split_rows]], 1)
     return items.contiguous(), combine.to(torch.int32), num_items - N + num_split
 
 
