@@ -444,3 +444,36 @@ def test_build_synchronises_once_on_cuda(loops, grouped):
     ref = _reference_layout(ei.cpu(), 3000, 3000, loops)
     assert torch.equal(lay.col.cpu().long(), ref["col"])
     assert torch.equal(lay.perm.cpu().long(), ref["perm"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("hub", [0, 400])
+def test_cuda_build_matches_the_definition(loops, grouped, hub):
+    n = 5000
+    ei = random_graph(n, num_edges=60000, num_self_loops=50)
+    if hub:  # split rows in the CSR and the CSC
+        ei = torch.cat([ei, torch.stack([torch.randint(0, n, (hub,)), torch.full((hub,), 7)]),
+                        torch.stack([torch.full((hub,), 9), torch.randint(0, n, (hub,))])], 1)
+    ei = _grouped(ei) if grouped else ei
+    lay = GraphLayout.from_edge_index(ei.cuda(), (n, n), add_self_loops=loops)
+    ref = _reference_layout(ei, n, n, loops)
+    for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm",
+                 "edge_index"):
+        assert torch.equal(getattr(lay, name).cpu().long(), ref[name]), name
+    chunk = schedule.choose_chunk(lay)
+    for kind, ptr in (("row_work", ref["rowptr"]), ("col_work", ref["colptr"])):
+        got = lay._cache[schedule._work_key(kind, chunk)]
+        want = _reference_split_work(ptr, chunk)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+        assert got[2] == want[2]
+
+
+@pytest.mark.cuda
+def test_cuda_out_of_range_raises_before_any_fault():
+    ei = torch.tensor([[0, 1, 70000], [1, 2, 0]], device="cuda")
+    with pytest.raises(ValueError, match="out of range"):
+        GraphLayout.from_edge_index(ei, (5, 5), add_self_loops=True)
+    torch.cuda.synchronize()  # the device is still healthy
+    assert GraphLayout.from_edge_index(ei[:, :2], (5, 5)).num_edges == 2

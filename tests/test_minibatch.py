@@ -429,3 +429,19 @@ def test_trimmed_layout_refuses_what_is_not_a_prefix():
     assert lay.narrow(flipped[:, :e], (m, m)) is None
     from pyg_dfgnn.layout import prefix_base
     assert prefix_base(b.edge_index[:, 1:]) is None and prefix_base(b.edge_index) is None
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["gat", "gt", "agnn"])
+@pytest.mark.parametrize("trim", [False, True])
+def test_cuda_loader_batches_run_the_kernels(kind, trim):
+    """The fused kernels on loader batches (hierarchical trimming included) against
+    native PyG: fp32 outputs and gradients."""
+    b = make_batch("conventions", fanouts=(8, 5, 3))
+    x = torch.randn(b.num_nodes, 16, device="cuda")
+    ei = b.edge_index.cuda()
+    native = Net(kind, 3, trim=trim).cuda()
+    fused = fused_copy(native)
+    args = (x, ei, b.num_sampled_nodes, b.num_sampled_edges)
+    compare(native, fused, args, args, b.batch_size)
