@@ -36,7 +36,7 @@ from benchmarks.minibatch import Timer, load_dataset, sample_batches
 from pyg_dfgnn.layout import GraphLayout
 
 #: (seeds, fan-outs) of the batch sizes the targets name: about 30K and 300K edges.
-BATCHES = ((1024, (15, 10)), (8192, (25, 10)))
+BATCHES = ((1024, (10, 5)), (6144, (20, 8)))
 
 
 class _CountOps(TorchDispatchMode):
