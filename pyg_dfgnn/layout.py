@@ -38,7 +38,8 @@ class GraphLayout:
         rowptr (Tensor): ``[N_dst + 1]``, CSR row pointer over destination nodes.
         col (Tensor): ``[E]``, source node of each edge, in CSR order.
         csr_row (Tensor): ``[E]``, destination node of each edge, in CSR order.
-        edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position.
+        edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position
+            (built on first use where it is the identity).
         edge_index (Tensor): ``[2, E]`` int64, the edges in input order (with the
             self-loops this layout added, if any), as PyG layers return them with
             attention weights (built on first use).
@@ -52,12 +53,12 @@ class GraphLayout:
     Index tensors are int32 when every index and ``E`` fit, else int64.
     """
 
-    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Tensor,
+    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Optional[Tensor],
                  edge_index: Optional[Tensor], num_src: int, num_dst: int, max_in_degree: int,
                  self_loops: bool = False, csr_row: Optional[Tensor] = None):
         self.rowptr = rowptr
         self.col = col
-        self.edge_perm = edge_perm
+        self._edge_perm = edge_perm  # None: the identity (input grouped by destination)
         self._edge_index = edge_index
         self._csr_row = csr_row
         self.num_src = int(num_src)
@@ -211,12 +212,21 @@ class GraphLayout:
         return self._csr_row
 
     @property
+    def edge_perm(self) -> Tensor:
+        if self._edge_perm is None:
+            self._edge_perm = torch.arange(self.num_edges, device=self.col.device)
+        return self._edge_perm
+
+    @property
     def edge_index(self) -> Tensor:
         """``[2, E]`` int64 edges in input order (self-loops appended, if added)."""
         if self._edge_index is None:
-            ei = torch.empty(2, self.num_edges, dtype=torch.long, device=self.col.device)
-            ei.index_copy_(1, self.edge_perm, torch.stack([self.col, self.csr_row]).long())
-            self._edge_index = ei
+            csr = torch.stack([self.col, self.csr_row]).long()
+            if self._edge_perm is None:
+                self._edge_index = csr
+            else:
+                ei = torch.empty_like(csr)
+                self._edge_index = ei.index_copy_(1, self._edge_perm, csr)
         return self._edge_index
 
     @property
@@ -252,6 +262,8 @@ class GraphLayout:
 
     def to_input_order(self, edge_values: Tensor) -> Tensor:
         """Reorders ``[E, ...]`` per-edge values from CSR order to input edge order."""
+        if self._edge_perm is None:
+            return edge_values
         out = torch.empty_like(edge_values)
         out[self.edge_perm] = edge_values
         return out
@@ -269,7 +281,7 @@ class GraphLayout:
         def move(t):
             return None if t is None else t.to(device)
 
-        new = GraphLayout(move(self.rowptr), move(self.col), move(self.edge_perm),
+        new = GraphLayout(move(self.rowptr), move(self.col), move(self._edge_perm),
                           move(self._edge_index), self.num_src, self.num_dst,
                           self.max_in_degree, self.self_loops, move(self._csr_row))
         if self._csc is not None:
@@ -345,8 +357,12 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
             w = torch.ones(1, dtype=wd, device=dev).expand(E0)
         # Clamped: an out-of-range index must reach the range check below, not
         # fault inside a scatter first.
-        din.index_add_(0, dst.clamp(0, num_dst - 1), w)
-        dout.index_add_(0, src.clamp(0, num_src - 1), w)
+        if num_src == num_dst:
+            safe_src, safe_dst = ei.clamp(0, num_dst - 1)
+        else:
+            safe_src, safe_dst = src.clamp(0, num_src - 1), dst.clamp(0, num_dst - 1)
+        din.index_add_(0, safe_dst, w)
+        dout.index_add_(0, safe_src, w)
     if n:
         if num_src == num_dst:
             deg.add_(1)
@@ -385,7 +401,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
             col = ei_idx[0][edge_perm]
         else:
             col, csr_row = ei_idx[0], ei_idx[1]
-            edge_perm = torch.arange(E, device=dev)
+            edge_perm = None  # the identity
     else:
         col, csr_row, edge_perm = _csr_with_loops(ei, keep, kept, n, rowptr, idx, unsorted)
 
@@ -440,14 +456,16 @@ def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
     dev = parent.col.device
     # The prefix's edges lead the CSR; destinations past them keep no in-edge.
     rowptr = parent.rowptr[:num_dst + 1].clamp(max=ek)
-    col, edge_perm = parent.col[:ek], parent.edge_perm[:ek]
+    col, edge_perm = parent.col[:ek], parent._edge_perm
+    edge_perm = None if edge_perm is None else edge_perm[:ek]
     chunk = schedule.chunk_for(ek)
     deg = torch.zeros(num_dst + num_src, dtype=torch.int32, device=dev)
     torch.sub(rowptr[1:], rowptr[:-1], out=deg[:num_dst])
     deg[num_dst:].index_add_(0, col.clamp(max=num_src - 1),
                              torch.ones(1, dtype=torch.int32, device=dev).expand(ek))
     extra = schedule.work_stats(deg, chunk)
-    vals = torch.cat([parent.rowptr[num_dst:num_dst + 1], edge_perm.amax(0, keepdim=True),
+    max_id = col.new_full((1,), -1) if edge_perm is None else edge_perm.amax(0, keepdim=True)
+    vals = torch.cat([parent.rowptr[num_dst:num_dst + 1], max_id,
                       col.amax(0, keepdim=True),
                       *_count_parts(deg, extra, num_dst, num_src)]).tolist()  # one sync
     in_rows, max_id, max_src = vals[:3]
