@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 
-#: Number of GraphLayout builds in this process (tests use it to check caching).
+#: Number of GraphLayout builds (:meth:`~GraphLayout.narrow` included) in this
+#: process (tests use it to check caching).
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
@@ -180,7 +181,10 @@ class GraphLayout:
             serve (build that one instead; a prefix of edges grouped by
             destination skips the sort there too).
         """
-        return _narrow(self, edge_index, int(size[0]), int(size[1]), with_csc)
+        global BUILD_COUNT
+        layout = _narrow(self, edge_index, int(size[0]), int(size[1]), with_csc)
+        BUILD_COUNT += layout is not None
+        return layout
 
     # ------------------------------------------------------------------ derived
     def prepare(self, with_csc: bool = True) -> "GraphLayout":
