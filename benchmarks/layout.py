@@ -12,8 +12,8 @@ issues, so host time counts), each build from a fresh ``edge_index``. Columns:
 * ``shuffled``: the batch's edges in random order (the CSR then needs a sort:
   what grouping by destination saves);
 * ``sort``: one stable sort of ``E`` int32 keys, for scale;
-* ``ops``: aten operations per ``build`` (host cost), ``syncs``: device-to-host
-  reads per build.
+* ``ops``: aten operations per ``build`` (host cost); ``syncs``, ``syncs_loops``:
+  host synchronisations per build, without and with self-loops (GPU only).
 
 .. code-block:: bash
 
@@ -26,6 +26,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
@@ -40,19 +41,30 @@ BATCHES = ((1024, (10, 5)), (6144, (20, 8)))
 
 
 class _CountOps(TorchDispatchMode):
-    """Counts aten operations, and the copies to the host among them."""
+    """Counts aten operations."""
 
     def __init__(self):
         super().__init__()
         self.ops = 0
-        self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
-        name = func.overloadpacket.__name__
-        if name in ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2"):
-            self.syncs += 1
         return func(*args, **(kwargs or {}))
+
+
+def count_syncs(fn: Callable[[], object]) -> Optional[int]:
+    """Host synchronisations ``fn`` makes on the GPU (CUDA's sync debug mode)."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def _median_ms(fn: Callable[[torch.Tensor], object], graphs: List[torch.Tensor], warmup: int,
@@ -90,7 +102,11 @@ def measure(graphs: List[torch.Tensor], n: int, warmup: int, device: torch.devic
     }
     with _CountOps() as c:
         GraphLayout.from_edge_index(graphs[0].clone(), size)
-    res["ops"], res["syncs_counted"] = c.ops, c.syncs
+    res["ops"] = c.ops
+    if graphs[0].is_cuda:
+        res["syncs"] = count_syncs(lambda: GraphLayout.from_edge_index(graphs[0].clone(), size))
+        res["syncs_loops"] = count_syncs(
+            lambda: GraphLayout.from_edge_index(graphs[0].clone(), size, add_self_loops=True))
     return res
 
 
@@ -122,12 +138,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="layout_")) / "layout.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    cols = ("edges", "build", "build_loops", "csr_only", "shuffled", "sort", "ops")
+    cols = ("edges", "build", "build_loops", "csr_only", "shuffled", "sort", "ops", "syncs")
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']} (ms, median)\n")
     print("| graph | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
     for k, r in rows.items():
-        print(f"| {k} | " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
-                                       for c in cols) + " |")
+        print(f"| {k} | " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float)
+                                       else str(r.get(c, "-")) for c in cols) + " |")
     print(f"\nresults: {out}")
     return rows
 
