@@ -285,8 +285,9 @@ def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequ
 # ----------------------------------------------------------------------------- reports
 def markdown(rows: List[dict]) -> str:
     head = ("| dataset | model | seeds | fan-out | dtype | edges | sampling ms | layout ms | "
-            + " | ".join(f"{v} ms" for v in VARIANTS) + " | fused / native | "
-            "fused compile / native compile | peak MiB native / fused |")
+            + " | ".join(f"{v} ms" for v in VARIANTS) + " | fused speed-up | "
+            "fused vs native compile | fused compile vs native compile | "
+            "peak MiB native / fused |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         v = r["variants"]
@@ -307,7 +308,8 @@ def markdown(rows: List[dict]) -> str:
             f"| {r['dataset']} | {r['model']} | {r['seeds']} | {r['fanouts']} | {r['dtype']} | "
             f"{r['edges'] / 1e3:.1f}K | {r['sampling_ms']:.1f} | {layout} | "
             + " | ".join(ms(n) for n in VARIANTS)
-            + f" | {ratio('native', 'fused')} | {ratio('native_compile', 'fused_compile')} | "
+            + f" | {ratio('native', 'fused')} | {ratio('native_compile', 'fused')} | "
+            f"{ratio('native_compile', 'fused_compile')} | "
             f"{mem} |")
     return "\n".join(lines)
 
