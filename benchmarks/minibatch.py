@@ -226,7 +226,13 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
     if fused:
         fuse(model)
     loops = loop_variants(model)
-    step_model = torch.compile(model, dynamic=True) if variant.endswith("compile") else model
+    if variant.endswith("compile"):
+        # Fresh compiler caches: the layers' code objects are shared by every
+        # configuration, and past the recompile limit dynamo would run them eagerly.
+        torch._dynamo.reset()
+        step_model = torch.compile(model, dynamic=True)
+    else:
+        step_model = model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     # A fresh edge_index per step: the fused step builds its layout every time.
     graphs = [b["edge_index"].clone() for b in batches]
