@@ -24,9 +24,15 @@ for tool in $tools; do
     unset PYTORCH_NO_CUDA_MEMORY_CACHING
   fi
   [ "$tool" = memcheck ] && extra+=(--leak-check no)
+  args=(--quick)
+  # initcheck does not see the writes of cuBLAS's bf16 GEMM under autocast: a plain
+  # clone() of such a GEMM's output is reported too, with no pyg_dfgnn code
+  # involved (docs/design.md, "Sanitizers"). The layers still run in half
+  # precision there, just not under autocast.
+  [ "$tool" = initcheck ] && args+=(--no-autocast)
   t0=$(date +%s)
   "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
-    python3 benchmarks/sanitize.py --quick > "$out/sanitize_$tool.log" 2>&1
+    python3 benchmarks/sanitize.py "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
   failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)

@@ -20,20 +20,12 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._ext import HAS_EXTENSION
 
-#: Number of GraphLayout builds in this process (tests use it to check caching).
+#: Number of GraphLayout builds (:meth:`~GraphLayout.narrow` included) in this
+#: process (tests use it to check caching).
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
-
-
-def _rowptr_from_sorted(index: Tensor, num_rows: int, dtype: torch.dtype) -> Tensor:
-    """``rowptr[r]`` = number of entries of the sorted ``index`` that are ``< r``."""
-    if index.is_cuda and HAS_EXTENSION and dtype == torch.int32:
-        return torch.ops.dfgnn.csr_rowptr(index, num_rows)
-    return torch._convert_indices_from_coo_to_csr(index, num_rows,
-                                                  out_int32=dtype == torch.int32)
 
 
 class GraphLayout:
@@ -46,26 +38,30 @@ class GraphLayout:
     Attributes:
         rowptr (Tensor): ``[N_dst + 1]``, CSR row pointer over destination nodes.
         col (Tensor): ``[E]``, source node of each edge, in CSR order.
-        edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position.
+        csr_row (Tensor): ``[E]``, destination node of each edge, in CSR order.
+        edge_perm (Tensor): ``[E]`` int64, input edge id of each CSR position
+            (built on first use where it is the identity).
         edge_index (Tensor): ``[2, E]`` int64, the edges in input order (with the
             self-loops this layout added, if any), as PyG layers return them with
-            attention weights.
+            attention weights (built on first use).
         num_src, num_dst (int): node counts (equal unless the graph is bipartite).
         max_in_degree (int), mean_in_degree (float): in-degree statistics used by
             :mod:`pyg_dfgnn.ops.schedule`.
-        colptr, row, perm (Tensor): CSC by source (built on first use):
-            ``[N_src + 1]``, ``[E]`` dst of each CSC edge, ``[E]`` CSR position of each
-            CSC edge.
+        colptr, row, perm (Tensor): CSC by source (built with the layout unless
+            ``with_csc=False``, then on first use): ``[N_src + 1]``, ``[E]`` dst of
+            each CSC edge, ``[E]`` CSR position of each CSC edge.
 
     Index tensors are int32 when every index and ``E`` fit, else int64.
     """
 
-    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Tensor, edge_index: Tensor,
-                 num_src: int, num_dst: int, max_in_degree: int, self_loops: bool = False):
+    def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Optional[Tensor],
+                 edge_index: Optional[Tensor], num_src: int, num_dst: int, max_in_degree: int,
+                 self_loops: bool = False, csr_row: Optional[Tensor] = None):
         self.rowptr = rowptr
         self.col = col
-        self.edge_perm = edge_perm
-        self.edge_index = edge_index
+        self._edge_perm = edge_perm  # None: the identity (input grouped by destination)
+        self._edge_index = edge_index
+        self._csr_row = csr_row
         self.num_src = int(num_src)
         self.num_dst = int(num_dst)
         self.num_edges = int(col.numel())
@@ -78,13 +74,20 @@ class GraphLayout:
         # costs time.
         self._device = col.device
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
-        self._cache: dict = {}  # derived data the kernels reuse (row of each CSR edge, splits)
+        self._cache: dict = {}  # derived data the kernels reuse (work items, tile plan)
 
     # ------------------------------------------------------------------ build
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, size: Optional[Tuple[int, int]] = None,
                         add_self_loops: bool = False, with_csc: bool = True) -> "GraphLayout":
         r"""Builds the layout from a ``[2, E]`` COO ``edge_index`` (src, dst).
+
+        Edges keep their multiplicity (duplicates are separate edges, as in PyG's
+        ``propagate``) and, within a destination row, their input order. The build
+        takes one host synchronisation (two when ``size`` is inferred): degrees,
+        work-item counts and the index bounds are computed on the device and read
+        together. Input already grouped by destination (as PyG's neighbour
+        samplers emit it) skips the sort by destination.
 
         Args:
             edge_index (Tensor): ``[2, E]`` integer tensor.
@@ -106,35 +109,20 @@ class GraphLayout:
                              f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}")
         if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
             raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
+        sorted_by_dst = getattr(edge_index, "_sort_order", None) is not None and \
+            str(getattr(edge_index, "_sort_order")).lower().endswith("col")
         # detach() first: a plain as_subclass() alias keeps a hidden reference to
         # the input, and the input caches this layout (get_layout), a cycle the
-        # garbage collector cannot see: every batch's graph leaked (e2e, GT model).
-        edge_index = edge_index.detach().as_subclass(Tensor).long()
+        # garbage collector cannot see: every batch's graph would leak.
+        edge_index = edge_index.detach().as_subclass(Tensor)
+        if edge_index.dtype not in (torch.int32, torch.int64):
+            edge_index = edge_index.long()
         if size is None:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
             size = (n, n)
-        num_src, num_dst = int(size[0]), int(size[1])
-        if edge_index.numel() > 0:
-            lo, hi = torch.aminmax(edge_index, dim=1)
-            lo, hi = lo.tolist(), hi.tolist()
-            if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
-                raise LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for "
-                                       f"N_src={num_src}, dst in [{lo[1]}, {hi[1]}] for "
-                                       f"N_dst={num_dst}")
-        if add_self_loops:
-            from torch_geometric.utils import add_self_loops as _add, remove_self_loops
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = _add(edge_index, num_nodes=min(num_src, num_dst))
-        src, dst = edge_index[0], edge_index[1]
-        E = src.numel()
-        idx_dtype = torch.int32 if max(E, num_src, num_dst) <= _INT32_MAX else torch.int64
-        dst_sorted, edge_perm = torch.sort(dst, stable=True)
-        col = src[edge_perm].to(idx_dtype)
-        rowptr = _rowptr_from_sorted(dst_sorted.to(idx_dtype), num_dst, idx_dtype)
-        max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if num_dst > 0 and E > 0 else 0
+        layout = _build(edge_index, int(size[0]), int(size[1]), bool(add_self_loops),
+                        with_csc, sorted_by_dst or None)
         BUILD_COUNT += 1
-        layout = cls(rowptr, col, edge_perm, edge_index, num_src, num_dst, max_deg, add_self_loops)
-        layout.prepare(with_csc)
         return layout
 
     @classmethod
@@ -172,6 +160,32 @@ class GraphLayout:
                 size = (int(s[0]), int(s[1]))
         return cls.from_edge_index(adj, size, add_self_loops, with_csc)
 
+    def narrow(self, edge_index: Tensor, size: Tuple[int, int],
+               with_csc: bool = True) -> Optional["GraphLayout"]:
+        r"""The layout of a prefix of this graph, as PyG's
+        :func:`~torch_geometric.utils.trim_to_layer` makes one for a deeper layer:
+        ``edge_index`` holds the first ``E_k`` input edges, ``size`` =
+        ``(N_src_k, N_dst_k)`` node prefixes, same self-loop handling.
+
+        It serves when those edges lead this layout's CSR (their destinations
+        come first, as in NeighborLoader batches, where they are the first hops'
+        edges) with sources below ``N_src_k``, and without self-loops added
+        (added loops of the rows the prefix leaves without edges sit between the
+        parent's edges). Then the CSR is a view of this one's and only the CSC
+        and the work items are built, with one host synchronisation, which also
+        checks that the prefix serves.
+
+        Returns:
+            the :class:`GraphLayout` :meth:`from_edge_index` would build for
+            ``edge_index`` and ``size``, or ``None`` where the prefix does not
+            serve (build that one instead; a prefix of edges grouped by
+            destination skips the sort there too).
+        """
+        global BUILD_COUNT
+        layout = _narrow(self, edge_index, int(size[0]), int(size[1]), with_csc)
+        BUILD_COUNT += layout is not None
+        return layout
+
     # ------------------------------------------------------------------ derived
     def prepare(self, with_csc: bool = True) -> "GraphLayout":
         """Builds now what the kernels read lazily: the CSR work items and, with
@@ -188,19 +202,36 @@ class GraphLayout:
         return self.col.device
 
     def _build_csc(self):
-        perm = torch.sort(self.col, stable=True).indices
-        row = self.csr_row[perm]
-        colptr = _rowptr_from_sorted(self.col[perm], self.num_src, self.col.dtype)
-        self._csc = (colptr, row, perm.to(self.col.dtype))
+        colptr = torch.zeros(self.num_src + 1, dtype=self.col.dtype, device=self.col.device)
+        colptr[1:].index_add_(0, self.col, torch.ones_like(self.col))
+        self._csc = _csc(self.col, self.csr_row, colptr.cumsum_(0))
 
     @property
     def csr_row(self) -> Tensor:
         """``[E]`` destination node of each CSR edge (for edge-parallel kernels)."""
-        r = self._cache.get("csr_row")
-        if r is None:
-            r = self.edge_index[1][self.edge_perm].to(self.col.dtype)
-            self._cache["csr_row"] = r
-        return r
+        if self._csr_row is None:
+            self._csr_row = torch.repeat_interleave(
+                torch.arange(self.num_dst, dtype=self.col.dtype, device=self.col.device),
+                self.rowptr[1:] - self.rowptr[:-1], output_size=self.num_edges)
+        return self._csr_row
+
+    @property
+    def edge_perm(self) -> Tensor:
+        if self._edge_perm is None:
+            self._edge_perm = torch.arange(self.num_edges, device=self.col.device)
+        return self._edge_perm
+
+    @property
+    def edge_index(self) -> Tensor:
+        """``[2, E]`` int64 edges in input order (self-loops appended, if added)."""
+        if self._edge_index is None:
+            csr = torch.stack([self.col, self.csr_row]).long()
+            if self._edge_perm is None:
+                self._edge_index = csr
+            else:
+                ei = torch.empty_like(csr)
+                self._edge_index = ei.index_copy_(1, self._edge_perm, csr)
+        return self._edge_index
 
     @property
     def colptr(self) -> Tensor:
@@ -235,6 +266,8 @@ class GraphLayout:
 
     def to_input_order(self, edge_values: Tensor) -> Tensor:
         """Reorders ``[E, ...]`` per-edge values from CSR order to input edge order."""
+        if self._edge_perm is None:
+            return edge_values
         out = torch.empty_like(edge_values)
         out[self.edge_perm] = edge_values
         return out
@@ -248,12 +281,16 @@ class GraphLayout:
         here = self.device
         if device.type == here.type and (device.index is None or device.index == here.index):
             return self
-        new = GraphLayout(self.rowptr.to(device), self.col.to(device), self.edge_perm.to(device),
-                          self.edge_index.to(device), self.num_src, self.num_dst,
-                          self.max_in_degree, self.self_loops)
+
+        def move(t):
+            return None if t is None else t.to(device)
+
+        new = GraphLayout(move(self.rowptr), move(self.col), move(self._edge_perm),
+                          move(self._edge_index), self.num_src, self.num_dst,
+                          self.max_in_degree, self.self_loops, move(self._csr_row))
         if self._csc is not None:
             new._csc = tuple(t.to(device) for t in self._csc)
-        for key, val in self._cache.items():  # work items, csr_row, degree statistics
+        for key, val in self._cache.items():  # work items, degree statistics
             if isinstance(key, tuple) and key[0] == "op_args":
                 continue  # tuples of the tensors above, rebuilt on the first call
             new._cache[key] = (tuple(t.to(device) if isinstance(t, Tensor) else t for t in val)
@@ -272,6 +309,223 @@ class GraphLayout:
                 f"num_edges={self.num_edges}, max_in_degree={self.max_in_degree}, "
                 f"mean_in_degree={self.mean_in_degree:.2f}, self_loops={self.self_loops}, "
                 f"index={self.col.dtype}, device={self.device})")
+
+
+# ---------------------------------------------------------------------- the build
+def _csc(col: Tensor, csr_row: Tensor, colptr: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """CSC by source: ``(colptr, row, perm)``; ``perm`` is the stable order of the
+    CSR positions by source, so each column keeps the CSR order."""
+    perm = torch.sort(col, stable=True).indices
+    return colptr, csr_row[perm], perm.to(col.dtype)
+
+
+def _out_of_range(lo, hi, num_src: int, num_dst: int) -> "LayoutIndexError":
+    return LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
+                            f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+
+
+def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
+           sorted_by_dst: Optional[bool]) -> GraphLayout:
+    r"""The layout of ``ei`` (``[2, E]`` int32 / int64), its CSC when ``with_csc``,
+    and the work items of both, with one host synchronisation.
+
+    Phase 1 (device): the index bounds, the in- and out-degrees (self-loops
+    removed and appended by arithmetic: no compaction), the work items each row
+    needs, whether the input is grouped by destination; all read by one
+    ``tolist()``. Phase 2 (device, sizes known): the CSR (no sort where the input
+    is grouped by destination: the CSR position of an edge follows from its rank),
+    the CSC (one stable sort by source) and the work items.
+    """
+    from .ops import schedule
+    E0 = ei.size(1)
+    dev = ei.device
+    n = min(num_src, num_dst) if loops else 0
+    if E0 and (num_src == 0 or num_dst == 0):
+        lo, hi = torch.aminmax(ei, dim=1)
+        raise _out_of_range(lo.tolist(), hi.tolist(), num_src, num_dst)
+    wd = torch.int32 if max(E0 + n, num_src, num_dst) <= _INT32_MAX else torch.int64
+    chunk = schedule.chunk_for(E0 + n)  # exact unless existing self-loops are removed
+    src, dst = ei[0], ei[1]
+
+    # ---- phase 1: statistics on the device, one synchronisation
+    deg = torch.zeros(num_dst + num_src, dtype=wd, device=dev)
+    din, dout = deg[:num_dst], deg[num_dst:]
+    parts = []
+    keep = None
+    if E0:
+        parts.extend(torch.aminmax(ei, dim=1))
+        if loops:
+            keep = src != dst
+            w = keep.to(wd)
+        else:
+            w = torch.ones(1, dtype=wd, device=dev).expand(E0)
+        # Clamped: an out-of-range index must reach the range check below, not
+        # fault inside a scatter first.
+        if num_src == num_dst:
+            safe_src, safe_dst = ei.clamp(0, num_dst - 1)
+        else:
+            safe_src, safe_dst = src.clamp(0, num_src - 1), dst.clamp(0, num_dst - 1)
+        din.index_add_(0, safe_dst, w)
+        dout.index_add_(0, safe_src, w)
+    if n:
+        if num_src == num_dst:
+            deg.add_(1)
+        else:
+            din[:n].add_(1)
+            dout[:n].add_(1)
+    extra = schedule.work_stats(deg, chunk)
+    have_deg = num_dst > 0 and num_src > 0
+    if have_deg:
+        parts.extend(_count_parts(deg, extra, num_dst, num_src))
+    if keep is not None:
+        parts.append(keep.sum(0, keepdim=True))
+    check_sorted = sorted_by_dst is None and E0 > 1
+    if check_sorted:
+        parts.append((dst[1:] < dst[:-1]).any(0, keepdim=True))
+    vals = torch.cat(parts).tolist() if parts else []  # the build's one synchronisation
+
+    # ---- host: sizes and checks
+    if E0:
+        lo, hi, vals = vals[0:2], vals[2:4], vals[4:]
+        if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
+            raise _out_of_range(lo, hi, num_src, num_dst)
+    counts, vals = (vals[:5], vals[5:]) if have_deg else ([0] * 5, vals)
+    kept = vals.pop(0) if keep is not None else E0
+    unsorted = bool(vals.pop(0)) if check_sorted else not sorted_by_dst and E0 > 1
+    E = kept + n
+    idx = torch.int32 if max(E, num_src, num_dst) <= _INT32_MAX else torch.int64
+
+    # ---- phase 2: CSR
+    rowptr = torch.zeros(num_dst + 1, dtype=idx, device=dev)
+    torch.cumsum(din, 0, dtype=idx, out=rowptr[1:])
+    if not loops:
+        ei_idx = ei.to(idx, copy=True)  # a copy: the layout never aliases the input
+        if unsorted:
+            csr_row, edge_perm = torch.sort(ei_idx[1], stable=True)
+            col = ei_idx[0][edge_perm]
+        else:
+            col, csr_row = ei_idx[0], ei_idx[1]
+            edge_perm = None  # the identity
+    else:
+        col, csr_row, edge_perm = _csr_with_loops(ei, keep, kept, n, rowptr, idx, unsorted)
+
+    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, counts[4], loops,
+                         csr_row=csr_row)
+    return _finish(layout, dout, extra, counts, chunk, with_csc)
+
+
+def _count_parts(deg: Tensor, extra: Tensor, num_dst: int, num_src: int) -> list:
+    """Device values the work items need, for one read: extra items of the CSR and
+    of CSR + CSC, split rows of the CSR and of both, the largest in-degree."""
+    ex_cum = extra.cumsum(0)
+    sp_cum = (extra > 0).cumsum(0)
+    return [ex_cum.as_strided((2,), (num_src,), num_dst - 1),
+            sp_cum.as_strided((2,), (num_src,), num_dst - 1),
+            deg[:num_dst].amax(0, keepdim=True)]
+
+
+def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chunk: int,
+            with_csc: bool) -> GraphLayout:
+    """The CSC (when ``with_csc``) and the work items of a layout whose CSR is
+    built, from the out-degrees, :func:`~pyg_dfgnn.ops.schedule.work_stats` over
+    ``[in-degrees, out-degrees]`` and the :func:`_count_parts` values read."""
+    from .ops import schedule
+    ex_in, ex_all, sp_in, sp_all = counts[:4]
+    nd, ns = layout.num_dst, layout.num_src
+    same_chunk = schedule.chunk_for(layout.num_edges) == chunk
+    if same_chunk:
+        schedule.cache_work(layout, "row_work", chunk, schedule.work_items(
+            layout.rowptr, extra[:nd], nd + ex_in, sp_in, chunk))
+    if with_csc:
+        col = layout.col
+        colptr = torch.zeros(ns + 1, dtype=col.dtype, device=col.device)
+        torch.cumsum(dout, 0, dtype=col.dtype, out=colptr[1:])
+        layout._csc = _csc(col, layout.csr_row, colptr)
+        if same_chunk:
+            schedule.cache_work(layout, "col_work", chunk, schedule.work_items(
+                colptr, extra[nd:], ns + ex_all - ex_in, sp_all - sp_in, chunk))
+    if not same_chunk:  # removed self-loops moved E across the chunk threshold
+        layout.prepare(with_csc)
+    return layout
+
+
+def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
+            with_csc: bool) -> Optional[GraphLayout]:
+    from .ops import schedule
+    ek = edge_index.size(1)
+    if (parent.self_loops or edge_index.dim() != 2 or edge_index.size(0) != 2 or ek == 0
+            or ek > parent.num_edges or num_src > parent.num_src or num_dst > parent.num_dst
+            or num_src <= 0 or num_dst <= 0 or parent.col.dtype != torch.int32):
+        return None
+    dev = parent.col.device
+    # The prefix's edges lead the CSR; destinations past them keep no in-edge.
+    rowptr = parent.rowptr[:num_dst + 1].clamp(max=ek)
+    col, edge_perm = parent.col[:ek], parent._edge_perm
+    edge_perm = None if edge_perm is None else edge_perm[:ek]
+    chunk = schedule.chunk_for(ek)
+    deg = torch.zeros(num_dst + num_src, dtype=torch.int32, device=dev)
+    torch.sub(rowptr[1:], rowptr[:-1], out=deg[:num_dst])
+    deg[num_dst:].index_add_(0, col.clamp(max=num_src - 1),
+                             torch.ones(1, dtype=torch.int32, device=dev).expand(ek))
+    extra = schedule.work_stats(deg, chunk)
+    max_id = col.new_full((1,), -1) if edge_perm is None else edge_perm.amax(0, keepdim=True)
+    vals = torch.cat([parent.rowptr[num_dst:num_dst + 1], max_id,
+                      col.amax(0, keepdim=True),
+                      *_count_parts(deg, extra, num_dst, num_src)]).tolist()  # one sync
+    in_rows, max_id, max_src = vals[:3]
+    # Serves iff the first E_k CSR positions are the prefix's edges (ids below E_k),
+    # all in the first N_dst_k rows, with sources below N_src_k.
+    if in_rows < ek or max_id >= ek or max_src >= num_src:
+        return None
+    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, vals[7], False,
+                         csr_row=parent.csr_row[:ek])
+    return _finish(layout, deg[num_dst:], extra, vals[3:7], chunk, with_csc)
+
+
+def prefix_base(adj) -> Optional[Tensor]:
+    r"""The ``[2, E]`` tensor whose first ``E_k`` columns ``adj`` is (a view such as
+    :func:`~torch_geometric.utils.trim_to_layer`'s ``narrow``), else ``None``: a
+    layout cached for it may serve ``adj`` through :meth:`GraphLayout.narrow`."""
+    base = getattr(adj, "_base", None)
+    if (base is None or type(adj) is not Tensor or adj.layout != torch.strided
+            or adj.dim() != 2 or base.dim() != 2 or base.size(0) != 2 or adj.size(0) != 2):
+        return None
+    if (adj.storage_offset() != base.storage_offset() or adj.stride() != base.stride()
+            or adj.size(1) > base.size(1) or adj.dtype != base.dtype):
+        return None
+    return base
+
+
+def _csr_with_loops(ei: Tensor, keep: Optional[Tensor], kept: int, n: int, rowptr: Tensor,
+                    idx: torch.dtype, unsorted: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(col, csr_row, edge_perm)`` of PyG's ``remove_self_loops`` followed by
+    ``add_self_loops(num_nodes=n)``: the kept edges in input order (ids
+    ``0 .. kept - 1``), then loop ``i`` with id ``kept + i``."""
+    dev = ei.device
+    E = kept + n
+    src, dst = ei[0], ei[1]
+    loop = torch.arange(n, dtype=ei.dtype, device=dev)
+    if keep is None:  # no input edges
+        return loop.to(idx), loop.to(idx), torch.arange(n, device=dev)
+    rank = keep.cumsum(0) - 1  # id of each kept edge
+    if unsorted:
+        # Stable sort of [kept edges, loops] by destination; removed loops get
+        # the key N_dst + 1 and sort past the end.
+        key = torch.cat([torch.where(keep, dst, rowptr.numel()), loop]).to(idx)
+        csr_row, order = torch.sort(key, stable=True)
+        order = order[:E]
+        edge_perm = torch.cat([rank, loop + kept])[order]
+        col = torch.cat([src, loop]).to(idx)[order]
+        return col, csr_row[:E], edge_perm
+    # Grouped by destination: row r holds its kept edges in input order, then its
+    # loop; a kept edge's CSR position is its id plus the loops of the rows before.
+    pos = torch.where(keep, rank + dst.clamp(max=n), E)
+    loop_pos = rowptr[1:n + 1].long() - 1
+    edge_perm = torch.empty(E + 1, dtype=torch.long, device=dev)
+    edge_perm.index_copy_(0, pos, rank).index_copy_(0, loop_pos, loop.long() + kept)
+    pair = torch.empty(2, E + 1, dtype=idx, device=dev)
+    pair.index_copy_(1, pos, ei.to(idx)).index_copy_(1, loop_pos, loop.to(idx).expand(2, n))
+    return pair[0, :E], pair[1, :E], edge_perm[:E]
 
 
 # ---------------------------------------------------------------------------- cache

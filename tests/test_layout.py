@@ -13,6 +13,7 @@ from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_c
 from conftest import random_graph
 from pyg_dfgnn.layout import GraphLayout, get_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+from pyg_dfgnn.ops import schedule
 from pyg_dfgnn.transforms import CacheLayout
 
 
@@ -278,3 +279,201 @@ def test_cached_layout_does_not_keep_the_graph_alive(kind, loops):
     del adj
     gc.collect()
     assert ref() is None and lay() is None
+
+
+# ----------------------------------------------------------------------------- the build
+def _reference_split_work(ptr: Tensor, chunk: int):
+    """The work items by their definition (row-major, then longest first where rows split)."""
+    ptr = ptr.long()
+    deg = ptr[1:] - ptr[:-1]
+    n_items = torch.clamp((deg + chunk - 1) // chunk, min=1)
+    row = torch.repeat_interleave(torch.arange(deg.numel()), n_items)
+    first_item = torch.cumsum(n_items, 0) - n_items
+    local = torch.arange(row.numel()) - first_item[row]
+    start = ptr[:-1][row] + local * chunk
+    split = n_items > 1
+    slots_per_row = torch.where(split, n_items, torch.zeros_like(n_items))
+    first_slot = torch.cumsum(slots_per_row, 0) - slots_per_row
+    slot = torch.where(split[row], first_slot[row] + local, torch.full_like(local, -1))
+    items = torch.stack([row, start, slot], 1)
+    if bool(split.any()):
+        n_edges = torch.clamp(ptr[1:][row] - start, max=chunk)
+        items = items[torch.argsort(-n_edges, stable=True)]
+    rows = split.nonzero().flatten()
+    combine = torch.stack([rows, first_slot[rows], n_items[rows]], 1)
+    return items.int(), combine.int(), int(slots_per_row.sum())
+
+
+def _reference_layout(ei: Tensor, num_src: int, num_dst: int, loops: bool) -> dict:
+    """A layout by its definition: PyG's self-loop passes, stable sorts by destination
+    (CSR) and by source (CSC)."""
+    ei = ei.long()
+    if loops:
+        ei, _ = remove_self_loops(ei)
+        ei, _ = add_self_loops(ei, num_nodes=min(num_src, num_dst))
+    dst_sorted, edge_perm = torch.sort(ei[1], stable=True)
+    col = ei[0][edge_perm]
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.long),
+                        torch.bincount(ei[1], minlength=num_dst).cumsum(0)])
+    perm = torch.sort(col, stable=True).indices
+    colptr = torch.cat([torch.zeros(1, dtype=torch.long),
+                        torch.bincount(col, minlength=num_src).cumsum(0)])
+    return dict(edge_index=ei, rowptr=rowptr, col=col, csr_row=dst_sorted, edge_perm=edge_perm,
+                colptr=colptr, row=dst_sorted[perm], perm=perm,
+                max_in_degree=int(rowptr.diff().max()) if ei.size(1) and num_dst else 0)
+
+
+def _grouped(ei: Tensor) -> Tensor:
+    return ei[:, torch.sort(ei[1], stable=True).indices].contiguous()
+
+
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("order", ["shuffled", "grouped", "grouped_edge_index"])
+@pytest.mark.parametrize("ns,nd,hub", [(300, 300, 0), (300, 300, 90), (250, 120, 70),
+                                       (90, 260, 40), (1, 1, 0)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_build_matches_the_definition(loops, order, ns, nd, hub, dtype):
+    """Every tensor of the build (CSR, CSC, input order with self-loops, work items of
+    both) equals a sort-based construction, on inputs grouped by destination (the
+    samplers' order, sort skipped) or not, with duplicates, existing self-loops and
+    hubs whose rows split into several work items."""
+    ei = random_graph(ns, nd, num_edges=6 * max(ns, nd), num_self_loops=min(ns, nd) // 10 + 1,
+                      num_isolated=min(2, nd - 1))
+    if hub:  # a destination and a source of high degree: split rows in CSR and CSC
+        extra = torch.stack([torch.randint(0, ns, (hub,)), torch.full((hub,), nd // 2)])
+        extra2 = torch.stack([torch.full((hub,), ns // 3), torch.randint(0, nd, (hub,))])
+        ei = torch.cat([ei, extra, extra2], 1)[:, torch.randperm(ei.size(1) + 2 * hub)]
+    if order != "shuffled":
+        ei = _grouped(ei)
+    adj = ei.to(dtype)
+    if order == "grouped_edge_index":
+        adj = EdgeIndex(adj, sparse_size=(ns, nd), sort_order="col")
+    lay = GraphLayout.from_adj(adj, (ns, nd), add_self_loops=loops)
+    ref = _reference_layout(ei, ns, nd, loops)
+    for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm",
+                 "edge_index"):
+        got = getattr(lay, name)
+        assert torch.equal(got.long(), ref[name]), name
+        if name != "edge_index" and name != "edge_perm":
+            assert got.dtype == torch.int32, name
+        assert got.is_contiguous(), name
+    assert lay.edge_perm.dtype == lay.edge_index.dtype == torch.long
+    assert lay.max_in_degree == ref["max_in_degree"]
+    assert lay.self_loops == loops
+    chunk = schedule.choose_chunk(lay)
+    for kind, ptr in (("row_work", ref["rowptr"]), ("col_work", ref["colptr"])):
+        cached = lay._cache[schedule._work_key(kind, chunk)]  # built with the layout
+        expect = _reference_split_work(ptr, chunk)
+        for got, want in zip(cached, expect):
+            assert (torch.equal(got, want) and got.dtype == want.dtype
+                    if isinstance(want, Tensor) else got == want), kind
+        assert all(torch.equal(a, b) if isinstance(a, Tensor) else a == b
+                   for a, b in zip(schedule.split_work(ptr, chunk), expect)), kind
+    if hub:
+        assert lay._cache[schedule._work_key("row_work", chunk)][1].size(0) > 0
+
+
+def test_build_without_csc_builds_it_on_use():
+    ei = random_graph(40, num_edges=200)
+    lay = GraphLayout.from_edge_index(ei, (40, 40), with_csc=False)
+    assert lay._csc is None
+    ref = _reference_layout(ei, 40, 40, False)
+    assert torch.equal(lay.perm.long(), ref["perm"]) and torch.equal(lay.row.long(), ref["row"])
+    assert torch.equal(lay.colptr.long(), ref["colptr"])
+
+
+def test_build_does_not_alias_the_input():
+    ei = _grouped(random_graph(30, num_edges=100))
+    lay = GraphLayout.from_edge_index(ei, (30, 30))
+    before = lay.col.clone()
+    ei[0].zero_()
+    assert torch.equal(lay.col, before)
+
+
+def test_out_of_range_on_an_empty_side():
+    with pytest.raises(ValueError, match="out of range"):
+        GraphLayout.from_edge_index(torch.tensor([[0], [0]]), (0, 3))
+
+
+def test_build_loops_only_graph():
+    lay = GraphLayout.from_edge_index(torch.empty(2, 0, dtype=torch.long), (5, 3),
+                                      add_self_loops=True)
+    assert lay.edge_index.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert lay.rowptr.tolist() == [0, 1, 2, 3] and lay.max_in_degree == 1
+
+
+@pytest.mark.parametrize("grouped,sorts", [(True, 1), (False, 2)])
+def test_grouped_input_skips_the_csr_sort(grouped, sorts):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    ei = random_graph(200, num_edges=1000)
+    ei = _grouped(ei) if grouped else ei
+    with Count() as c:
+        GraphLayout.from_edge_index(ei, (200, 200))
+    assert c.ops.count("sort") == sorts  # the CSC's sort, and the CSR's if not grouped
+    assert c.ops.count("_local_scalar_dense") == 0  # no item(): the one read is a tolist()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_build_synchronises_once_on_cuda(loops, grouped):
+    import warnings
+    ei = random_graph(3000, num_edges=30000)
+    ei = (_grouped(ei) if grouped else ei).cuda()
+    GraphLayout.from_edge_index(ei, (3000, 3000), add_self_loops=loops)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            lay = GraphLayout.from_edge_index(ei, (3000, 3000), add_self_loops=loops)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [x for x in w if "synchroniz" in str(x.message)]
+    assert len(syncs) == 1, [str(x.message) for x in syncs]
+    ref = _reference_layout(ei.cpu(), 3000, 3000, loops)
+    assert torch.equal(lay.col.cpu().long(), ref["col"])
+    assert torch.equal(lay.perm.cpu().long(), ref["perm"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("hub", [0, 400])
+def test_cuda_build_matches_the_definition(loops, grouped, hub):
+    n = 5000
+    ei = random_graph(n, num_edges=60000, num_self_loops=50)
+    if hub:  # split rows in the CSR and the CSC
+        ei = torch.cat([ei, torch.stack([torch.randint(0, n, (hub,)), torch.full((hub,), 7)]),
+                        torch.stack([torch.full((hub,), 9), torch.randint(0, n, (hub,))])], 1)
+    ei = _grouped(ei) if grouped else ei
+    lay = GraphLayout.from_edge_index(ei.cuda(), (n, n), add_self_loops=loops)
+    ref = _reference_layout(ei, n, n, loops)
+    for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm",
+                 "edge_index"):
+        assert torch.equal(getattr(lay, name).cpu().long(), ref[name]), name
+    chunk = schedule.choose_chunk(lay)
+    for kind, ptr in (("row_work", ref["rowptr"]), ("col_work", ref["colptr"])):
+        got = lay._cache[schedule._work_key(kind, chunk)]
+        want = _reference_split_work(ptr, chunk)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+        assert got[2] == want[2]
+
+
+@pytest.mark.cuda
+def test_cuda_out_of_range_raises_before_any_fault():
+    ei = torch.tensor([[0, 1, 70000], [1, 2, 0]], device="cuda")
+    with pytest.raises(ValueError, match="out of range"):
+        GraphLayout.from_edge_index(ei, (5, 5), add_self_loops=True)
+    torch.cuda.synchronize()  # the device is still healthy
+    assert GraphLayout.from_edge_index(ei[:, :2], (5, 5)).num_edges == 2

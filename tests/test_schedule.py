@@ -50,7 +50,7 @@ def test_measured_rule_is_smmf_and_default(score, monkeypatch):
 
 
 def test_additive_is_always_smmf():
-    # paper Fig. 12, and measured on the H100 since v6 (benchmarks/NOTES.md)
+    # paper Fig. 12, and measured on the H100
     for deg in (0, 5, 10 ** 7):
         for rule in ("paper", "measured"):
             for elem in (2, 4):

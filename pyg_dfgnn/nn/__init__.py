@@ -14,9 +14,15 @@ configurations the fused ops do not cover (documented per class).
     conv = FusedTransformerConv(128, 32, heads=4)
     conv.load_state_dict(native_conv.state_dict())
     out = conv(x, edge_index)
+
+    # or, for an existing model (to_hetero models included):
+    from pyg_dfgnn.nn import fuse
+    print(fuse(model))
 """
 from .agnn_conv import FusedAGNNConv
+from .fuse import FuseReport, FusedLayer, fuse
 from .gat_conv import FusedGATConv
 from .transformer_conv import FusedTransformerConv
 
-__all__ = ["FusedTransformerConv", "FusedGATConv", "FusedAGNNConv"]
+__all__ = ["FusedTransformerConv", "FusedGATConv", "FusedAGNNConv", "fuse", "FuseReport",
+           "FusedLayer"]

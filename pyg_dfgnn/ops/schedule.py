@@ -11,15 +11,15 @@ SDDMM, so **PMF** (edge-parallel SDDMM + fused softmax/SpMM) is used; otherwise
 Our SMMF kernel keeps scores in registers (online softmax) and splits long rows
 into work items of at most ``chunk`` edges (:func:`split_work`), so it never runs
 out of shared memory and a super node is spread over many lane groups. Measured
-on the H100 (``benchmarks/NOTES.md``), it beats PMF on every graph, super-node
+on the H100, it beats PMF on every graph, super-node
 graphs included (Reddit-like: 2.06 ms vs 3.68 ms forward), so ``"auto"`` uses
 the measured rule (:data:`RULE` ``= "measured"``: SMMF) for dot-product and
 cosine scores.
 
 For additive scores (GAT) SMMF is as fast as PMF or faster on every graph, as the
-paper says (Fig. 12): since v6 its kernel scores a tile of edges at once, one edge
-per lane, and took 0.273 ms against PMF's 0.338 ms on PATTERN-like (0.646 against
-0.713 ms on ppa-like, 1.102 ms both on Reddit-like; ``benchmarks/NOTES.md``), so
+paper says (Fig. 12): its kernel scores a tile of edges at once, one edge per
+lane, and took 0.273 ms against PMF's 0.338 ms on PATTERN-like (0.646 against
+0.713 ms on ppa-like, 1.102 ms both on Reddit-like), so
 ``"auto"`` is SMMF for them under both rules; ``strategy=`` forces either method
 per call.
 """
@@ -112,6 +112,51 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
     return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
 
 
+def work_stats(deg: Tensor, chunk: int) -> Tensor:
+    r"""Per-row extra work items: ``max(1, ceil(deg / chunk)) - 1``, computed on the
+    device. Their sum and the number of rows with a positive count size the work
+    items (:func:`work_items`), so a caller can fetch both with its other scalars
+    in one host synchronisation."""
+    return (deg - 1).clamp_(min=0).div_(chunk, rounding_mode="floor")
+
+
+def work_items(ptr: Tensor, extra: Tensor, num_items: int, num_split: int, chunk: int,
+               long_first: Optional[bool] = None) -> Tuple[Tensor, Tensor, int]:
+    r""":func:`split_work` from on-device statistics, without a host
+    synchronisation: ``extra`` is :func:`work_stats` of the pointer's degrees,
+    ``num_items`` = ``N + extra.sum()`` and ``num_split`` =
+    ``(extra > 0).sum()``, both already on the host."""
+    N = extra.numel()
+    dev = extra.device
+    if num_items == N:  # every row fits one item: one item per row, in row order
+        row = torch.arange(N, dtype=torch.int32, device=dev)
+        items = torch.stack([row, ptr[:-1].to(torch.int32), row.new_full((N,), -1)], 1)
+        return items, row.new_empty((0, 3)), 0
+    # int32 throughout (I, E < 2^31 here): the items come out int32 without a cast.
+    i32 = torch.int32
+    n_items = extra.to(i32) + 1
+    row = torch.repeat_interleave(n_items, output_size=num_items)
+    first = n_items.cumsum(0, dtype=i32) - n_items
+    local = torch.arange(num_items, dtype=i32, device=dev) - first[row]
+    start = ptr[:-1][row] + local * chunk
+    # Split rows' items take consecutive partial slots, in item (= row) order.
+    split = extra > 0
+    split_item = split[row]
+    slot = split_item.cumsum(0, dtype=i32) * split_item - 1
+    items = torch.stack([row, start, slot], 1).to(i32)
+    if LONG_ITEMS_FIRST if long_first is None else long_first:
+        # Longest first (stable): a kernel ends with its last-started long items
+        # otherwise, and a split row's last item merges the row. Only where rows
+        # are split (power-law graphs): where every row fits one item (the batch
+        # graphs) row order keeps neighbouring rows, which share neighbours,
+        # together in L2, and sorting made them 1.2-1.8x slower.
+        n_edges = (ptr[1:][row] - start).clamp_(max=chunk)
+        items = items[torch.sort(n_edges, descending=True, stable=True).indices]
+    split_rows = torch.nonzero_static(split, size=num_split).flatten()
+    combine = torch.stack([split_rows.to(i32), slot[first[split_rows]], n_items[split_rows]], 1)
+    return items.contiguous(), combine.to(torch.int32), num_items - N + num_split
+
+
 def split_work(ptr: Tensor, chunk: int,
                long_first: Optional[bool] = None) -> Tuple[Tensor, Tensor, int]:
     r"""Node-parallel work items over a CSR (or CSC) pointer.
@@ -121,7 +166,9 @@ def split_work(ptr: Tensor, chunk: int,
     split over several items write partial results to slots, which the kernel
     itself merges up a tree of slots in a fixed order (``merge_split_row`` in
     ``cuda/common.cuh``), or a combine kernel (``combine``) where it cannot:
-    deterministic either way.
+    deterministic either way. One host synchronisation (the sizes);
+    :class:`~pyg_dfgnn.layout.GraphLayout` builds its items with
+    :func:`work_items` instead, sharing its build's single synchronisation.
 
     Args:
         ptr (Tensor): ``[N + 1]`` row pointer.
@@ -135,32 +182,16 @@ def split_work(ptr: Tensor, chunk: int,
         ``combine`` int32 ``[R, 3]`` (row, first slot, number of slots) for the
         ``R`` split rows, and the total number of slots.
     """
-    ptr = ptr.long()
-    deg = ptr[1:] - ptr[:-1]
-    n_items = torch.clamp((deg + chunk - 1) // chunk, min=1)
-    total = int(n_items.sum())
-    row = torch.repeat_interleave(torch.arange(deg.numel(), device=deg.device), n_items,
-                                  output_size=total)
-    first_item = torch.cumsum(n_items, 0) - n_items
-    local = torch.arange(total, device=deg.device) - first_item[row]
-    start = ptr[:-1][row] + local * chunk
-    split = n_items > 1
-    slots_per_row = torch.where(split, n_items, torch.zeros_like(n_items))
-    first_slot = torch.cumsum(slots_per_row, 0) - slots_per_row
-    slot = torch.where(split[row], first_slot[row] + local, torch.full_like(local, -1))
-    items = torch.stack([row, start, slot], 1)
-    if (LONG_ITEMS_FIRST if long_first is None else long_first) and bool(split.any()):
-        # Longest first (stable): a kernel ends with its last-started long items
-        # otherwise, and a split row's last item merges the row. Only where rows
-        # are split (power-law graphs): on graphs whose rows all fit one item (the
-        # batch graphs) row order keeps neighbouring rows, which share neighbours,
-        # together in L2, and sorting made them 1.2-1.8x slower (v9.1, NOTES.md).
-        n_edges = torch.clamp(ptr[1:][row] - start, max=chunk)
-        items = items[torch.argsort(-n_edges, stable=True)]
-    items = items.to(torch.int32).contiguous()
-    split_rows = split.nonzero().flatten()
-    combine = torch.stack([split_rows, first_slot[split_rows], n_items[split_rows]], 1)
-    return items, combine.to(torch.int32).contiguous(), int(slots_per_row.sum())
+    extra = work_stats(ptr[1:] - ptr[:-1], chunk)
+    total, num_split = torch.stack([extra.long().sum(), (extra > 0).sum()]).tolist()
+    return work_items(ptr, extra, extra.numel() + total, num_split, chunk, long_first)
+
+
+def chunk_for(num_edges: int) -> int:
+    """Edges per work item for a graph of ``num_edges`` edges (:func:`choose_chunk`)."""
+    if CHUNK_OVERRIDE is not None:
+        return int(CHUNK_OVERRIDE)
+    return SMALL_GRAPH_CHUNK if num_edges < SMALL_GRAPH_EDGES else DEFAULT_CHUNK
 
 
 def choose_chunk(layout) -> int:
@@ -168,7 +199,7 @@ def choose_chunk(layout) -> int:
 
     A lane group walks its item a few edges per memory round trip, so a long item
     is a long latency chain; each extra item of a split row costs an fp32 partial
-    row and the rows' combine launch. Swept on the H100 (``benchmarks/NOTES.md``):
+    row and the rows' combine launch. Swept on the H100:
 
     * below :data:`SMALL_GRAPH_EDGES` edges the GPU is far from full and a kernel
       takes as long as its longest item's chain, so short items win: GT forward
@@ -177,14 +208,22 @@ def choose_chunk(layout) -> int:
       best everywhere (GitHub forward 0.162 ms at 128, 0.233 ms at 32; longer
       items lost on Reddit-like).
     """
-    if CHUNK_OVERRIDE is not None:
-        return int(CHUNK_OVERRIDE)
-    return SMALL_GRAPH_CHUNK if layout.num_edges < SMALL_GRAPH_EDGES else DEFAULT_CHUNK
+    return chunk_for(layout.num_edges)
+
+
+def _work_key(kind: str, chunk: int) -> tuple:
+    return (kind, chunk, LONG_ITEMS_FIRST)
+
+
+def cache_work(layout, kind: str, chunk: int, work: Tuple[Tensor, Tensor, int]) -> None:
+    """Stores work items built elsewhere (the layout build) where :func:`row_work`
+    (``kind="row_work"``) or :func:`col_work` (``"col_work"``) finds them."""
+    layout._cache[_work_key(kind, chunk)] = work
 
 
 def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSR (destinations), cached on the layout."""
-    key = ("row_work", chunk, LONG_ITEMS_FIRST)
+    key = _work_key("row_work", chunk)
     if key not in layout._cache:
         layout._cache[key] = split_work(layout.rowptr, chunk)
     return layout._cache[key]
@@ -192,7 +231,7 @@ def row_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
 
 def col_work(layout, chunk: int) -> Tuple[Tensor, Tensor, int]:
     """:func:`split_work` over the layout's CSC (sources, for dK / dV), cached on the layout."""
-    key = ("col_work", chunk, LONG_ITEMS_FIRST)
+    key = _work_key("col_work", chunk)
     if key not in layout._cache:
         layout._cache[key] = split_work(layout.colptr, chunk)
     return layout._cache[key]

@@ -1,0 +1,399 @@
+r"""Mini-batch training step, native PyG vs fused, on NeighborLoader batches.
+
+For each dataset (ogbn-arxiv, MUSAE GitHub; stand-in random 128-dim features),
+model (GAT, GT, AGNN: 4 heads, 128 -> 256 -> classes, one layer per hop), seed
+count, fan-out and dtype (fp32, bf16 autocast) it reports the median over steps
+(CUDA events) of
+
+* ``sampling``: NeighborLoader's time per batch (CPU, excluded from the steps);
+* ``layout``: the fused layers' graph layout build per batch (CSR + CSC + work
+  items; with self-loops for GAT / AGNN);
+* ``step``: forward + backward + Adam for ``native``, ``native_compile``
+  (``torch.compile(dynamic=True)``), ``fused`` (``pyg_dfgnn.nn.fuse`` on a copy of
+  the same model; the layout is built in the step, from a fresh ``edge_index``
+  every step) and ``fused_compile``; with peak memory per variant.
+
+Batches are sampled first, moved to the device, then each variant runs over
+them; a compiler failure is recorded in the results, not raised.
+
+.. code-block:: bash
+
+    python -m benchmarks.minibatch --quick                  # one configuration
+    python -m benchmarks.minibatch --out results.json       # the full grid
+
+The real ``NeighborLoader`` needs ``pyg-lib`` or ``torch_sparse``; without them
+:func:`sample_batches` uses a vectorised stand-in with the same conventions (seeds
+first, local ids, edges grouped by destination hop by hop).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
+
+from pyg_dfgnn.layout import GraphLayout, get_layout
+from pyg_dfgnn.nn import fuse
+
+VARIANTS = ("native", "native_compile", "fused", "fused_compile")
+FEATURES = 128
+
+
+# ----------------------------------------------------------------------------- data
+def load_dataset(name: str, root: Optional[str] = None) -> Data:
+    """``"arxiv"`` (ogbn-arxiv, undirected) or ``"github"`` (MUSAE GitHub)."""
+    from benchmarks.datasets import musae_github, ogbn_arxiv
+    data = ogbn_arxiv(root) if name == "arxiv" else musae_github()
+    data.name = name
+    return data
+
+
+class StandInSampler:
+    """NeighborLoader's conventions, vectorised (used without pyg-lib / torch_sparse)."""
+
+    def __init__(self, edge_index: Tensor, num_nodes: int, seed: int = 0):
+        order = torch.sort(edge_index[1], stable=True).indices
+        self.nbr = edge_index[0][order]
+        self.ptr = torch.cat([torch.zeros(1, dtype=torch.long),
+                              torch.bincount(edge_index[1], minlength=num_nodes).cumsum(0)])
+        self.num_nodes = num_nodes
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, seeds: Tensor, fanouts: Sequence[int]) -> Data:
+        loc = torch.full((self.num_nodes,), -1, dtype=torch.long)
+        n_id = seeds.clone()
+        loc[seeds] = torch.arange(seeds.numel())
+        frontier = torch.arange(seeds.numel())
+        rows, cols, nodes, edges = [], [], [seeds.numel()], []
+        for k in fanouts:
+            g = n_id[frontier]
+            deg = self.ptr[g + 1] - self.ptr[g]
+            owner = torch.repeat_interleave(torch.arange(g.numel()), deg)
+            first = torch.cumsum(deg, 0) - deg
+            eid = self.ptr[g][owner] + torch.arange(owner.numel()) - first[owner]
+            # k random neighbours per node without replacement: random keys, then
+            # the k smallest keys within each node's segment.
+            key = owner.double() + torch.rand(owner.numel(), generator=self.gen,
+                                              dtype=torch.double)
+            order = torch.argsort(key)
+            rank = torch.arange(owner.numel()) - first[owner]
+            pick = order[rank < k]
+            src = self.nbr[eid[pick]]
+            dst = frontier[owner[pick]]
+            new = src[loc[src] < 0]
+            uniq, inv = torch.unique(new, return_inverse=True)
+            first_seen = torch.full((uniq.numel(),), new.numel()).scatter_reduce_(
+                0, inv, torch.arange(new.numel()), "amin")
+            uniq = uniq[torch.argsort(first_seen)]
+            loc[uniq] = n_id.numel() + torch.arange(uniq.numel())
+            frontier = loc[uniq]
+            n_id = torch.cat([n_id, uniq])
+            rows.append(loc[src])
+            cols.append(dst)
+            nodes.append(uniq.numel())
+            edges.append(src.numel())
+        return Data(edge_index=torch.stack([torch.cat(rows), torch.cat(cols)]), n_id=n_id,
+                    num_nodes=n_id.numel(), batch_size=seeds.numel(),
+                    num_sampled_nodes=nodes, num_sampled_edges=edges)
+
+
+def sample_batches(data: Data, num_seeds: int, fanouts: Sequence[int], num_batches: int,
+                   seed: int = 0) -> tuple:
+    """``(batches, median sampling seconds, sampler name)``: ``num_batches`` batches
+    of ``num_seeds`` training seeds each."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = (data.train_mask.nonzero().flatten() if getattr(data, "train_mask", None) is not None
+            else torch.arange(data.num_nodes))
+    if WITH_PYG_LIB or WITH_TORCH_SPARSE:
+        from torch_geometric.loader import NeighborLoader
+        plain = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+        loader = NeighborLoader(plain, num_neighbors=list(fanouts), input_nodes=pool,
+                                batch_size=num_seeds, shuffle=True, generator=gen)
+        name, it = "NeighborLoader", iter(loader)
+        draw = lambda: next(it)  # noqa: E731
+    else:
+        sampler = getattr(data, "_stand_in_sampler", None)
+        if sampler is None:  # its CSC is built once per dataset
+            sampler = StandInSampler(data.edge_index, data.num_nodes, seed)
+            data._stand_in_sampler = sampler
+        name = "stand-in sampler"
+
+        def draw():
+            return sampler(pool[torch.randperm(pool.numel(), generator=gen)[:num_seeds]], fanouts)
+    batches, times = [], []
+    for _ in range(num_batches):
+        t0 = time.perf_counter()
+        batches.append(draw())
+        times.append(time.perf_counter() - t0)
+    return batches, statistics.median(times), name
+
+
+# ----------------------------------------------------------------------------- models
+class Net(torch.nn.Module):
+    """``len(fanouts)`` attention layers, 4 heads: 128 -> 256 -> ... -> classes."""
+
+    def __init__(self, kind: str, num_layers: int, num_classes: int, hidden: int = 256,
+                 heads: int = 4):
+        super().__init__()
+        self.kind = kind
+        self.pre = torch.nn.Linear(FEATURES, hidden) if kind == "agnn" else None
+        self.post = torch.nn.Linear(hidden, num_classes) if kind == "agnn" else None
+        convs = []
+        for i in range(num_layers):
+            last = i == num_layers - 1
+            cin = FEATURES if i == 0 else hidden
+            cout = num_classes if last else hidden // heads
+            if kind == "gat":
+                convs.append(GATConv(cin, cout, heads=heads, concat=not last))
+            elif kind == "gt":
+                convs.append(TransformerConv(cin, cout, heads=heads, concat=not last))
+            else:
+                convs.append(AGNNConv())
+        self.convs = torch.nn.ModuleList(convs)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.pre is not None:
+            x = self.pre(x).relu()
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = F.elu(x)
+        return self.post(x) if self.post is not None else x
+
+
+# ----------------------------------------------------------------------------- timing
+class Timer:
+    """Elapsed milliseconds of a region: CUDA events on a GPU (host time included:
+    the events bracket everything the host issues), wall time on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.start, self.end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.end.record()
+        else:
+            self.ms = (time.perf_counter() - self.t0) * 1e3
+
+    def elapsed(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end)
+        return self.ms
+
+
+def loop_variants(model: torch.nn.Module) -> List[bool]:
+    """The ``add_self_loops`` layout variants a model's attention layers read."""
+    return sorted({bool(getattr(m, "add_self_loops", False)) for m in model.modules()
+                   if isinstance(m, (GATConv, TransformerConv, AGNNConv))})
+
+
+def time_layout(batches: List[dict], loops: bool, warmup: int, device) -> float:
+    times = []
+    for i, b in enumerate(batches):
+        ei = b["edge_index"].clone()
+        with Timer(device) as t:
+            GraphLayout.from_edge_index(ei, (b["n"], b["n"]), add_self_loops=loops)
+        if i >= warmup:
+            times.append(t.elapsed())
+    return statistics.median(times)
+
+
+def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype: str,
+                warmup: int, device: torch.device) -> dict:
+    model = copy.deepcopy(base).to(device)
+    fused = variant.startswith("fused")
+    if fused:
+        fuse(model)
+    loops = loop_variants(model)
+    if variant.endswith("compile"):
+        # Fresh compiler caches: the layers' code objects are shared by every
+        # configuration, and past the recompile limit dynamo would run them eagerly.
+        torch._dynamo.reset()
+        step_model = torch.compile(model, dynamic=True)
+    else:
+        step_model = model
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # A fresh edge_index per step: the fused step builds its layout every time.
+    graphs = [b["edge_index"].clone() for b in batches]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i, (b, ei) in enumerate(zip(batches, graphs)):
+        with Timer(device) as t:
+            if fused and variant.endswith("compile"):
+                for lp in loops:  # built eagerly: a compiled region reads the cached layout
+                    get_layout(ei, (b["n"], b["n"]), add_self_loops=lp)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                out = step_model(b["x"], ei)[:b["batch_size"]]
+                loss = F.cross_entropy(out.float(), b["y"])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if i >= warmup:
+            times.append(t.elapsed())
+    res = {"step_ms": statistics.median(times), "loss": float(loss)}
+    if device.type == "cuda":
+        res["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return res
+
+
+def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequence[int],
+               dtype: str, variants: Sequence[str], steps: int, warmup: int,
+               device: torch.device) -> dict:
+    num_classes = int(data.y.max()) + 1
+    raw, t_sample, sampler = sample_batches(data, num_seeds, fanouts, steps + warmup)
+    batches = [{"x": emb[b.n_id.to(emb.device)], "edge_index": b.edge_index.to(device),
+                "y": data.y[b.n_id[:b.batch_size]].to(device), "n": int(b.num_nodes),
+                "batch_size": int(b.batch_size)} for b in raw]
+    row = {"dataset": data.name, "model": kind, "seeds": num_seeds, "fanouts": list(fanouts),
+           "dtype": dtype, "sampler": sampler, "sampling_ms": t_sample * 1e3,
+           "edges": statistics.median(b["edge_index"].size(1) for b in batches),
+           "nodes": statistics.median(b["n"] for b in batches), "variants": {}}
+    torch.manual_seed(0)
+    base = Net(kind, len(fanouts), num_classes)
+    row["layout_ms"] = {str(lp): time_layout(batches, lp, warmup, device)
+                        for lp in loop_variants(base)}
+    for v in variants:
+        try:
+            row["variants"][v] = run_variant(v, base, batches, dtype, warmup, device)
+        except Exception as e:  # a compiler failure is a result, not a crash
+            row["variants"][v] = {"error": f"{type(e).__name__}: {str(e)[:300]}",
+                                  "trace": traceback.format_exc(limit=3)[-800:]}
+    nat = row["variants"].get("native", {}).get("step_ms")
+    for v, r in row["variants"].items():
+        if nat and "step_ms" in r:
+            r["speedup"] = nat / r["step_ms"]
+    return row
+
+
+# ----------------------------------------------------------------------------- reports
+def markdown(rows: List[dict]) -> str:
+    head = ("| dataset | model | seeds | fan-out | dtype | edges | sampling ms | layout ms | "
+            + " | ".join(f"{v} ms" for v in VARIANTS) + " | fused speed-up | "
+            "fused vs native compile | fused compile vs native compile | "
+            "peak MiB native / fused |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        v = r["variants"]
+
+        def ms(name):
+            x = v.get(name, {})
+            return f"{x['step_ms']:.2f}" if "step_ms" in x else ("failed" if x else "-")
+
+        def ratio(a, b):
+            if "step_ms" in v.get(a, {}) and "step_ms" in v.get(b, {}):
+                return f"{v[a]['step_ms'] / v[b]['step_ms']:.2f}x"
+            return "-"
+
+        mem = " / ".join(f"{v[n]['peak_mib']:.0f}" if "peak_mib" in v.get(n, {}) else "-"
+                         for n in ("native", "fused"))
+        layout = " / ".join(f"{t:.3f}" for t in r["layout_ms"].values())
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {r['seeds']} | {r['fanouts']} | {r['dtype']} | "
+            f"{r['edges'] / 1e3:.1f}K | {r['sampling_ms']:.1f} | {layout} | "
+            + " | ".join(ms(n) for n in VARIANTS)
+            + f" | {ratio('native', 'fused')} | {ratio('native_compile', 'fused')} | "
+            f"{ratio('native_compile', 'fused_compile')} | "
+            f"{mem} |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{r['dataset']} {r['model']}\n{r['seeds']} {r['fanouts']} {r['dtype']}"
+              for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    width = 0.8 / len(VARIANTS)
+    for j, v in enumerate(VARIANTS):
+        vals = [r["variants"].get(v, {}).get("speedup", 0.0) for r in rows]
+        ax.bar([i + j * width for i in range(len(rows))], vals, width, label=v)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels, fontsize=6,
+                  rotation=90)
+    ax.set_ylabel("step speed-up over native PyG")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+def _ints(text: str) -> List[int]:
+    return [int(t) for t in text.split(",") if t]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="arxiv,github")
+    p.add_argument("--models", default="gat,gt,agnn")
+    p.add_argument("--seeds", default="1024,8192", help="seed nodes per batch")
+    p.add_argument("--fanouts", default="10,10;25,10;15,10,5", help="';'-separated fan-outs")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps first (compilation)")
+    p.add_argument("--data", default=None, help="ogbn-arxiv folder (default: $PYG_DFGNN_DATA)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true",
+                   help="arxiv, GAT and GT, 1024 seeds, [25, 10], fp32, 10 steps")
+    p.add_argument("--out", default=None, help="JSON results (default: a new temporary file)")
+    p.add_argument("--plot", default=None, help="PNG speed-up plot (default: next to --out)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.datasets, a.models, a.seeds, a.fanouts, a.dtypes = "arxiv", "gat,gt", "1024", "25,10", \
+            "fp32"
+        a.steps, a.warmup = 10, 5
+    device = torch.device(a.device)
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="minibatch_")) / "minibatch.json"
+    rows = []
+    for name in a.datasets.split(","):
+        data = load_dataset(name, a.data)
+        gen = torch.Generator().manual_seed(0)
+        emb = torch.randn(data.num_nodes, FEATURES, generator=gen).to(device)
+        for kind in a.models.split(","):
+            for seeds in _ints(a.seeds):
+                for fan in a.fanouts.split(";"):
+                    for dtype in a.dtypes.split(","):
+                        row = run_config(data, emb, kind, seeds, _ints(fan), dtype,
+                                         a.variants.split(","), a.steps, a.warmup, device)
+                        rows.append(row)
+                        print(markdown([row]).splitlines()[-1], flush=True)
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "steps": a.steps, "warmup": a.warmup}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, Path(a.plot) if a.plot else out.with_suffix(".png"))
+    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}\n")
+    print(markdown(rows))
+    print(f"\nresults: {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
