@@ -704,7 +704,7 @@ def _merged(adj: Tensor) -> Tensor:
     return torch.sparse_coo_tensor(idx, ones, coo.shape[:2]).coalesce()
 
 
-def _build(adj, size, add_self_loops: bool) -> GraphLayout:
+def _build_cached(adj, size, add_self_loops: bool) -> GraphLayout:
     # Plain (not inference) tensors, so a layout built under inference_mode also
     # serves later training steps (autograd saves its index tensors).
     with torch.inference_mode(False):
@@ -714,9 +714,26 @@ def _build(adj, size, add_self_loops: bool) -> GraphLayout:
             # PyG's add_self_loops rebuilds a torch.sparse matrix coalesced: the
             # layer then sees its duplicate entries merged.
             src = _merged(adj)
-        layout = GraphLayout.from_adj(src, size, add_self_loops)
+        layout = _from_prefix(adj, size) if size is not None and not add_self_loops else None
+        if layout is None:
+            layout = GraphLayout.from_adj(src, size, add_self_loops)
     _store(adj, _key(size, add_self_loops), layout)
     return layout
+
+
+def _from_prefix(adj, size) -> Optional[GraphLayout]:
+    """The layout of a trimmed view (``trim_to_layer``) derived from the layout
+    cached for the tensor it was cut from, where that one serves."""
+    base = prefix_base(adj)
+    cache = None if base is None else getattr(base, _ATTR, None)
+    if not isinstance(cache, _LayoutCache) or not cache.matches(base):
+        return None
+    for (_, loops), parent in list(cache.layouts.items()):
+        if not loops:
+            layout = parent.narrow(adj, size)
+            if layout is not None:
+                return layout
+    return None
 
 
 _MISS_UNDER_COMPILE = (
@@ -726,9 +743,9 @@ _MISS_UNDER_COMPILE = (
     "the same edge_index, before the compiled call (without fullgraph=True the layout "
     "is built eagerly at a graph break).")
 try:
-    _build_outside_graph = torch.compiler.disable(_build, reason=_MISS_UNDER_COMPILE)
+    _build_outside_graph = torch.compiler.disable(_build_cached, reason=_MISS_UNDER_COMPILE)
 except TypeError:  # torch without the reason argument
-    _build_outside_graph = torch.compiler.disable(_build)
+    _build_outside_graph = torch.compiler.disable(_build_cached)
 
 
 def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = None,
@@ -771,7 +788,7 @@ def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = N
         layout = cache.layouts.get(key)
         if layout is not None and cache.matches(adj):
             return layout
-    return _build(adj, size, add_self_loops)
+    return _build_cached(adj, size, add_self_loops)
 
 
 def attach_layout(adj, layout: GraphLayout, size=None, add_self_loops: bool = False) -> None:

@@ -372,8 +372,9 @@ def test_fuse_then_layout_is_built_once(build_count):
     fuse(model)
     model(torch.randn(b.num_nodes, 16), b.edge_index)
     assert build_count() == 1
-    assert isinstance(getattr(b.edge_index, "_dfgnn_layouts", None), dict)
-    lay = next(iter(b.edge_index._dfgnn_layouts.values()))[1]
+    from pyg_dfgnn.layout import get_layout
+    lay = get_layout(b.edge_index, (b.num_nodes, b.num_nodes), add_self_loops=True)
+    assert build_count() == 1  # the layers' layout, from the cache
     assert isinstance(lay, GraphLayout) and lay.self_loops
 
 
@@ -453,3 +454,23 @@ def test_cuda_loader_batches_run_the_kernels(kind, trim):
     fused = fused_copy(native)
     args = (x, ei, b.num_sampled_nodes, b.num_sampled_edges)
     compare(native, fused, args, args, b.batch_size)
+
+
+def test_trimmed_view_layout_comes_from_the_parent(monkeypatch):
+    """get_layout derives a trim_to_layer view's layout from its parent's (no new
+    build) and it equals a fresh build."""
+    from torch_geometric.utils import trim_to_layer
+
+    from pyg_dfgnn.layout import get_layout
+    b = make_batch("conventions")
+    if getattr(b, "num_sampled_nodes", None) is None:
+        pytest.skip("torch_sparse's sampler does not count hops (trim_to_layer needs pyg-lib)")
+    n = b.num_nodes
+    get_layout(b.edge_index, (n, n))
+    x = torch.randn(n, 4)
+    xk, eik, _ = trim_to_layer(1, b.num_sampled_nodes, b.num_sampled_edges, x, b.edge_index)
+    m = xk.size(0)
+    with monkeypatch.context() as mp:
+        mp.setattr(GraphLayout, "from_adj", None)  # a build from scratch would fail
+        lay = get_layout(eik, (m, m))
+    _same_layout(lay, GraphLayout.from_edge_index(eik.clone(), (m, m)))
