@@ -20,9 +20,21 @@ import pyg_dfgnn
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
 
 
+# ----------------------------------------------------------------------------- options
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-profile", choices=("ci", "gpu"), default="ci",
+                     help="profile of tests/test_fuzz.py: 'ci' (CPU, seeded, about a "
+                          "minute) or 'gpu' (CUDA, >= 2,000 cases)")
+
+
 # ----------------------------------------------------------------------------- markers
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``@pytest.mark.cuda`` need a GPU and the compiled extension."""
+    """Tests marked ``@pytest.mark.cuda`` need a GPU and the compiled extension; so
+    do the fuzz tests under ``--fuzz-profile=gpu``."""
+    if config.getoption("--fuzz-profile") == "gpu":
+        for item in items:
+            if "fuzz" in item.keywords:
+                item.add_marker(pytest.mark.cuda)
     if pyg_dfgnn.has_cuda_kernels():
         return
     reason = "needs a CUDA GPU and the compiled extension pyg_dfgnn._C"

@@ -15,7 +15,10 @@ of threads: the per-edge gathers of node rows (:func:`gather_rows`) use the gath
 whose backward sums in a fixed order.
 
 They materialise ``[E, H, C]`` intermediates, which is what the fused kernels
-avoid; here clarity wins. Nodes with no in-edge get zeros, as in PyG.
+avoid; here clarity wins. Nodes with no in-edge get zeros, as in PyG. Float16 and
+bfloat16 inputs are computed in float32 and the results rounded back, as the
+kernels accumulate in float32 (summing a super node's hundreds of terms in half
+precision misses by more than 1e-2).
 """
 from __future__ import annotations
 
@@ -48,6 +51,13 @@ def gather_rows(x: Tensor, index: Tensor) -> Tensor:
     if x.device.type == "cpu":
         return x.index_select(0, index.long())
     return x[index.long()]
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _float32(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    return tuple(t.float() if t.dtype in _HALF else t for t in tensors)
 
 
 def edge_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
@@ -94,9 +104,12 @@ def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
         (what PyG returns with ``return_attention_weights``).
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    dtype = v.dtype
+    q, k, v = _float32(q, k, v)
     dst = _csr_dst(rowptr, col.numel())
     scores = (gather_rows(q, dst) * gather_rows(k, col)).sum(-1) * scale
-    return _finish(rowptr, col, scores, v, dropout, training)
+    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    return out.to(dtype), alpha.to(dtype)
 
 
 def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, beta: Tensor,
@@ -115,12 +128,14 @@ def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, 
     squeeze = x_src.dim() == 2
     if squeeze:
         x_dst, x_src = x_dst.unsqueeze(1), x_src.unsqueeze(1)
+    dtype = x_src.dtype
+    x_dst, x_src = _float32(x_dst, x_src)
     xn_dst = F.normalize(x_dst, p=2.0, dim=-1)
     xn_src = F.normalize(x_src, p=2.0, dim=-1)
     dst = _csr_dst(rowptr, col.numel())
     scores = beta * (gather_rows(xn_dst, dst) * gather_rows(xn_src, col)).sum(-1)
     out, alpha = _finish(rowptr, col, scores, x_src, dropout, training)
-    return (out.squeeze(1) if squeeze else out), alpha
+    return (out.squeeze(1) if squeeze else out).to(dtype), alpha.to(dtype)
 
 
 def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor, v: Tensor,
@@ -138,7 +153,10 @@ def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor
     Returns:
         ``(out [N_dst, H, C], alpha [E, H])``.
     """
+    dtype = v.dtype
+    a_dst, a_src, v = _float32(a_dst, a_src, v)
     dst = _csr_dst(rowptr, col.numel())
     scores = F.leaky_relu(gather_rows(a_dst, dst) + gather_rows(a_src, col),
                           negative_slope)
-    return _finish(rowptr, col, scores, v, dropout, training)
+    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    return out.to(dtype), alpha.to(dtype)
