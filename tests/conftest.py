@@ -75,6 +75,19 @@ def rel_err(a: Tensor, b: Tensor) -> float:
     return float(num / den) if den > 0 else float(num)
 
 
+def rel_err_floor(a: Tensor, b: Tensor, floor: float = 1e-2) -> float:
+    r"""``||a - b|| / max(||b||, floor * sqrt(numel))``: :func:`rel_err` for results
+    that may be zero in exact arithmetic (the key bias's gradient in attention, or
+    the score gradients of equal duplicate edges: only rounding noise, in float64
+    too), compared absolutely once their RMS is below ``floor``. ``inf`` on NaN,
+    Inf or a shape mismatch."""
+    err = rel_err(a, b)
+    scale = floor * b.numel() ** 0.5
+    if err == float("inf") or scale == 0 or float(b.detach().double().norm()) >= scale:
+        return err
+    return float((a.detach().double() - b.detach().double()).norm()) / scale
+
+
 def random_graph(num_src: int, num_dst: Optional[int] = None, num_edges: int = 60,
                  num_isolated: int = 2, num_duplicates: int = 5, num_self_loops: int = 0,
                  generator: Optional[torch.Generator] = None) -> Tensor:
