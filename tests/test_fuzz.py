@@ -18,7 +18,11 @@ Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 2,440 cases, 20-30 s on two
 cores) and ``gpu`` (CUDA, >= 2,000 cases; the tests are then marked ``cuda``).
 Both draw from fixed seeds with no example database, so a run repeats exactly; a
 mismatch prints the falsifying case (graph family, seed, sizes, configuration)
-and the command that replays it.
+and the command that replays it. The GPU run::
+
+    python -m pytest -q tests/test_fuzz.py --fuzz-profile=gpu -rP
+
+prints the number of cases (``test_fuzz_coverage``).
 """
 from __future__ import annotations
 
