@@ -21,9 +21,21 @@ import pyg_dfgnn
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
 
 
+# ----------------------------------------------------------------------------- options
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-profile", choices=("ci", "gpu"), default="ci",
+                     help="profile of tests/test_fuzz.py: 'ci' (CPU, seeded, about a "
+                          "minute) or 'gpu' (CUDA, >= 2,000 cases)")
+
+
 # ----------------------------------------------------------------------------- markers
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``@pytest.mark.cuda`` need a GPU and the compiled extension."""
+    """Tests marked ``@pytest.mark.cuda`` need a GPU and the compiled extension; so
+    do the fuzz tests under ``--fuzz-profile=gpu``."""
+    if config.getoption("--fuzz-profile") == "gpu":
+        for item in items:
+            if "fuzz" in item.keywords:
+                item.add_marker(pytest.mark.cuda)
     if pyg_dfgnn.has_cuda_kernels():
         return
     reason = "needs a CUDA GPU and the compiled extension pyg_dfgnn._C"
@@ -74,6 +86,19 @@ def rel_err(a: Tensor, b: Tensor) -> float:
     den = b.norm()
     num = (a - b).norm()
     return float(num / den) if den > 0 else float(num)
+
+
+def rel_err_floor(a: Tensor, b: Tensor, floor: float = 1e-2) -> float:
+    r"""``||a - b|| / max(||b||, floor * sqrt(numel))``: :func:`rel_err` for results
+    that may be zero in exact arithmetic (the key bias's gradient in attention, or
+    the score gradients of equal duplicate edges: only rounding noise, in float64
+    too), compared absolutely once their RMS is below ``floor``. ``inf`` on NaN,
+    Inf or a shape mismatch."""
+    err = rel_err(a, b)
+    scale = floor * b.numel() ** 0.5
+    if err == float("inf") or scale == 0 or float(b.detach().double().norm()) >= scale:
+        return err
+    return float((a.detach().double() - b.detach().double()).norm()) / scale
 
 
 def random_graph(num_src: int, num_dst: Optional[int] = None, num_edges: int = 60,

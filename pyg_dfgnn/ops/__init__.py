@@ -65,9 +65,22 @@ def _check_features(layout, q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
 
 
 def uses_kernels(layout, x: Tensor) -> bool:
-    """Whether a call with features like ``x`` ``[N, H, C]`` runs the fused CUDA kernels."""
-    return (HAS_EXTENSION and x.is_cuda and layout.col.dtype == torch.int32
-            and kernel_supports(x.size(-1), x.dtype))
+    """Whether a call with features like ``x`` ``[N, H, C]`` runs the fused CUDA kernels.
+
+    Raises:
+        NotImplementedError: for CUDA features on a graph whose indices need int64
+            (``E``, ``N_src`` or ``N_dst`` >= 2^31): the kernels index with int32,
+            and the reference path would allocate ``[E, H, C]`` tensors.
+    """
+    if not (HAS_EXTENSION and x.is_cuda):
+        return False
+    if layout.col.dtype != torch.int32:
+        raise NotImplementedError(
+            f"pyg_dfgnn: the fused CUDA kernels take graphs with fewer than 2^31 edges and "
+            f"nodes (int32 indices); this one has E={layout.num_edges}, N_src="
+            f"{layout.num_src}, N_dst={layout.num_dst} ({layout.col.dtype} indices). Split "
+            "it (e.g. torch_geometric.loader.NeighborLoader) or run the native PyG layer")
+    return kernel_supports(x.size(-1), x.dtype)
 
 
 def _seed() -> int:

@@ -6,12 +6,19 @@ source of each edge, see :class:`pyg_dfgnn.layout.GraphLayout`) and run
 
 1. SDDMM: a score per edge and head ``s_ij`` ``[E, H]``;
 2. edge softmax over the in-edges of each destination (paper Appendix A, eq. 2),
-   with segment reductions over ``rowptr`` (deterministic on CPU and GPU);
+   with segment reductions over ``rowptr``;
 3. optional attention dropout on the normalised weights;
-4. SpMM: ``out_i = sum_j alpha_ij v_j`` (segment sum, deterministic).
+4. SpMM: ``out_i = sum_j alpha_ij v_j`` (segment sum).
+
+On CPU, forward and backward are bitwise reproducible run to run with any number
+of threads: the per-edge gathers of node rows (:func:`gather_rows`) use the gather
+whose backward sums in a fixed order.
 
 They materialise ``[E, H, C]`` intermediates, which is what the fused kernels
-avoid; here clarity wins. Nodes with no in-edge get zeros, as in PyG.
+avoid; here clarity wins. Nodes with no in-edge get zeros, as in PyG. Float16 and
+bfloat16 inputs are computed in float32 and the results rounded back, as the
+kernels accumulate in float32 (summing a super node's hundreds of terms in half
+precision misses by more than 1e-2).
 """
 from __future__ import annotations
 
@@ -31,6 +38,28 @@ def _csr_dst(rowptr: Tensor, num_edges: int) -> Tensor:
                                    output_size=num_edges)
 
 
+def gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    r"""``x[index]``: rows of ``x`` ``[N, ...]`` for ``index`` ``[E]``, with a
+    deterministic backward on CPU and CUDA.
+
+    The backward sums each node's gradient rows. On CPU, ``x[index]``'s backward
+    (``index_put_`` with ``accumulate=True``) adds float32 rows with atomics from
+    several threads, in an order that changes run to run, while ``index_select``'s
+    (``index_add_``) adds them serially in index order. On CUDA it is the other way
+    round: ``index_add_`` uses atomics and ``index_put_`` sorts the indices first.
+    """
+    if x.device.type == "cpu":
+        return x.index_select(0, index.long())
+    return x[index.long()]
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _float32(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    return tuple(t.float() if t.dtype in _HALF else t for t in tensors)
+
+
 def edge_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
     r"""Softmax of ``scores`` ``[E, H]`` (CSR order) over each destination's
     in-edges (paper eq. 2), via PyG's segment-based :func:`~torch_geometric.utils.softmax`."""
@@ -40,7 +69,7 @@ def edge_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
 def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tensor:
     r"""SpMM ``out_i = sum_j alpha_ij value_j``: ``alpha`` ``[E, H]``, ``value``
     ``[N_src, H, C]`` -> ``[N_dst, H, C]``."""
-    msg = value[col.long()] * alpha.unsqueeze(-1)
+    msg = gather_rows(value, col) * alpha.unsqueeze(-1)
     if msg.numel() == 0:
         # No edges: zeros, still connected to the inputs (out.backward() works and
         # gives zero gradients, as with PyG's scatter), which segment() would not do.
@@ -75,9 +104,12 @@ def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
         (what PyG returns with ``return_attention_weights``).
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    dtype = v.dtype
+    q, k, v = _float32(q, k, v)
     dst = _csr_dst(rowptr, col.numel())
-    scores = (q[dst] * k[col.long()]).sum(-1) * scale
-    return _finish(rowptr, col, scores, v, dropout, training)
+    scores = (gather_rows(q, dst) * gather_rows(k, col)).sum(-1) * scale
+    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    return out.to(dtype), alpha.to(dtype)
 
 
 def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, beta: Tensor,
@@ -96,12 +128,14 @@ def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, 
     squeeze = x_src.dim() == 2
     if squeeze:
         x_dst, x_src = x_dst.unsqueeze(1), x_src.unsqueeze(1)
+    dtype = x_src.dtype
+    x_dst, x_src = _float32(x_dst, x_src)
     xn_dst = F.normalize(x_dst, p=2.0, dim=-1)
     xn_src = F.normalize(x_src, p=2.0, dim=-1)
     dst = _csr_dst(rowptr, col.numel())
-    scores = beta * (xn_dst[dst] * xn_src[col.long()]).sum(-1)
+    scores = beta * (gather_rows(xn_dst, dst) * gather_rows(xn_src, col)).sum(-1)
     out, alpha = _finish(rowptr, col, scores, x_src, dropout, training)
-    return (out.squeeze(1) if squeeze else out), alpha
+    return (out.squeeze(1) if squeeze else out).to(dtype), alpha.to(dtype)
 
 
 def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor, v: Tensor,
@@ -119,6 +153,10 @@ def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor
     Returns:
         ``(out [N_dst, H, C], alpha [E, H])``.
     """
+    dtype = v.dtype
+    a_dst, a_src, v = _float32(a_dst, a_src, v)
     dst = _csr_dst(rowptr, col.numel())
-    scores = F.leaky_relu(a_dst[dst] + a_src[col.long()], negative_slope)
-    return _finish(rowptr, col, scores, v, dropout, training)
+    scores = F.leaky_relu(gather_rows(a_dst, dst) + gather_rows(a_src, col),
+                          negative_slope)
+    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    return out.to(dtype), alpha.to(dtype)

@@ -1,0 +1,436 @@
+r"""Differential fuzzer: the fused layers against native PyG in float64.
+
+Each case draws a graph (a family below, its random edges seeded by a drawn
+integer), a layer configuration, a dtype and a fusion strategy; builds the native
+layer and the fused one with the same ``state_dict``; and compares the fused
+layer's output, attention weights and gradients (inputs and every parameter)
+with those of the native layer run in float64 on the *same* values (the fused
+layer's parameters and inputs, already rounded to its dtype, cast up):
+
+* float32: rel. err. < 1e-5 (outputs, attention weights), < 1e-4 (gradients);
+* float16 / bfloat16: < 1e-2.
+
+:func:`conftest.rel_err_floor` fails on NaN / Inf. On CPU the fused layers run the
+reference path (:mod:`pyg_dfgnn.ops.reference`), still a differential test of the
+layers against PyG's message passing; on CUDA they run the kernels.
+
+Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 2,440 cases, 20-30 s on two
+cores) and ``gpu`` (CUDA, >= 2,000 cases; the tests are then marked ``cuda``).
+Both draw from fixed seeds with no example database, so a run repeats exactly; a
+mismatch prints the falsifying case (graph family, seed, sizes, configuration)
+and the command that replays it. The GPU run::
+
+    python -m pytest -q tests/test_fuzz.py --fuzz-profile=gpu -rP
+
+prints the number of cases (``test_fuzz_coverage``).
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import zlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+import torch
+from torch import Tensor
+from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+
+from conftest import rel_err_floor
+from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytestmark = pytest.mark.fuzz
+
+#: Device and examples per graph family of each layer test, per profile.
+PROFILES = {
+    "ci": dict(device="cpu", examples={"gt": 100, "gat": 100, "agnn": 80}),
+    "gpu": dict(device="cuda", examples={"gt": 90, "gat": 85, "agnn": 75}),
+}
+
+TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2),
+       torch.bfloat16: (1e-2, 1e-2)}  # (outputs and attention weights, gradients)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Results with an RMS below this are compared absolutely (see :func:`_error`).
+GRAD_FLOOR = 1e-2
+#: Over the tolerance, the fused error may be at most this times native PyG's own
+#: error in the same dtype (see :func:`compare`).
+NATIVE_FACTOR = 4.0
+STRATEGIES = ("auto", "smmf", "pmf")
+FAMILIES = ("zero_edges", "one_node", "bipartite", "empty_rows", "super_node", "duplicates",
+            "self_loops", "batch", "random")
+SQUARE_FAMILIES = tuple(f for f in FAMILIES if f != "bipartite")
+
+#: What the cases of this process drew: ``(layer, key)`` -> count (checked by
+#: :func:`test_fuzz_coverage`, which runs after the layer tests).
+DRAWN: collections.Counter = collections.Counter()
+
+
+@dataclass
+class Fuzz:
+    name: str
+    device: torch.device
+    examples: dict
+
+    def __call__(self, layer: str, family: str):
+        """Decorator of one layer test's ``@given`` function: the profile's settings,
+        no example database, and a fixed seed per profile, layer and family (a
+        derandomised run would draw the same configurations for every family:
+        its seed is the function's source)."""
+        def wrap(test):
+            test = settings(max_examples=self.examples[layer], database=None, deadline=None,
+                            print_blob=True, suppress_health_check=list(HealthCheck))(test)
+            return seed(zlib.crc32(f"{self.name}/{layer}/{family}".encode()))(test)
+        return wrap
+
+
+@pytest.fixture(scope="module")
+def fuzz(request):
+    name = request.config.getoption("--fuzz-profile")
+    prof = PROFILES[name]
+    # One intra-op thread: the cases' tensors are tiny, and on a busy machine two
+    # threads spin-waiting on each other made the ci profile 10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield Fuzz(name, torch.device(prof["device"]), prof["examples"])
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- graphs
+@dataclass
+class Graph:
+    """A drawn graph; ``build_graph(*args)`` rebuilds it."""
+    args: tuple
+    num_src: int
+    num_dst: int
+    edge_index: Tensor = field(repr=False)
+
+    @property
+    def family(self) -> str:
+        return self.args[0]
+
+    def __repr__(self) -> str:
+        return (f"build_graph{self.args} (N_src={self.num_src}, N_dst={self.num_dst}, "
+                f"E={self.edge_index.size(1)})")
+
+
+def _edges(g: torch.Generator, num_src: int, num_dst: int, num: int,
+           dst_pool: Optional[Tensor] = None) -> Tensor:
+    if num == 0 or num_src == 0 or num_dst == 0:
+        return torch.empty(2, 0, dtype=torch.long)
+    src = torch.randint(0, num_src, (num,), generator=g)
+    if dst_pool is None:
+        dst = torch.randint(0, num_dst, (num,), generator=g)
+    else:
+        dst = dst_pool[torch.randint(0, dst_pool.numel(), (num,), generator=g)]
+    return torch.stack([src, dst])
+
+
+def build_graph(family: str, seed: int, n: int, m: int, extra: int) -> Graph:
+    """The graph of ``family`` with ``n`` nodes (``n`` sources and ``m`` destinations
+    if bipartite), about ``extra`` edges per node, random parts from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ns = nd = n
+    if family == "bipartite":
+        nd = m if m != n else m + 1
+    if family == "one_node":
+        ns = nd = 1
+        ei = torch.zeros(2, extra % 4, dtype=torch.long)  # 0 to 3 self-loops
+    elif family == "zero_edges":
+        ei = torch.empty(2, 0, dtype=torch.long)
+    elif family == "empty_rows":
+        keep = torch.randperm(nd, generator=g)[:max(1, nd // 3)]
+        ei = _edges(g, ns, nd, extra * nd, dst_pool=keep)
+    elif family == "super_node":
+        # A destination with more in-edges than a work item holds (rows split over
+        # several items on the GPU) and a source with as many out-edges.
+        hub_in = torch.stack([torch.randint(0, ns, (30 + 37 * extra,), generator=g),
+                              torch.full((30 + 37 * extra,), int(seed % nd))])
+        hub_out = torch.stack([torch.full((40 + 23 * extra,), int(seed % ns)),
+                               torch.randint(0, nd, (40 + 23 * extra,), generator=g)])
+        ei = torch.cat([_edges(g, ns, nd, 2 * nd), hub_in, hub_out], 1)
+    elif family == "duplicates":
+        base = _edges(g, ns, nd, extra * nd + 1)
+        reps = torch.randint(1, 5, (base.size(1),), generator=g)
+        ei = base.repeat_interleave(reps, dim=1)
+    elif family == "self_loops":
+        loops = torch.randint(0, nd, (max(1, nd // 2),), generator=g)
+        ei = torch.cat([_edges(g, ns, nd, extra * nd), loops.repeat(2, 1)], 1)
+    elif family == "batch":
+        # A disconnected batch of small graphs, as PyG's DataLoader builds it: some
+        # without edges, some random, some complete (with loops; a batch of those
+        # runs the dense-tile forward on the GPU in half precision).
+        parts, off = [], 0
+        for i in range(2 + 2 * extra):
+            k = 1 + (seed >> i) % 12
+            kind = (seed >> (i + 8)) % 4
+            if kind == 1:
+                parts.append(torch.cartesian_prod(torch.arange(k), torch.arange(k)).t() + off)
+            elif kind > 1:
+                parts.append(_edges(g, k, k, 2 * k) + off)
+            off += k
+        ns = nd = off
+        ei = torch.cat(parts, 1) if parts else torch.empty(2, 0, dtype=torch.long)
+    else:  # random, bipartite
+        ei = _edges(g, ns, nd, extra * max(ns, nd))
+    perm = torch.randperm(ei.size(1), generator=g)
+    return Graph((family, seed, n, m, extra), ns, nd, ei[:, perm].contiguous())
+
+
+@st.composite
+def graphs(draw, family: str) -> Graph:
+    return build_graph(family, draw(st.integers(0, 2**31 - 1)), draw(st.integers(1, 40)),
+                       draw(st.integers(1, 40)), draw(st.integers(0, 6)))
+
+
+def out_channels(device: torch.device, smallest: int = 1):
+    """Odd and small head sizes everywhere; on CUDA also the sizes of the vector,
+    MMA and dense-tile kernels."""
+    small = st.integers(smallest, 9)
+    if device.type == "cuda":
+        return st.one_of(small, st.sampled_from([16, 32, 64, 128]))
+    return small
+
+
+def common(dtypes=DTYPES):
+    return dict(dtype=st.sampled_from(dtypes), strategy=st.sampled_from(STRATEGIES),
+                graph_seed=st.integers(0, 2**31 - 1), training=st.booleans())
+
+
+def agnn_dtypes(device: torch.device):
+    """All dtypes on CUDA. On CPU float32 only: there ``agnn_attention`` rounds
+    ``beta * normalize(x)`` to float16 / bfloat16 before the reference path, and
+    beta's gradient (a sum with heavy cancellation) misses by 3-4 % where PyG's
+    misses by under 1 % (e.g. ``build_graph('super_node', 2, 13, 1, 0)``, bf16)."""
+    return DTYPES if device.type == "cuda" else (torch.float32,)
+
+
+# ----------------------------------------------------------------------------- comparison
+def _describe(layer: str, case: dict) -> str:
+    return f"{layer}: " + ", ".join(f"{k}={v!r}" for k, v in case.items())
+
+
+def _forward_backward(layer, xs, edge_index, call_kwargs, want_alpha, seed: int,
+                      dtype: torch.dtype) -> dict:
+    """Output, attention weights, returned ``edge_index`` and the gradients of
+    ``(out * w).sum()`` (inputs, then parameters by name) of one layer, for a random
+    ``w`` from ``seed`` rounded to ``dtype``."""
+    x = xs[0] if len(xs) == 1 else tuple(xs)
+    res = layer(x, edge_index, **call_kwargs)
+    out, (ei, alpha) = res if want_alpha else (res, (None, None))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    w = w.to(dtype).to(device=out.device, dtype=out.dtype)
+    params = dict(layer.named_parameters())
+    leaves = list(xs) + list(params.values())
+    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+    names = [f"grad x[{i}]" for i in range(len(xs))] + [f"grad {n}" for n in params]
+    got = {"output": out, "attention weights": alpha}
+    got.update(zip(names, grads))
+    if ei is not None:
+        got["edge_index"] = ei.as_subclass(Tensor).cpu()
+    return got
+
+
+def _error(a: Optional[Tensor], b: Optional[Tensor]) -> float:
+    r"""Error of ``a`` against the float64 ``b``: :func:`conftest.rel_err_floor`
+    (RMS floor :data:`GRAD_FLOOR`; ``inf`` on NaN or Inf). A result missing on one
+    side only (a gradient) is an error unless the other one is all zeros."""
+    if a is None or b is None:
+        other = b if a is None else a
+        return 0.0 if other is None or not bool(other.abs().sum()) else float("inf")
+    return rel_err_floor(a, b, GRAD_FLOOR)
+
+
+def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: torch.device,
+            dtype: torch.dtype, strategy: str, seed: int, training: bool, call_kwargs: dict,
+            want_alpha: bool, beta: Optional[float] = None) -> None:
+    r"""Builds the native and the fused layer from ``ctor`` (same ``state_dict``),
+    runs the fused one in ``dtype`` on ``device`` and the native one in float64 on
+    the same (rounded) values, and checks the output, the attention weights and
+    every gradient against :data:`TOL`.
+
+    A result over the tolerance still passes when the native layer run in ``dtype``
+    misses the float64 result by at least a quarter as much (the case is
+    ill-conditioned, say a one-element output with cancellation, and the fused
+    layer is as accurate as PyG). A NaN or Inf never passes.
+
+    ``in_dims`` is ``(F_src, F_dst)`` (``F_dst`` ``None``: one feature matrix).
+    Training mode is used only without dropout (the two layers would draw
+    different masks); layers with dropout run in eval mode."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    native = native_cls(**ctor)
+    with torch.no_grad():  # no zero parameters (PyG initialises biases to zero)
+        for p in native.parameters():
+            p.add_(torch.randn(p.shape, generator=gen), alpha=0.3)
+        if beta is not None:
+            native.beta.fill_(beta)
+    fused = fused_cls(**ctor, strategy=strategy)
+    fused.load_state_dict(native.state_dict())
+    fused = fused.to(device=device, dtype=dtype)
+    train = training and not ctor.get("dropout", 0.0)
+
+    def native_in(dt):  # the native layer holding the fused layer's (rounded) values
+        layer = copy.deepcopy(native).to(device=device, dtype=dt)
+        layer.load_state_dict(fused.state_dict())
+        return layer.train(train)
+
+    fused.train(train)
+    f_src, f_dst = in_dims
+    xs = [torch.randn(graph.num_src, f_src, generator=gen)]
+    if f_dst is not None:
+        xs.append(torch.randn(graph.num_dst, f_dst, generator=gen))
+    xs = [x.to(device=device, dtype=dtype) for x in xs]
+    edge_index = graph.edge_index.to(device)
+
+    def run(layer, dt):
+        inputs = [x.to(dt).requires_grad_() for x in xs]
+        return _forward_backward(layer, inputs, edge_index, call_kwargs, want_alpha, seed,
+                                 dtype)
+
+    got = run(fused, dtype)
+    assert got["output"].dtype == dtype and got["output"].device.type == device.type
+    want = run(native_in(torch.float64), torch.float64)
+    assert got.keys() == want.keys(), f"results differ: {sorted(got)} vs {sorted(want)}"
+    if "edge_index" in got:
+        assert torch.equal(got.pop("edge_index"), want.pop("edge_index")), \
+            "returned edge_index differs"
+    errors = {k: _error(got[k], want[k]) for k in got}
+    tol = {k: TOL[dtype][k.startswith("grad")] for k in got}
+    bad = {k: e for k, e in errors.items() if not e < tol[k]}
+    if bad:  # is PyG itself that far off in this dtype?
+        same = run(native_in(dtype), dtype)
+        base = {k: _error(same[k], want[k]) for k in bad}
+        bad = {k: e for k, e in bad.items()
+               if not (e < float("inf") and e <= NATIVE_FACTOR * base[k])}
+        assert not bad, "; ".join(
+            f"{k}: rel. err. {e:.3g} >= {tol[k]:g} (native PyG in {dtype}: {base[k]:.3g})"
+            for k, e in bad.items())
+
+
+#: The property each family exists for (see :func:`_count`).
+FAMILY_PROPERTY = {"zero_edges": "E=0", "one_node": "N=1", "bipartite": "N_src!=N_dst",
+                   "empty_rows": "isolated dst", "super_node": "in-degree > 32",
+                   "duplicates": "duplicate edges", "self_loops": "self-loops",
+                   "batch": "isolated dst", "random": "E>0"}
+
+
+def _count(layer: str, graph: Graph, dtype: torch.dtype, strategy: str) -> None:
+    ei = graph.edge_index
+    deg = torch.bincount(ei[1], minlength=graph.num_dst)
+    props = {"E=0": ei.size(1) == 0, "E>0": ei.size(1) > 0,
+             "N=1": graph.num_src == graph.num_dst == 1,
+             "N_src!=N_dst": graph.num_src != graph.num_dst,
+             "isolated dst": bool((deg == 0).any()),
+             # more in-edges than a small graph's work item (rows split on the GPU)
+             "in-degree > 32": bool((deg > 32).any()),
+             "duplicate edges": torch.unique(ei, dim=1).size(1) < ei.size(1),
+             "self-loops": bool((ei[0] == ei[1]).any())}
+    keys = [k for k, hit in props.items() if hit] + [str(dtype), strategy, "cases"]
+    for key in keys:
+        DRAWN[layer, graph.family, key] += 1
+        hypothesis.event(key)
+
+
+def _run_case(layer: str, test: str, fuzz: Fuzz, case: dict, **kwargs) -> None:
+    note(_describe(layer, case))
+    _count(layer, case["graph"], case["dtype"], case["strategy"])
+    try:
+        compare(device=fuzz.device, dtype=case["dtype"], strategy=case["strategy"],
+                seed=case["graph_seed"], training=case["training"], graph=case["graph"],
+                **kwargs)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n  case: {_describe(layer, case)}\n  replay: pytest "
+            f"'tests/test_fuzz.py::{test}' --fuzz-profile={fuzz.name}") from None
+
+
+# ----------------------------------------------------------------------------- layers
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_transformer_conv(fuzz, family):
+    @fuzz("gt", family)
+    @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
+           f_src=st.integers(1, 10), f_dst=st.integers(1, 10), concat=st.booleans(),
+           beta=st.booleans(), root_weight=st.booleans(), bias=st.booleans(),
+           dropout=st.sampled_from([0.0, 0.3]), alpha=st.sampled_from([None, False, True]),
+           **common())
+    def case(**case):
+        graph = case["graph"]
+        bip = graph.num_src != graph.num_dst
+        ctor = dict(in_channels=(case["f_src"], case["f_dst"]) if bip else case["f_src"],
+                    out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
+                    beta=case["beta"], root_weight=case["root_weight"], bias=case["bias"],
+                    dropout=case["dropout"])
+        kwargs = {} if case["alpha"] is None else {"return_attention_weights": case["alpha"]}
+        _run_case("gt", f"test_fuzz_transformer_conv[{family}]", fuzz, case, native_cls=TransformerConv, fused_cls=FusedTransformerConv,
+                  ctor=ctor, in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  call_kwargs=kwargs, want_alpha=case["alpha"] is not None)
+
+    case()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_gat_conv(fuzz, family):
+    @fuzz("gat", family)
+    @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
+           f_src=st.integers(1, 10), f_dst=st.integers(1, 10), concat=st.booleans(),
+           negative_slope=st.sampled_from([0.2, 0.0, 0.01, 0.5, 1.0]),
+           add_self_loops=st.booleans(), bias=st.booleans(), residual=st.booleans(),
+           dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(), **common())
+    def case(**case):
+        graph = case["graph"]
+        bip = graph.num_src != graph.num_dst
+        ctor = dict(in_channels=(case["f_src"], case["f_dst"]) if bip else case["f_src"],
+                    out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
+                    negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
+                    bias=case["bias"], residual=case["residual"], dropout=case["dropout"])
+        _run_case("gat", f"test_fuzz_gat_conv[{family}]", fuzz, case, native_cls=GATConv, fused_cls=FusedGATConv, ctor=ctor,
+                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
+                  want_alpha=case["alpha"])
+
+    case()
+
+
+@pytest.mark.parametrize("family", SQUARE_FAMILIES)
+def test_fuzz_agnn_conv(fuzz, family):
+    @fuzz("agnn", family)
+    # AGNN with one channel: cos(x_i, x_j) is +-1, and the gradient through the
+    # normalisation is rounding noise amplified by 1 / |x_i| (in PyG too).
+    @given(graph=graphs(family), channels=out_channels(fuzz.device, smallest=2),
+           requires_grad=st.booleans(), add_self_loops=st.booleans(),
+           beta=st.sampled_from([1.0, 0.5, -1.5, 3.0]), **common(agnn_dtypes(fuzz.device)))
+    def case(**case):
+        ctor = dict(requires_grad=case["requires_grad"], add_self_loops=case["add_self_loops"])
+        _run_case("agnn", f"test_fuzz_agnn_conv[{family}]", fuzz, case, native_cls=AGNNConv, fused_cls=FusedAGNNConv, ctor=ctor,
+                  in_dims=(case["channels"], None), call_kwargs={}, want_alpha=False,
+                  beta=case["beta"])
+
+    case()
+
+
+def test_fuzz_coverage(fuzz):
+    """Each family test above drew the case it exists for (no edge, one node,
+    N_src != N_dst, a row longer than a work item, ...); a layer whose families all
+    ran drew every dtype and strategy."""
+    ran = sorted({key[:2] for key in DRAWN})
+    if not ran:
+        pytest.skip("run with the layer fuzz tests (it checks what they drew)")
+    layers = sorted({layer for layer, _ in ran})
+    total = {layer: sum(DRAWN[layer, f, "cases"] for f in FAMILIES) for layer in layers}
+    print(f"fuzz profile {fuzz.name!r} on {fuzz.device}: "
+          + ", ".join(f"{layer} {n} cases" for layer, n in total.items()))
+    missing = [f"{layer}/{family}: {FAMILY_PROPERTY[family]}" for layer, family in ran
+               if DRAWN[layer, family, FAMILY_PROPERTY[family]] == 0]
+    for layer in layers:
+        families = SQUARE_FAMILIES if layer == "agnn" else FAMILIES
+        dtypes = agnn_dtypes(fuzz.device) if layer == "agnn" else DTYPES
+        if all((layer, f) in ran for f in families):
+            for key in [str(d) for d in dtypes] + list(STRATEGIES):
+                if not sum(DRAWN[layer, f, key] for f in families):
+                    missing.append(f"{layer}: {key}")
+    assert not missing, f"never drawn: {missing}"
