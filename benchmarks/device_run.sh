@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test bench train" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test sanitize bench train" bash benchmarks/device_run.sh [pytest -k expr]
+# sanitize: benchmarks/sanitize.sh (every kernel path under memcheck, racecheck,
+# initcheck and synccheck, the four tools in parallel), logs in $OUT/sanitize.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -21,6 +23,13 @@ if has build; then
 fi
 if has test; then
   $PY -m pytest -m cuda -q -p no:cacheprovider tests/ ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+fi
+if has sanitize; then
+  for tool in memcheck racecheck initcheck synccheck; do
+    bash benchmarks/sanitize.sh "$OUT/sanitize" $tool > "$OUT/sanitize_$tool.txt" 2>&1 &
+  done
+  wait
+  cat "$OUT"/sanitize_*.txt
 fi
 if has testall; then
   $PY -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/pytest_all.log" | tail -15
