@@ -29,48 +29,58 @@ struct GilRelease {
   ~GilRelease() { PyEval_RestoreThread(state); }
 };
 
-// Converts args[i] for the schema's argument `arg`; false: a tensor subclass (the
-// caller returns NotImplemented).
-bool push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::jit::Stack& stack) {
+// What push_arg did with an argument.
+enum class Pushed { kOk, kSubclass, kError };
+
+// Raises TypeError through the C API, not a C++ exception: the argument checks
+// run before anything is allocated, so nothing needs unwinding, and a wrong call
+// raises the same way whichever torch the extension was built against.
+Pushed type_error(const char* op, const c10::Argument& arg, const char* want, PyObject* o) {
+  PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be %s, got %s", op, arg.name().c_str(),
+               want, Py_TYPE(o)->tp_name);
+  return Pushed::kError;
+}
+
+// Converts args[i] for the schema's argument `arg`; kSubclass: a tensor subclass
+// (the caller returns NotImplemented); kError: a Python error is set.
+Pushed push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::jit::Stack& stack) {
   c10::TypePtr type = arg.type();
   if (type->kind() == c10::TypeKind::OptionalType) {
     if (o == Py_None) {
       stack.emplace_back();
-      return true;
+      return Pushed::kOk;
     }
     type = type->castRaw<c10::OptionalType>()->getElementType();
   }
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
-      TORCH_CHECK_TYPE(THPVariable_Check(o), op, ": argument '", arg.name(),
-                       "' must be a Tensor, got ", Py_TYPE(o)->tp_name);
-      if (!THPVariable_CheckExact(o)) return false;
+      if (!THPVariable_Check(o)) return type_error(op, arg, "a Tensor", o);
+      if (!THPVariable_CheckExact(o)) return Pushed::kSubclass;
       stack.emplace_back(THPVariable_Unpack(o));
-      return true;
+      return Pushed::kOk;
     case c10::TypeKind::IntType: {
-      TORCH_CHECK_TYPE(PyLong_Check(o) && !PyBool_Check(o), op, ": argument '", arg.name(),
-                       "' must be an int, got ", Py_TYPE(o)->tp_name);
+      if (!PyLong_Check(o) || PyBool_Check(o)) return type_error(op, arg, "an int", o);
       const long long v = PyLong_AsLongLong(o);
-      if (v == -1 && PyErr_Occurred()) throw python_error();
+      if (v == -1 && PyErr_Occurred()) return Pushed::kError;
       stack.emplace_back(static_cast<int64_t>(v));
-      return true;
+      return Pushed::kOk;
     }
     case c10::TypeKind::FloatType: {
-      TORCH_CHECK_TYPE(PyFloat_Check(o) || PyLong_Check(o), op, ": argument '", arg.name(),
-                       "' must be a float, got ", Py_TYPE(o)->tp_name);
+      if (!PyFloat_Check(o) && !PyLong_Check(o)) return type_error(op, arg, "a float", o);
       const double v = PyFloat_AsDouble(o);
-      if (v == -1.0 && PyErr_Occurred()) throw python_error();
+      if (v == -1.0 && PyErr_Occurred()) return Pushed::kError;
       stack.emplace_back(v);
-      return true;
+      return Pushed::kOk;
     }
     case c10::TypeKind::BoolType:
-      TORCH_CHECK_TYPE(PyBool_Check(o), op, ": argument '", arg.name(),
-                       "' must be a bool, got ", Py_TYPE(o)->tp_name);
+      if (!PyBool_Check(o)) return type_error(op, arg, "a bool", o);
       stack.emplace_back(o == Py_True);
-      return true;
+      return Pushed::kOk;
     default:
-      TORCH_INTERNAL_ASSERT(false, op, ": argument '", arg.name(), "' has a type the direct "
-                            "entry does not convert: ", type->str());
+      PyErr_Format(PyExc_RuntimeError,
+                   "%s: argument '%s' has a type the direct entry does not convert: %s", op,
+                   arg.name().c_str(), type->str().c_str());
+      return Pushed::kError;
   }
 }
 
@@ -81,12 +91,18 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   HANDLE_TH_ERRORS
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(kOp, "");
   const auto& params = op.schema().arguments();
-  TORCH_CHECK_TYPE(static_cast<size_t>(nargs) == params.size(), kOp, ": takes ",
-                   params.size(), " positional arguments, got ", nargs);
+  if (static_cast<size_t>(nargs) != params.size()) {
+    PyErr_Format(PyExc_TypeError, "%s: takes %zu positional arguments, got %zd", kOp,
+                 params.size(), nargs);
+    return nullptr;
+  }
   torch::jit::Stack stack;
   stack.reserve(params.size());
-  for (Py_ssize_t i = 0; i < nargs; ++i)
-    if (!push_arg(args[i], params[i], kOp, stack)) Py_RETURN_NOTIMPLEMENTED;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    const Pushed p = push_arg(args[i], params[i], kOp, stack);
+    if (p == Pushed::kError) return nullptr;
+    if (p == Pushed::kSubclass) Py_RETURN_NOTIMPLEMENTED;
+  }
   {
     GilRelease no_gil;
     op.callBoxed(stack);
