@@ -121,8 +121,16 @@ def sample_batches(data: Data, num_seeds: int, fanouts: Sequence[int], num_batch
         plain = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
         loader = NeighborLoader(plain, num_neighbors=list(fanouts), input_nodes=pool,
                                 batch_size=num_seeds, shuffle=True, generator=gen)
-        name, it = "NeighborLoader", iter(loader)
-        draw = lambda: next(it)  # noqa: E731
+        name, its = "NeighborLoader", [iter(loader)]
+
+        def draw():
+            # A large seed count exhausts the training nodes within a few batches:
+            # start another epoch then.
+            try:
+                return next(its[0])
+            except StopIteration:
+                its[0] = iter(loader)
+                return next(its[0])
     else:
         sampler = getattr(data, "_stand_in_sampler", None)
         if sampler is None:  # its CSC is built once per dataset
