@@ -35,7 +35,8 @@ Each method's result has ``status``: ``ok``, ``error``, ``compile_failed`` or
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension):
 ``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
-(``--quick``: two small graphs, GT 1x128 fp32 only, short repeats; under a minute).
+(``--quick``: two small graphs, GT 1x128 fp32 only, fused-auto / PyG / compiled PyG /
+dense SDPA, short repeats; under a minute).
 """
 from __future__ import annotations
 
@@ -236,6 +237,7 @@ def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
     first line, "stage": ...})`` when compiling or the first call raised."""
     compile_fn = compile_fn or torch.compile
     res, stage = {}, "compile"
+    breaks = _graph_breaks()
     try:
         torch._dynamo.reset()
         cf = compile_fn(fn, dynamic=False)
@@ -256,7 +258,13 @@ def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
     finally:
         for t in leaves:
             t.grad = None
+    res["graph_breaks"] = _graph_breaks() - breaks
     return cf, res
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+    return sum(counters["graph_break"].values())
 
 
 #: Graphs of kind "full" (Cora, CiteSeer, PubMed) are host-bound: a call's time is
@@ -538,6 +546,8 @@ def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, comp
             cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32, base + native + sp + dn),
                           kw))
             if quick:
+                cases[-1] = ("gt", (name, ei, n, kind, 1, 128, torch.float32,
+                                    ["fused-auto"] + native + dn), kw)
                 continue
             cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32, base + native + dn), kw))
             cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
