@@ -1011,6 +1011,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
+    from benchmarks.kernels import cuda_context_ok
+
     device = torch.device(args.device)
     report: Dict[str, object] = {
         "info": _info(device, args, argv),
@@ -1065,6 +1067,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 row["impls"][impl] = _guarded(
                     lambda: train_impl(ds, model_name, impl, init_state, args, device, hp), device)
                 progress(row["impls"][impl])
+                if "error" in row["impls"][impl] and not cuda_context_ok(device):
+                    # a fault in generated code leaves the process without a usable GPU
+                    row["cuda_context_lost"] = impl
+                    break
             na, fu = row["impls"].get("native", {}), row["impls"].get("fused", {})
             if "step_ms" in na and "step_ms" in fu:
                 row["speedup"] = {
@@ -1080,6 +1086,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 # fused (eager) against the compiled native model: the yardstick
                 row["speedup_vs_compiled"] = {
                     p: nc[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
+            if row.get("cuda_context_lost"):
+                report["rows"].append(row)
+                save()
+                print(f"# {LABELS[dname]}/{model_name}/{row['cuda_context_lost']} left the CUDA "
+                      "context unusable (recorded); stopping: rerun the remaining datasets / "
+                      "models in a new process", file=sys.stderr)
+                break
             if graphed and ds.kind != "full":
                 row["cudagraph"] = {"skipped": CUDAGRAPH_SKIP}
             elif graphed:
@@ -1101,6 +1114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             report["rows"].append(row)
             save()
         del ds
+        if report["rows"] and report["rows"][-1].get("cuda_context_lost"):
+            break
     bar.close()
     info = report["info"]
     print(f"# e2e: {info['gpu']}, torch {info['torch']} (CUDA {info['cuda']}), "

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -262,6 +263,25 @@ def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
     return cf, res
 
 
+def cuda_context_ok(device) -> bool:
+    """Whether the CUDA context still works: a faulting kernel (a misaligned address
+    in generated code, say) leaves it unusable for the rest of the process."""
+    if torch.device(device).type != "cuda":
+        return True
+    try:
+        torch.ones(1, device=device).add_(1).item()
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def case_key(model, args) -> str:
+    """``model/graph/HxC/dtype``: what identifies a case across resumed runs."""
+    name, H, C, dtype = args[0], args[4], args[5], args[6]
+    return f"{model}/{name}/{H}x{C}/{str(dtype).split('.')[-1]}"
+
+
 def _graph_breaks() -> int:
     from torch._dynamo.utils import counters
     return sum(counters["graph_break"].values())
@@ -294,7 +314,7 @@ def measure_methods(fns, methods, g, leaves, kind, with_backward=True, compile_f
         else:
             res[m] = measure(fns[m], g, leaves, with_backward)
     inter = [m for m in ("fused-auto", "pyg", "pyg-compile") if m in res and "error" not in res[m]]
-    if kind != "full" or len(inter) < 2:
+    if kind != "full" or len(inter) < 2 or not cuda_context_ok(leaves[0].device):
         return res
     keys = [k for k in ("fwd_ms", "fwd_bwd_ms") if k in res[inter[0]]]
     rounds = {m: {k: [res[m][k]] for k in keys} for m in inter}
@@ -536,22 +556,24 @@ def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, comp
                 dense=True):
     """``[(model, run_case / run_score_case positional args, keyword args)]`` in run order."""
     base = ["fused-auto", "fused-smmf", "fused-pmf"]
-    native = [] if fused_only else ["pyg"] + (["pyg-compile"] if compiled else [])
+    native = [] if fused_only else ["pyg"]
+    # compiled last: a fault in generated code ends the CUDA context for what follows
+    cc = ["pyg-compile"] if compiled and not fused_only else []
     cases = []
     for name, (ei, n, kind, batch) in graphs.items():
         dn = ["dense-sdpa"] if dense and not fused_only and batch is not None else []
         kw = {"batch": batch}
         if "gt" in models:
             sp = ["sparse"] if sparse and not fused_only else []
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32, base + native + sp + dn),
-                          kw))
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32,
+                                 (["fused-auto"] if quick else base) + native
+                                 + ([] if quick else sp) + dn + cc), kw))
             if quick:
-                cases[-1] = ("gt", (name, ei, n, kind, 1, 128, torch.float32,
-                                    ["fused-auto"] + native + dn), kw)
                 continue
-            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32, base + native + dn), kw))
+            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32, base + native + dn + cc),
+                          kw))
             cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
-                                 ["fused-auto"] + native + dn), kw))
+                                 ["fused-auto"] + native + dn + cc), kw))
         skw = {"fused_only": fused_only, "compiled": compiled}
         if "gat" in models:
             cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32), skw))
@@ -587,6 +609,10 @@ def main(argv=None):
                     help="score functions to run: gt, gat, agnn (default: all; --quick: gt)")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the cases already in --out and run the others (the run "
+                         "restarts itself this way when a case leaves the CUDA context unusable)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
@@ -617,13 +643,33 @@ def main(argv=None):
     cases = build_cases(graphs, models, args.quick, args.fused_only, not args.no_sparse,
                         not args.no_compile, not args.no_dense)
     rows, score_rows = [], []
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as f:
+            done = json.load(f)
+        rows, score_rows = done.get("rows", []), done.get("score_rows", [])
+        prev = done.get("info", {})
+        info["resumed_from"] = prev.get("resumed_from", prev)  # the first run's info
+        have = {r["key"] for r in rows + score_rows if "key" in r}
+        cases = [c for c in cases if case_key(c[0], c[1]) not in have]
     for model, c, kw in tqdm(cases, desc="kernels", file=sys.stderr):
         if model == "gt":
             rows.append(run_case(*c, **kw))
         else:
             score_rows.append(run_score_case(model, *c, **kw))
+        row = (rows if model == "gt" else score_rows)[-1]
+        row["key"] = case_key(model, c)
+        lost = not cuda_context_ok(DEV)
+        if lost:
+            row["cuda_context_lost"] = True
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows, "score_rows": score_rows}, f, indent=1)
+        if lost:
+            print(f"# {row['key']} left the CUDA context unusable (recorded); restarting with "
+                  "--resume for the remaining cases", file=sys.stderr)
+            sys.stderr.flush()
+            sys.stdout.flush()
+            rest = [a for a in argv if a != "--resume"] + ["--resume"]
+            os.execv(sys.executable, [sys.executable, "-m", "benchmarks.kernels", *rest])
     if score_rows:
         print(fmt_score_table(score_rows))
     print(fmt_table(rows))

@@ -161,8 +161,12 @@ def test_quick_cases(kb):
     cases = kb.build_cases(graphs, ["gt"], quick=True)
     assert [(c[0], c[1][0], c[1][4], c[1][5], c[1][6]) for c in cases] == [
         ("gt", "PATTERN", 1, 128, torch.float32), ("gt", "power-law-5K", 1, 128, torch.float32)]
-    assert cases[0][1][7] == ["fused-auto", "pyg", "pyg-compile", "dense-sdpa"]
+    # the compiled method last: a fault in generated code would end the CUDA context
+    assert cases[0][1][7] == ["fused-auto", "pyg", "dense-sdpa", "pyg-compile"]
     assert cases[1][1][7] == ["fused-auto", "pyg", "pyg-compile"]
+    assert [kb.case_key(c[0], c[1]) for c in cases] == ["gt/PATTERN/1x128/float32",
+                                                       "gt/power-law-5K/1x128/float32"]
+    assert kb.cuda_context_ok("cpu")
     assert all("pyg-compile" in c[1][7] for c in cases)
     full = kb.build_cases(graphs, ["gt", "gat", "agnn"], compiled=False)
     assert len(full) == 2 * (3 + 2 + 1)
