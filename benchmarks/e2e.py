@@ -69,6 +69,9 @@ with the other warm-up steps); a compiler failure is recorded as ``{"status":
 ``speedup_vs_compiled`` (compiled native time / fused eager time: step, forward,
 backward). Evaluation runs the module eagerly.
 
+TF32 in fp32 matmuls is set explicitly for every impl (``--tf32``; off by default)
+and recorded in ``info`` (``allow_tf32``).
+
 The optimizer is Adam, ``--adam fused`` (default on CUDA) or ``foreach``
 (default on CPU), the same for both implementations and both modes.
 
@@ -905,6 +908,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(ALL_IMPLS)}; *_compile is the "
                         "whole model under torch.compile, eager mode only (default: "
                         "native,fused,native_compile on CUDA; native,fused on CPU)")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of the *_compile impls (default: inductor)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -1011,11 +1016,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
-    from benchmarks.kernels import cuda_context_ok
+    from benchmarks.kernels import cuda_context_ok, set_matmul_precision
 
     device = torch.device(args.device)
     report: Dict[str, object] = {
-        "info": _info(device, args, argv),
+        "info": {**_info(device, args, argv), **set_matmul_precision(args.tf32)},
         "config": {k: getattr(args, k) for k in (
             "datasets", "models", "impls", "mode", "adam", "epochs", "full_epochs", "warmup",
             "train_graphs", "test_graphs", "batch_size", "hidden", "heads", "gt_layers",

@@ -41,6 +41,7 @@ def test_json_structure(quick, e2e):
                 "date", "quick"):
         assert key in info
     assert info["device"] == "cpu" and info["quick"] is True and info["cuda_kernels"] is False
+    assert info["allow_tf32"] is False and info["float32_matmul_precision"] == "highest"
     assert on_disk["config"]["batch_size"] == 32 and on_disk["config"]["train_graphs"] == 64
     assert on_disk["config"]["adam"] == "foreach" and on_disk["config"]["mode"] == "eager"
     (row,) = on_disk["rows"]
@@ -337,3 +338,19 @@ def test_compile_failure_recorded(e2e, tmp_path):
     assert "step_ms" in row["impls"]["fused"] and "speedup_vs_compiled" not in row
     text = e2e.format_tables(report)
     assert "cfail" in text and "native_compile: compile failed" in text
+
+
+@pytest.mark.cuda
+def test_compiled_native_cuda(e2e, tmp_path):
+    """native_compile with inductor on the GPU (in the default impls there): it trains
+    the same function as native and fused gets a speedup over it."""
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gt", "--dropout", "0",
+                       "--epochs", "1", "--device", "cuda", "--no-progress",
+                       "--out", str(tmp_path / "e.json")])
+    assert report["config"]["impls"] == ["native", "fused", "native_compile"]
+    for row in report["rows"]:
+        nc, na = row["impls"]["native_compile"], row["impls"]["native"]
+        assert nc["status"] == "ok", nc
+        assert nc["compile_ms"] > 0 and nc["compile"]["backend"] == "inductor"
+        assert nc["first_loss"] == pytest.approx(na["first_loss"], rel=1e-4)
+        assert row["speedup_vs_compiled"]["step"] > 0
