@@ -37,6 +37,11 @@ Usage, from the repository root (needs a CUDA GPU and the compiled extension):
 ``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
 (``--quick``: two small graphs, GT 1x128 fp32 only, fused-auto / PyG / compiled PyG /
 dense SDPA, short repeats; under a minute).
+
+The JSON is rewritten after every case and ``--resume`` runs only the cases it lacks
+(keyed model / graph / HxC / dtype), so a long run can be split, e.g. ``--models gt``
+then ``--models gat,agnn --resume`` with the same ``--out``: compiling PyG afresh for
+every case makes the full grid take many minutes (``compile_*_s`` in the JSON).
 """
 from __future__ import annotations
 
