@@ -1007,7 +1007,10 @@ def _guarded(fn, device: torch.device) -> Dict[str, object]:
         return {"error": _chain(e)[0]}
     finally:
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001  (a lost context is recorded by the caller)
+                pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:

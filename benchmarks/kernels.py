@@ -228,6 +228,16 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
+def _free_cache(leaves):
+    """Returns cached blocks after a failure; a no-op where the failure left the CUDA
+    context unusable (the caller records that, see :func:`cuda_context_ok`)."""
+    if leaves and leaves[0].is_cuda:
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _sync(leaves):
     if leaves and leaves[0].is_cuda:
         torch.cuda.synchronize()
@@ -258,8 +268,7 @@ def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
             _sync(leaves)
             res[f"compile_{stage}_s"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001  (a compiler failure is a result, not a crash)
-        if leaves and leaves[0].is_cuda:
-            torch.cuda.empty_cache()
+        _free_cache(leaves)
         return None, {"status": "compile_failed", "error": _first_line(e), "stage": stage}
     finally:
         for t in leaves:
@@ -363,8 +372,7 @@ def measure(f, g, leaves, with_backward=True, peak=True):
             r["fwd_bwd_ms"] = bench(fb)
     except Exception as e:  # noqa: BLE001  (recorded: a benchmark that could not run says so)
         r["error"] = _first_line(e)
-        if leaves[0].is_cuda:
-            torch.cuda.empty_cache()
+        _free_cache(leaves)
     for t in leaves:
         t.grad = None
     r["status"] = "error" if "error" in r else "ok"
