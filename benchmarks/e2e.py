@@ -58,6 +58,20 @@ Two modes (``--mode``; default ``both`` on CUDA, ``eager`` on CPU):
   every replay) and accuracy (evaluated eagerly, ``model.eval()``, no grad). A
   failed capture is recorded as ``{"error": "capture failed: ..."}``.
 
+**Compiled** impls (eager mode only): ``native_compile`` (in the default impls on
+CUDA) and ``fused_compile`` train the same model under ``torch.compile`` (whole
+model, default mode, ``--compile-backend``; static shapes on a full graph,
+``dynamic=True`` on a batch dataset, whose every step is a new graph size; the
+compiler's caches reset first). The first step's forward + backward wall time,
+tracing and code generation included, is ``compile_ms`` (left out of the medians
+with the other warm-up steps); a compiler failure is recorded as ``{"status":
+"compile_failed", "error": "compile failed: ..."}``, not raised. Rows get
+``speedup_vs_compiled`` (compiled native time / fused eager time: step, forward,
+backward). Evaluation runs the module eagerly.
+
+TF32 in fp32 matmuls is set explicitly for every impl (``--tf32``; off by default)
+and recorded in ``info`` (``allow_tf32``).
+
 The optimizer is Adam, ``--adam fused`` (default on CUDA) or ``foreach``
 (default on CPU), the same for both implementations and both modes.
 
@@ -115,6 +129,9 @@ from torch import Tensor, nn
 DATASETS = ("pattern", "cluster", "cora", "citeseer", "pubmed")
 MODELS = ("gt", "gat", "agnn")
 IMPLS = ("native", "fused")
+#: The same models under ``torch.compile`` (whole model; eager mode only).
+COMPILED_IMPLS = ("native_compile", "fused_compile")
+ALL_IMPLS = IMPLS + COMPILED_IMPLS
 PHASES = ("preprocess", "forward", "backward", "optimizer")
 LABELS = {"pattern": "PATTERN", "cluster": "CLUSTER", "cora": "Cora", "citeseer": "CiteSeer",
           "pubmed": "PubMed"}
@@ -131,7 +148,9 @@ CUDAGRAPH_SKIP = "cudagraph mode applies to full graphs (static shapes)"
 
 # ----------------------------------------------------------------------- models
 def conv_classes(impl: str) -> Dict[str, type]:
-    """``{"gt": TransformerConv-like, "gat": ..., "agnn": ...}`` of ``impl``."""
+    """``{"gt": TransformerConv-like, "gat": ..., "agnn": ...}`` of ``impl`` (a
+    ``*_compile`` impl uses the classes of its eager counterpart)."""
+    impl = base_impl(impl)
     if impl == "native":
         from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
         return {"gt": TransformerConv, "gat": GATConv, "agnn": AGNNConv}
@@ -139,6 +158,11 @@ def conv_classes(impl: str) -> Dict[str, type]:
         from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
         return {"gt": FusedTransformerConv, "gat": FusedGATConv, "agnn": FusedAGNNConv}
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def base_impl(impl: str) -> str:
+    """``"native"`` / ``"fused"``: the conv classes an impl (compiled or not) uses."""
+    return impl[:-len("_compile")] if impl.endswith("_compile") else impl
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
@@ -221,7 +245,7 @@ def build_model(model: str, impl: str, in_channels: int, out_channels: int, args
     order for both implementations. ``conv_kw`` goes to every attention conv (the
     cudagraph mode passes ``add_self_loops=False`` to native GAT / AGNN)."""
     conv = conv_classes(impl)[model]
-    kw = {"strategy": args.strategy} if impl == "fused" else {}
+    kw = {"strategy": args.strategy} if base_impl(impl) == "fused" else {}
     kw.update(conv_kw or {})
     if model == "gt":
         return GTNet(conv, in_channels, args.hidden, out_channels, args.heads, args.gt_layers,
@@ -412,6 +436,22 @@ class CaptureError(RuntimeError):
     """``torch.cuda.graph`` capture of a training step failed."""
 
 
+class CompileError(RuntimeError):
+    """``torch.compile`` of a model failed in its first training step (tracing, the
+    backend, or the generated code's first run)."""
+
+
+def compile_model(model: nn.Module, ds, args) -> nn.Module:
+    r"""``torch.compile(model)`` with ``--compile-backend``, default mode: static shapes
+    (``dynamic=False``) on a full graph, whose shapes never change; ``dynamic=True``
+    on a batch dataset, whose every step is a new graph size (static shapes would
+    recompile every step until dynamo's recompile limit, then run eagerly). The
+    compiler's caches are reset first, so no earlier run's graphs count against
+    that limit."""
+    torch._dynamo.reset()
+    return torch.compile(model, dynamic=ds.kind != "full", backend=args.compile_backend)
+
+
 def _chain(e: BaseException) -> List[str]:
     """First line of ``e`` and of every exception it was raised from / during,
     outermost first."""
@@ -469,6 +509,10 @@ def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> 
     model.load_state_dict(init_state)
     model.to(device).train()
     opt = make_optimizer(model, hp, args)
+    compiled = impl in COMPILED_IMPLS
+    # the compiled model trains; evaluation (untimed) runs the same module eagerly
+    step_model = compile_model(model, ds, args) if compiled else model
+    compile_ms = None
     loops = SELF_LOOPS[model_name]
     mem0 = _memory_baseline(device)
     _seed(args.seed + 1)  # same dropout masks for both implementations
@@ -484,18 +528,25 @@ def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> 
             n = st.x.size(0)
             _sync(device)
             t0 = time.perf_counter()
-            if impl == "fused":
+            if base_impl(impl) == "fused":
                 get_layout(st.edge_index, (n, n), add_self_loops=loops)
                 _sync(device)
             t1 = time.perf_counter()
-            out = model(st.x, st.edge_index)
-            loss = F.cross_entropy(out if st.mask is None else out[st.mask],
-                                   st.y if st.mask is None else st.y[st.mask])
-            _sync(device)
-            t2 = time.perf_counter()
-            loss.backward()
-            _sync(device)
+            try:
+                out = step_model(st.x, st.edge_index)
+                loss = F.cross_entropy(out if st.mask is None else out[st.mask],
+                                       st.y if st.mask is None else st.y[st.mask])
+                _sync(device)
+                t2 = time.perf_counter()
+                loss.backward()
+                _sync(device)
+            except Exception as e:
+                if compiled and compile_ms is None:
+                    raise CompileError(_chain(e)[0]) from e
+                raise
             t3 = time.perf_counter()
+            if compiled and compile_ms is None:
+                compile_ms = (t3 - t1) * 1e3
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(device)
@@ -516,14 +567,21 @@ def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> 
                        "train_acc": statistics.fmean(ep_acc), **ev})
         best = _better(ds, ev, best, epoch)
     res: Dict[str, object] = {f"{p}_ms": _median(times[p]) for p in PHASES}
-    if impl == "native":
+    fused = base_impl(impl) == "fused"
+    if not fused:
         res["preprocess_ms"] = 0.0  # nothing to build: PyG works on edge_index directly
     summary = _timed_run_summary(ds, losses, epochs, best, times["step"], step_i, device, mem0)
     res["step_ms"] = summary.pop("step_ms")
     res["sum_ms"] = sum(res[f"{p}_ms"] for p in PHASES)
-    res["preprocess_first_ms"] = first_pre if impl == "fused" else 0.0
+    res["preprocess_first_ms"] = first_pre if fused else 0.0
+    if compiled:
+        # the first step's forward + backward: tracing and code generation included
+        res["compile_ms"] = compile_ms
+        res["compile"] = {"dynamic": ds.kind != "full", "mode": "default",
+                          "backend": str(args.compile_backend)}
+    res["status"] = "ok"
     res.update(summary)
-    del model, opt
+    del model, opt, step_model
     return res
 
 
@@ -709,7 +767,9 @@ def format_tables(report: Dict[str, object]) -> str:
     r"""One table per model in the layout of the paper's Table 2: ``fused (native)``
     per dataset. Eager phases when eager results exist; then, when any row has a
     ``cudagraph`` key, the captured step time, its speedup, capture time and test
-    accuracy (``skipped`` for batch datasets, ``err`` for a failed run)."""
+    accuracy (``skipped`` for batch datasets, ``err`` for a failed run); then, for
+    the compiled impls present, their step, forward / backward and compile time
+    (``cfail``: the compiler failed) and fused's speedup over compiled native."""
     out = []
     rows = report["rows"]
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -748,6 +808,28 @@ def format_tables(report: Dict[str, object]) -> str:
                                          for r in mrows])
             lines.append(["Final loss"] + [cell(r, lambda d: _f(d.get("final_loss"), "{:.3f}"))
                                            for r in mrows])
+        for impl, label in (("native_compile", "native"), ("fused_compile", "fused")):
+            if not any(impl in r.get("impls", {}) for r in mrows):
+                continue
+
+            def one(r, fn, impl=impl):
+                d = r.get("impls", {}).get(impl)
+                if d is None:
+                    return "-"
+                return "cfail" if d.get("status") == "compile_failed" else \
+                    "err" if "error" in d else fn(d)
+            lines.append([f"Compiled {label}: step"] + [one(r, lambda d: _f(d.get("step_ms")))
+                                                        for r in mrows])
+            lines.append([f"Compiled {label}: fwd / bwd"]
+                         + [one(r, lambda d: f"{_f(d.get('forward_ms'))} / "
+                                             f"{_f(d.get('backward_ms'))}") for r in mrows])
+            lines.append([f"Compiled {label}: compile s"]
+                         + [one(r, lambda d: _f((d.get("compile_ms") or float("nan")) / 1e3,
+                                                "{:.1f}")) for r in mrows])
+            if impl == "native_compile":
+                lines.append(["Speedup vs compiled native"]
+                             + [_f(r.get("speedup_vs_compiled", {}).get("step"), "{:.2f}x")
+                                for r in mrows])
         if any("cudagraph" in r for r in mrows):
             lines.append(["CUDA graph: step (median)"]
                          + [cg_cell(r, lambda d: _f(d.get("step_ms"))) for r in mrows])
@@ -776,7 +858,7 @@ def format_tables(report: Dict[str, object]) -> str:
         errors = [f"  {r['dataset']} {mode}/{impl}: {group[impl]['error']}"
                   for r in mrows for mode, group in (("eager", r.get("impls", {})),
                                                      ("cudagraph", r.get("cudagraph") or {}))
-                  for impl in IMPLS
+                  for impl in ALL_IMPLS
                   if isinstance(group.get(impl), dict) and "error" in group[impl]]
         if errors:
             out.append("errors:")
@@ -822,8 +904,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(DATASETS)} (default: all)")
     p.add_argument("--models", default=",".join(MODELS),
                    help="comma-separated subset of gt,gat,agnn (default: all)")
-    p.add_argument("--impls", default=",".join(IMPLS),
-                   help="native,fused (default: both)")
+    p.add_argument("--impls", default=None,
+                   help=f"comma-separated subset of {','.join(ALL_IMPLS)}; *_compile is the "
+                        "whole model under torch.compile, eager mode only (default: "
+                        "native,fused,native_compile on CUDA; native,fused on CPU)")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend of the *_compile impls (default: inductor)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--mode", choices=("eager", "cudagraph", "both"), default=None,
                    help="eager training steps, captured CUDA-graph steps (full graphs only), or "
@@ -873,9 +961,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, key, quick if args.quick else full)
     args.datasets = [d.strip().lower() for d in args.datasets.split(",") if d.strip()]
     args.models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        cuda = torch.device(args.device).type == "cuda"
+    except RuntimeError as e:
+        p.error(f"--device: {e}")
+    if args.impls is None:
+        args.impls = ",".join(IMPLS + (("native_compile",) if cuda else ()))
     args.impls = [i.strip().lower() for i in args.impls.split(",") if i.strip()]
     for name, vals, ok in (("--datasets", args.datasets, DATASETS),
-                           ("--models", args.models, MODELS), ("--impls", args.impls, IMPLS)):
+                           ("--models", args.models, MODELS), ("--impls", args.impls, ALL_IMPLS)):
         bad = [v for v in vals if v not in ok]
         if bad or not vals:
             p.error(f"{name}: unknown {bad or 'empty list'}; choose from {','.join(ok)}")
@@ -883,12 +979,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--hidden must be divisible by --heads")
     if args.epochs < 1 or args.full_epochs < 1:
         p.error("--epochs and --full-epochs must be >= 1")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        cuda = torch.device(args.device).type == "cuda"
-    except RuntimeError as e:
-        p.error(f"--device: {e}")
     if args.mode is None:
         args.mode = "both" if cuda else "eager"
     if args.mode != "eager" and not cuda:
@@ -908,13 +998,19 @@ def _guarded(fn, device: torch.device) -> Dict[str, object]:
         return fn()
     except CaptureError as e:
         return {"error": f"capture failed: {e}", "error_chain": _chain(e.__cause__)}
+    except CompileError as e:
+        return {"status": "compile_failed", "error": f"compile failed: {e}",
+                "error_chain": _chain(e.__cause__)}
     except Exception as e:  # noqa: BLE001  (recorded, not dropped)
         if not (_is_oom(e) or device.type == "cuda"):
             raise
         return {"error": _chain(e)[0]}
     finally:
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001  (a lost context is recorded by the caller)
+                pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -923,13 +1019,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
+    from benchmarks.kernels import cuda_context_ok, set_matmul_precision
+
     device = torch.device(args.device)
     report: Dict[str, object] = {
-        "info": _info(device, args, argv),
+        "info": {**_info(device, args, argv), **set_matmul_precision(args.tf32)},
         "config": {k: getattr(args, k) for k in (
             "datasets", "models", "impls", "mode", "adam", "epochs", "full_epochs", "warmup",
             "train_graphs", "test_graphs", "batch_size", "hidden", "heads", "gt_layers",
-            "gat_layers", "norm", "dropout", "lr", "weight_decay", "strategy", "seed")},
+            "gat_layers", "norm", "dropout", "lr", "weight_decay", "strategy", "seed",
+            "compile_backend")},
         "rows": [],
     }
     if "cudagraph" in args.modes:
@@ -945,8 +1044,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
     eager = "eager" in args.modes
     graphed = "cudagraph" in args.modes
-    per_row = len(args.impls)
-    runs = sum(per_row * (eager + (graphed and d not in ("pattern", "cluster")))
+    graph_impls = [i for i in args.impls if i in IMPLS]  # captured: the eager models only
+    runs = sum(len(args.impls) * eager
+               + len(graph_impls) * (graphed and d not in ("pattern", "cluster"))
                for d in args.datasets for _ in args.models)
     bar = tqdm(total=runs, desc="e2e", disable=args.no_progress, file=sys.stderr,
                dynamic_ncols=True)
@@ -975,6 +1075,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 row["impls"][impl] = _guarded(
                     lambda: train_impl(ds, model_name, impl, init_state, args, device, hp), device)
                 progress(row["impls"][impl])
+                if "error" in row["impls"][impl] and not cuda_context_ok(device):
+                    # a fault in generated code leaves the process without a usable GPU
+                    row["cuda_context_lost"] = impl
+                    break
             na, fu = row["impls"].get("native", {}), row["impls"].get("fused", {})
             if "step_ms" in na and "step_ms" in fu:
                 row["speedup"] = {
@@ -985,11 +1089,23 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 }
                 if na.get("peak_MB") and fu.get("peak_MB"):
                     row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
+            nc = row["impls"].get("native_compile", {})
+            if "step_ms" in nc and "step_ms" in fu:
+                # fused (eager) against the compiled native model: the yardstick
+                row["speedup_vs_compiled"] = {
+                    p: nc[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
+            if row.get("cuda_context_lost"):
+                report["rows"].append(row)
+                save()
+                print(f"# {LABELS[dname]}/{model_name}/{row['cuda_context_lost']} left the CUDA "
+                      "context unusable (recorded); stopping: rerun the remaining datasets / "
+                      "models in a new process", file=sys.stderr)
+                break
             if graphed and ds.kind != "full":
                 row["cudagraph"] = {"skipped": CUDAGRAPH_SKIP}
             elif graphed:
                 cg: Dict[str, object] = {}
-                for impl in args.impls:
+                for impl in graph_impls:
                     bar.set_description(f"e2e {LABELS[dname]}/{model_name}/{impl}/cudagraph")
                     cg[impl] = _guarded(lambda: train_impl_cudagraph(
                         ds, model_name, impl, init_state, args, device, hp), device)
@@ -999,13 +1115,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                     cg["speedup"] = {"step": gn["step_ms"] / gf["step_ms"]}
                 # how much capture saves each implementation against its eager step
                 cg["vs_eager"] = {impl: row["impls"][impl]["step_ms"] / cg[impl]["step_ms"]
-                                  for impl in args.impls
+                                  for impl in graph_impls
                                   if "step_ms" in row["impls"].get(impl, {})
                                   and "step_ms" in cg[impl]}
                 row["cudagraph"] = cg
             report["rows"].append(row)
             save()
         del ds
+        if report["rows"] and report["rows"][-1].get("cuda_context_lost"):
+            break
     bar.close()
     info = report["info"]
     print(f"# e2e: {info['gpu']}, torch {info['torch']} (CUDA {info['cuda']}), "

@@ -6,6 +6,14 @@ of
 
 * ``fused-auto`` / ``fused-smmf`` / ``fused-pmf``: :func:`pyg_dfgnn.ops.gt_attention`,
 * ``pyg``: native ``TransformerConv.propagate`` on the same q / k / v,
+* ``pyg-compile``: the same message passing under ``torch.compile`` (``dynamic=False``,
+  default mode, compiled afresh per graph and configuration): the first call's wall
+  time is reported as ``compile_fwd_s`` / ``compile_fwd_bwd_s`` and left out of the
+  timings; a compiler failure is recorded as ``status: "compile_failed"`` with the
+  exception's first line,
+* ``dense-sdpa`` (batch graphs, GT): ``to_dense_batch`` of q / k / v +
+  ``scaled_dot_product_attention`` with the adjacency mask (:func:`dense_sdpa`),
+  checked against ``fused-auto`` once before timing,
 * ``sparse``: ``torch.sparse.sampled_addmm`` -> sparse softmax -> ``spmm`` per head
   (the role DGL-sparse plays in the paper),
 
@@ -20,14 +28,27 @@ GAT (additive) and AGNN (cosine) rows compare the fused op with native
 ``GATConv`` (``edge_updater`` + ``propagate``) and ``AGNNConv.propagate`` on the same
 per-node tensors (``score_rows`` in the JSON).
 
+Every method runs under the same matmul precision (``--tf32``, off by default:
+``torch.backends.cuda.matmul.allow_tf32`` is set explicitly and recorded in ``info``).
+Each method's result has ``status``: ``ok``, ``error``, ``compile_failed`` or
+``mismatch`` (dense SDPA disagreeing with the fused result).
+
 Usage, from the repository root (needs a CUDA GPU and the compiled extension):
 ``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
+(``--quick``: two small graphs, GT 1x128 fp32 only, fused-auto / PyG / compiled PyG /
+dense SDPA, short repeats; under a minute).
+
+The JSON is rewritten after every case and ``--resume`` runs only the cases it lacks
+(keyed model / graph / HxC / dtype), so a long run can be split, e.g. ``--models gt``
+then ``--models gat,agnn --resume`` with the same ``--out``: compiling PyG afresh for
+every case makes the full grid take many minutes (``compile_*_s`` in the JSON).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -44,9 +65,27 @@ DEV = "cuda"
 ACCUMULATE_GRADS = False
 
 
-def bench(fn, warmup_ms=25, rep_ms=150):
+#: ``(warmup_ms, rep_ms)`` of :func:`bench`; ``--quick`` shortens them.
+REPEATS = (25, 150)
+QUICK_REPEATS = (10, 40)
+#: Methods timed under ``torch.compile`` (their eager function, compiled per case).
+COMPILED = {"pyg-compile": "pyg"}
+
+
+def bench(fn, warmup_ms=None, rep_ms=None):
     import triton.testing
-    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=warmup_ms or REPEATS[0], rep=rep_ms or REPEATS[1],
+                                   return_mode="median")
+
+
+def set_matmul_precision(allow_tf32: bool) -> dict:
+    """Sets TF32 for fp32 matmuls / convolutions explicitly (the same for every method)
+    and returns the settings for the JSON's ``info``."""
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    return {"allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
 def copy_bandwidth():
@@ -64,39 +103,52 @@ def autograd_floor():
 
 
 def load_graphs(quick: bool):
-    """name -> (edge_index on GPU, num_nodes, kind)."""
-    from benchmarks import datasets
+    """name -> (edge_index on GPU, num_nodes, kind, batch vector on GPU or None).
+    ``quick``: a 128-graph PATTERN batch and a 5K-node power-law graph (generated,
+    no data files)."""
     out = {}
     nb = 128 if quick else 1024
-    for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER")):
+    for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER"))[:1 if quick else 2]:
         ei, batch, _, _ = generators.sbm_batch(kind, nb, seed=0)
-        out[name] = (ei, batch.numel(), "batch")
+        out[name] = (ei, batch.numel(), "batch", batch)
+    if quick:
+        out["power-law-5K"] = (generators.power_law_graph(5_000, 100, 2_000, 0, DEV), 5_000,
+                               "super", None)
+        return _to_dev(out)
+    from benchmarks import datasets
     for kind, name in (("mnist", "MNIST"), ("cifar10", "CIFAR10"), ("coco_sp", "COCO-SP")):
         ei, batch = generators.knn_batch(kind, nb, seed=0)
-        out[name] = (ei, batch.numel(), "batch")
+        out[name] = (ei, batch.numel(), "batch", batch)
     for name in ("Cora", "CiteSeer"):
         d = datasets.planetoid(name)
-        out[name] = (d.edge_index, d.num_nodes, "full")
+        out[name] = (d.edge_index, d.num_nodes, "full", None)
     d = datasets.pubmed_graph()
-    out["PubMed"] = (d.edge_index, d.num_nodes, "full")
+    out["PubMed"] = (d.edge_index, d.num_nodes, "full", None)
     d = datasets.musae_github()
-    out["GitHub"] = (d.edge_index, d.num_nodes, "super")
-    if not quick:
-        # Reddit-, Protein- and ppa-like: paper avg/max in-degree, fewer nodes to fit native PyG.
-        out["Reddit-like"] = (generators.power_law_graph(30_000, 492, 21_657, 0, DEV), 30_000, "super")
-        out["Protein-like"] = (generators.power_law_graph(20_000, 597, 7_750, 1, DEV), 20_000, "super")
-        out["ppa-like"] = (generators.power_law_graph(100_000, 74, 3_241, 2, DEV), 100_000, "super")
-    return {k: (v[0].to(DEV), v[1], v[2]) for k, v in out.items()}
+    out["GitHub"] = (d.edge_index, d.num_nodes, "super", None)
+    # Reddit-, Protein- and ppa-like: paper avg/max in-degree, fewer nodes to fit native PyG.
+    out["Reddit-like"] = (generators.power_law_graph(30_000, 492, 21_657, 0, DEV), 30_000, "super",
+                          None)
+    out["Protein-like"] = (generators.power_law_graph(20_000, 597, 7_750, 1, DEV), 20_000,
+                           "super", None)
+    out["ppa-like"] = (generators.power_law_graph(100_000, 74, 3_241, 2, DEV), 100_000, "super",
+                       None)
+    return _to_dev(out)
 
 
-def native_conv(H, C):
+def _to_dev(graphs):
+    return {k: (ei.to(DEV), n, kind, None if b is None else b.to(DEV))
+            for k, (ei, n, kind, b) in graphs.items()}
+
+
+def native_conv(H, C, device=DEV):
     from torch_geometric.nn import TransformerConv
-    return TransformerConv(H * C, C, heads=H).to(DEV)
+    return TransformerConv(H * C, C, heads=H).to(device)
 
 
 def sparse_pipeline(lay, q, k, v, scale):
     """Unfused: SDDMM (sampled_addmm) -> sparse softmax -> SpMM, one head at a time."""
-    vals = torch.ones(lay.num_edges, device=DEV, dtype=q.dtype)
+    vals = torch.ones(lay.num_edges, device=q.device, dtype=q.dtype)
     A = torch.sparse_csr_tensor(lay.rowptr.long(), lay.col.long(), vals, (lay.num_dst, lay.num_src))
     outs = []
     for h in range(q.size(1)):
@@ -104,6 +156,149 @@ def sparse_pipeline(lay, q, k, v, scale):
         P = torch.sparse.softmax(S.to_sparse_coo(), dim=1)
         outs.append(torch.sparse.mm(P, v[:, h]))
     return torch.stack(outs, 1)
+
+
+class DenseBatch:
+    r"""What :func:`dense_sdpa` needs of a batch of graphs, built once per graph like
+    the fused layout: ``B`` graphs padded to ``max_nodes``, ``mask`` ``[B, 1, M, M]``
+    (query = destination, key = source; boolean, or the log of the edge multiplicity
+    when the graph has duplicate edges so that each copy counts, as in message
+    passing), ``index`` ``[N]`` of each node in the padded ``[B * M]`` rows and
+    ``has_in`` ``[N, 1, 1]`` (1 where the node has an in-neighbour).
+
+    A row without any allowed key (a node without in-neighbours, or padding) makes
+    SDPA's softmax 0 / 0 = NaN, and a NaN in the forward spreads through its backward
+    to every key. Such rows attend to themselves instead (a finite dummy row) and
+    their output is multiplied by ``has_in = 0``, so they output 0 and pass no
+    gradient, as in message passing."""
+
+    def __init__(self, edge_index, batch, num_nodes):
+        from torch_geometric.utils import to_dense_adj, to_dense_batch
+        self.batch = batch
+        self.B = int(batch.max()) + 1
+        self.max_nodes = int(torch.bincount(batch, minlength=self.B).max())
+        adj = to_dense_adj(edge_index, batch, max_num_nodes=self.max_nodes, batch_size=self.B)
+        adj = adj.transpose(1, 2)  # [B, dst, src]
+        has_in = adj.sum(-1) > 0
+        dummy = torch.eye(self.max_nodes, dtype=torch.bool, device=adj.device) & ~has_in[..., None]
+        if bool((adj > 1).any()):
+            self.mask = adj.log().masked_fill(dummy, 0.0)[:, None]
+        else:
+            self.mask = ((adj > 0) | dummy)[:, None]
+        _, real = to_dense_batch(batch.new_zeros(num_nodes, 1), batch, batch_size=self.B,
+                                 max_num_nodes=self.max_nodes)
+        self.index = real.view(-1).nonzero().view(-1)
+        self.has_in = has_in.view(-1)[self.index].view(-1, 1, 1)
+
+
+def dense_sdpa(dense: DenseBatch, q, k, v):
+    r"""``[N, H, C]`` attention of each node over its in-neighbours (the function of
+    :func:`pyg_dfgnn.ops.gt_attention`, scale ``1 / sqrt(C)``) computed densely per
+    graph: ``to_dense_batch`` of q / k / v, ``scaled_dot_product_attention`` with the
+    adjacency mask, back to ``[N, H, C]``; nodes without in-neighbours output 0."""
+    import torch.nn.functional as F
+    from torch_geometric.utils import to_dense_batch
+    N, H, C = q.shape
+    B, M = dense.B, dense.max_nodes
+
+    def pad(x):
+        xd, _ = to_dense_batch(x.reshape(x.size(0), H * C), dense.batch, batch_size=B,
+                               max_num_nodes=M)
+        return xd.view(B, M, H, C).transpose(1, 2)
+    mask = dense.mask if dense.mask.dtype == torch.bool else dense.mask.to(q.dtype)
+    o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=mask)
+    return o.transpose(1, 2).reshape(B * M, H, C)[dense.index] * dense.has_in
+
+
+def check_dense(dense, q, k, v, want, dtype):
+    """``None``, or why ``dense_sdpa`` disagrees with ``want`` (rel. err < 1e-4 fp32,
+    < 1e-2 half precision)."""
+    with torch.no_grad():
+        got = dense_sdpa(dense, q, k, v)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    if not torch.isfinite(got).all():
+        return "dense SDPA output is not finite"
+    want = want.detach().double()
+    err = float((got.double() - want).norm() / want.norm())
+    return None if err < tol else f"dense SDPA rel. err {err:.2e} vs fused >= {tol:g}"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _free_cache(leaves):
+    """Returns cached blocks after a failure; a no-op where the failure left the CUDA
+    context unusable (the caller records that, see :func:`cuda_context_ok`)."""
+    if leaves and leaves[0].is_cuda:
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _sync(leaves):
+    if leaves and leaves[0].is_cuda:
+        torch.cuda.synchronize()
+
+
+def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
+    r"""``fn`` under ``compile_fn`` (``torch.compile``, ``dynamic=False``), after a
+    reset of the compiler's caches (the message-passing code objects are shared by
+    every case, and past the recompile limit dynamo would silently run them eagerly).
+    Returns ``(compiled, result)``: the compiled function and the first call's wall
+    time, ``compile_fwd_s`` (under ``no_grad``) and ``compile_fwd_bwd_s`` (forward +
+    backward: the training graphs); or ``(None, {"status": "compile_failed", "error":
+    first line, "stage": ...})`` when compiling or the first call raised."""
+    compile_fn = compile_fn or torch.compile
+    res, stage = {}, "compile"
+    breaks = _graph_breaks()
+    try:
+        torch._dynamo.reset()
+        cf = compile_fn(fn, dynamic=False)
+        for stage in ("fwd", "fwd_bwd") if with_backward else ("fwd",):
+            _sync(leaves)
+            t0 = time.perf_counter()
+            if stage == "fwd":
+                with torch.no_grad():
+                    cf()
+            else:
+                torch.autograd.backward(cf(), g)
+            _sync(leaves)
+            res[f"compile_{stage}_s"] = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001  (a compiler failure is a result, not a crash)
+        _free_cache(leaves)
+        return None, {"status": "compile_failed", "error": _first_line(e), "stage": stage}
+    finally:
+        for t in leaves:
+            t.grad = None
+    res["graph_breaks"] = _graph_breaks() - breaks
+    return cf, res
+
+
+def cuda_context_ok(device) -> bool:
+    """Whether the CUDA context still works: a faulting kernel (a misaligned address
+    in generated code, say) leaves it unusable for the rest of the process."""
+    if torch.device(device).type != "cuda":
+        return True
+    try:
+        torch.ones(1, device=device).add_(1).item()
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def case_key(model, args) -> str:
+    """``model/graph/HxC/dtype``: what identifies a case across resumed runs."""
+    name, H, C, dtype = args[0], args[4], args[5], args[6]
+    return f"{model}/{name}/{H}x{C}/{str(dtype).split('.')[-1]}"
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+    return sum(counters["graph_break"].values())
 
 
 #: Graphs of kind "full" (Cora, CiteSeer, PubMed) are host-bound: a call's time is
@@ -117,13 +312,23 @@ def sparse_pipeline(lay, q, k, v, scale):
 HOST_BOUND_ROUNDS = 9
 
 
-def measure_methods(fns, methods, g, leaves, kind, with_backward=True):
-    """:func:`measure` of each method, in order; for host-bound graphs (``kind``
-    ``"full"``) fused-auto and pyg then get ``HOST_BOUND_ROUNDS - 1`` more
-    interleaved rounds and report the median of all of theirs."""
-    res = {m: measure(fns[m], g, leaves, with_backward) for m in methods}
-    inter = [m for m in ("fused-auto", "pyg") if m in res and "error" not in res[m]]
-    if kind != "full" or len(inter) < 2:
+def measure_methods(fns, methods, g, leaves, kind, with_backward=True, compile_fn=None):
+    """:func:`measure` of each method, in order (a ``COMPILED`` method compiles its
+    eager function first: :func:`compile_case`); for host-bound graphs (``kind``
+    ``"full"``) fused-auto, pyg and pyg-compile then get ``HOST_BOUND_ROUNDS - 1``
+    more interleaved rounds and report the median of all of theirs."""
+    fns, res = dict(fns), {}
+    for m in methods:
+        if m in COMPILED:
+            fns[m], res[m] = compile_case(fns[COMPILED[m]], leaves, g, with_backward, compile_fn)
+            if fns[m] is None:
+                continue
+            res[m].update(measure(fns[m], g, leaves, with_backward))
+            res[m]["status"] = "error" if "error" in res[m] else "ok"
+        else:
+            res[m] = measure(fns[m], g, leaves, with_backward)
+    inter = [m for m in ("fused-auto", "pyg", "pyg-compile") if m in res and "error" not in res[m]]
+    if kind != "full" or len(inter) < 2 or not cuda_context_ok(leaves[0].device):
         return res
     keys = [k for k in ("fwd_ms", "fwd_bwd_ms") if k in res[inter[0]]]
     rounds = {m: {k: [res[m][k]] for k in keys} for m in inter}
@@ -156,7 +361,7 @@ def measure(f, g, leaves, with_backward=True, peak=True):
                     for t in leaves:
                         t.grad = None
                 torch.autograd.backward(f(), g)
-            if peak:
+            if peak and leaves[0].is_cuda:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
@@ -166,23 +371,27 @@ def measure(f, g, leaves, with_backward=True, peak=True):
                 r["peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
             r["fwd_bwd_ms"] = bench(fb)
     except Exception as e:  # noqa: BLE001  (recorded: a benchmark that could not run says so)
-        r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        torch.cuda.empty_cache()
+        r["error"] = _first_line(e)
+        _free_cache(leaves)
     for t in leaves:
         t.grad = None
+    r["status"] = "error" if "error" in r else "ok"
     return r
 
 
-def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
+def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True, batch=None,
+             compile_fn=None):
+    """GT (dot-product) attention on one graph and configuration; ``batch`` (the
+    batch vector of a batch of graphs) enables ``dense-sdpa``."""
     torch.manual_seed(0)
     lay = GraphLayout.from_edge_index(ei, (n, n))
     lay.colptr  # noqa: B018  (CSC built before timing, as a cached layout would be)
-    q = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    k = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    v = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    g = torch.randn(n, H, C, device=DEV, dtype=dtype)
+    q = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
+    k = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
+    v = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
+    g = torch.randn(n, H, C, device=ei.device, dtype=dtype)
     scale = 1 / math.sqrt(C)
-    conv = native_conv(H, C).to(dtype)
+    conv = native_conv(H, C, ei.device).to(dtype)
     esize = torch.empty((), dtype=dtype).element_size()
     compulsory = 4 * n * H * C * esize + (lay.num_dst + 1 + lay.num_edges) * 4
     fns = {
@@ -195,7 +404,23 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True):
     res = {"graph": name, "kind": kind, "nodes": n, "edges": lay.num_edges,
            "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
            "auto": ops.choose_strategy(lay.max_in_degree, "dot", esize), "methods": {}}
-    res["methods"] = measure_methods(fns, methods, g, (q, k, v), kind, with_backward)
+    failed = {}
+    if "dense-sdpa" in methods:
+        methods = [m for m in methods if m != "dense-sdpa"]
+        if batch is not None:
+            try:
+                dense = DenseBatch(ei, batch, n)
+                with torch.no_grad():
+                    why = check_dense(dense, q, k, v, ops.gt_attention(lay, q, k, v), dtype)
+            except Exception as e:  # noqa: BLE001  (recorded, e.g. out of memory)
+                dense, why = None, _first_line(e)
+            if why is None:
+                fns["dense-sdpa"] = lambda: dense_sdpa(dense, q, k, v)
+                methods.append("dense-sdpa")
+            else:
+                failed["dense-sdpa"] = {"status": "mismatch" if dense else "error", "error": why}
+    res["methods"] = measure_methods(fns, methods, g, (q, k, v), kind, with_backward, compile_fn)
+    res["methods"].update(failed)
     for r in res["methods"].values():
         if "fwd_ms" in r:
             r["fwd_GBps"] = compulsory / (r["fwd_ms"] * 1e-3) / 1e9
@@ -206,7 +431,7 @@ def chunk_sweep(graphs, chunks, dtype=torch.float32):
     """Fused fwd / fwd+bwd time per work-item chunk (tunes schedule.choose_chunk)."""
     from pyg_dfgnn.ops import schedule
     rows = []
-    for name, (ei, n, kind) in graphs.items():
+    for name, (ei, n, kind, _) in graphs.items():
         for chunk in chunks + [None]:
             schedule.CHUNK_OVERRIDE = chunk
             r = run_case(name, ei, n, kind, 1, 128, dtype, ["fused-auto"])
@@ -219,19 +444,20 @@ def chunk_sweep(graphs, chunks, dtype=torch.float32):
     return rows
 
 
-def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False):
+def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, compiled=True,
+                   compile_fn=None):
     """GAT (additive) or AGNN (cosine): fused op vs native PyG message passing on the
     same per-node tensors; same fields as :func:`run_case`."""
     import torch.nn.functional as F
     from torch_geometric.nn import AGNNConv, GATConv
     torch.manual_seed(0)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    x = torch.randn(n, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    g = torch.randn(n, H, C, device=DEV, dtype=dtype)
+    x = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
+    g = torch.randn(n, H, C, device=ei.device, dtype=dtype)
     if model == "gat":
-        a_src = torch.randn(n, H, device=DEV, dtype=dtype, requires_grad=True)
-        a_dst = torch.randn(n, H, device=DEV, dtype=dtype, requires_grad=True)
-        conv = GATConv(H * C, C, heads=H, add_self_loops=False).to(DEV).to(dtype)
+        a_src = torch.randn(n, H, device=ei.device, dtype=dtype, requires_grad=True)
+        a_dst = torch.randn(n, H, device=ei.device, dtype=dtype, requires_grad=True)
+        conv = GATConv(H * C, C, heads=H, add_self_loops=False).to(ei.device).to(dtype)
         fns = {"fused-auto": lambda: ops.gat_attention(lay, a_src, a_dst, x),
                "fused-smmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="smmf"),
                "fused-pmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="pmf"),
@@ -239,8 +465,8 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False):
                    ei, alpha=(a_src, a_dst), edge_attr=None, size=None), size=None)}
         leaves = (a_src, a_dst, x)
     else:
-        beta = torch.ones((), device=DEV, dtype=dtype, requires_grad=True)
-        conv = AGNNConv(add_self_loops=False).to(DEV).to(dtype)
+        beta = torch.ones((), device=ei.device, dtype=dtype, requires_grad=True)
+        conv = AGNNConv(add_self_loops=False).to(ei.device).to(dtype)
         x2 = x.view(n, H * C)
         fns = {"fused-auto": lambda: ops.agnn_attention(lay, x2, None, beta),
                "pyg": lambda: conv.propagate(ei, x=x2, x_norm=F.normalize(x2, p=2.0, dim=-1))}
@@ -252,76 +478,154 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False):
                lay.max_in_degree, "additive" if model == "gat" else "cosine", x.element_size()),
            "methods": {}}
     methods = [m for m in fns if not (fused_only and m == "pyg")]
-    res["methods"] = measure_methods(fns, methods, g, leaves, kind)
+    if compiled and not fused_only:
+        methods.append("pyg-compile")
+    res["methods"] = measure_methods(fns, methods, g, leaves, kind, compile_fn=compile_fn)
     return res
+
+
+def _cell(d, key):
+    """A method's ``key`` in ms, or why it is missing (``cfail``: compile failed)."""
+    v = d.get(key)
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return {"compile_failed": "cfail", "mismatch": "mism"}.get(d.get("status"),
+                                                              "err" if "error" in d else "-")
+
+
+def _ratio(m, other, key, ref="fused-auto"):
+    """``other``'s time / ``ref``'s time for ``key`` (how many times faster fused is)."""
+    a, b = m.get(ref, {}).get(key), m.get(other, {}).get(key)
+    return f"{b / a:.1f}" if a and b else "-"
+
+
+def _compile_s(m):
+    d = m.get("pyg-compile", {})
+    v = [d[k] for k in ("compile_fwd_s", "compile_fwd_bwd_s") if k in d]
+    return f"{sum(v):.1f}" if v else _cell(d, "compile_fwd_s")
 
 
 def fmt_score_table(rows):
     lines = [f"{'model':<6}{'graph':<13}{'H×C':>7}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}"
-             f"{'pmf':>8}{'pyg fwd':>9}{'×pyg':>7} | {'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7} | "
-             f"{'memMB f/p':>14}"]
+             f"{'pmf':>8}{'pyg fwd':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7} | {'fused f+b':>9}"
+             f"{'pyg f+b':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7} | {'cmp s':>6}{'memMB f/p':>14}"]
     for r in rows:
         m = r["methods"]
         f, p = m.get("fused-auto", {}), m.get("pyg", {})
-        sm, pm = m.get("fused-smmf", {}), m.get("fused-pmf", {})
-
-        def v(d, k):
-            return f"{d[k]:.3f}" if k in d else ("err" if "error" in d else "-")
-
-        def ratio(k):
-            return f"{p[k] / f[k]:.1f}" if k in p and k in f else "-"
+        sm, pm, cp = m.get("fused-smmf", {}), m.get("fused-pmf", {}), m.get("pyg-compile", {})
         lines.append(f"{r['model']:<6}{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}"
-                     f"{r['auto']:>6} | {v(f, 'fwd_ms'):>9}{v(sm, 'fwd_ms'):>8}{v(pm, 'fwd_ms'):>8}"
-                     f"{v(p, 'fwd_ms'):>9}{ratio('fwd_ms'):>7} | {v(f, 'fwd_bwd_ms'):>9}"
-                     f"{v(p, 'fwd_bwd_ms'):>9}{ratio('fwd_bwd_ms'):>7} | "
-                     f"{f.get('peak_MB', float('nan')):.0f}/{p.get('peak_MB', float('nan')):.0f}")
+                     f"{r['auto']:>6} | {_cell(f, 'fwd_ms'):>9}{_cell(sm, 'fwd_ms'):>8}"
+                     f"{_cell(pm, 'fwd_ms'):>8}{_cell(p, 'fwd_ms'):>9}{_ratio(m, 'pyg', 'fwd_ms'):>7}"
+                     f"{_cell(cp, 'fwd_ms'):>8}{_ratio(m, 'pyg-compile', 'fwd_ms'):>7} | "
+                     f"{_cell(f, 'fwd_bwd_ms'):>9}{_cell(p, 'fwd_bwd_ms'):>9}"
+                     f"{_ratio(m, 'pyg', 'fwd_bwd_ms'):>7}{_cell(cp, 'fwd_bwd_ms'):>8}"
+                     f"{_ratio(m, 'pyg-compile', 'fwd_bwd_ms'):>7} | {_compile_s(m):>6}"
+                     f"{f.get('peak_MB', float('nan')):>8.0f}/{p.get('peak_MB', float('nan')):<5.0f}")
     return "\n".join(lines)
 
 
 def fmt_table(rows):
-    lines = []
-    hdr = (f"{'graph':<13}{'H×C':>7}{'dtype':>9}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}{'pmf':>8}"
-           f"{'pyg':>9}{'sparse':>9}{'×pyg':>7} | {'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7}"
-           f" | {'GB/s':>6}{'memMB f/p':>14}")
-    lines.append(hdr)
+    """The GT table: per graph and configuration, fused (auto, smmf, pmf), eager PyG,
+    compiled PyG (``cpyg``), dense SDPA and torch.sparse times in ms, and the ratios
+    of eager / compiled PyG and dense SDPA to fused-auto (``×``), for the forward and
+    forward + backward; the compile time (s, forward + training graphs) of PyG."""
+    lines = [f"{'graph':<13}{'H×C':>7}{'dtype':>9}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}"
+             f"{'pmf':>8}{'pyg':>9}{'sparse':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7}{'sdpa':>8}"
+             f"{'×sdpa':>7} | {'fused f+b':>9}{'pyg f+b':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7}"
+             f"{'sdpa':>8}{'×sdpa':>7} | {'cmp s':>6}{'GB/s':>6}{'memMB f/p':>14}"]
     for r in rows:
         m = r["methods"]
 
         def g(k, key):
-            v = m.get(k, {}).get(key)
-            return f"{v:.3f}" if isinstance(v, float) else ("err" if "error" in m.get(k, {}) else "-")
-
-        def ratio(key):
-            a, b = m.get("fused-auto", {}).get(key), m.get("pyg", {}).get(key)
-            return f"{b / a:.1f}" if a and b else "-"
+            return _cell(m.get(k, {}), key)
         mem = (f"{m.get('fused-auto', {}).get('peak_MB', float('nan')):.0f}/"
                f"{m.get('pyg', {}).get('peak_MB', float('nan')):.0f}")
         bw = m.get("fused-auto", {}).get("fwd_GBps")
-        lines.append(f"{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}{r['dtype']:>9}{r['auto']:>6} | "
-                     f"{g('fused-auto', 'fwd_ms'):>9}{g('fused-smmf', 'fwd_ms'):>8}{g('fused-pmf', 'fwd_ms'):>8}"
-                     f"{g('pyg', 'fwd_ms'):>9}{g('sparse', 'fwd_ms'):>9}{ratio('fwd_ms'):>7} | "
-                     f"{g('fused-auto', 'fwd_bwd_ms'):>9}{g('pyg', 'fwd_bwd_ms'):>9}{ratio('fwd_bwd_ms'):>7} | "
-                     f"{(f'{bw:.0f}' if bw else '-'):>6}{mem:>14}")
+        side = {key: (f"{g('pyg-compile', key):>8}{_ratio(m, 'pyg-compile', key):>7}"
+                      f"{g('dense-sdpa', key):>8}{_ratio(m, 'dense-sdpa', key):>7}")
+                for key in ("fwd_ms", "fwd_bwd_ms")}
+        lines.append(f"{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}{r['dtype']:>9}"
+                     f"{r['auto']:>6} | {g('fused-auto', 'fwd_ms'):>9}{g('fused-smmf', 'fwd_ms'):>8}"
+                     f"{g('fused-pmf', 'fwd_ms'):>8}{g('pyg', 'fwd_ms'):>9}{g('sparse', 'fwd_ms'):>9}"
+                     f"{_ratio(m, 'pyg', 'fwd_ms'):>7}{side['fwd_ms']} | "
+                     f"{g('fused-auto', 'fwd_bwd_ms'):>9}{g('pyg', 'fwd_bwd_ms'):>9}"
+                     f"{_ratio(m, 'pyg', 'fwd_bwd_ms'):>7}{side['fwd_bwd_ms']} | "
+                     f"{_compile_s(m):>6}{(f'{bw:.0f}' if bw else '-'):>6}{mem:>14}")
     return "\n".join(lines)
 
 
+def failures(rows):
+    """One line per method that did not run: ``graph H×C dtype model method: status: error``."""
+    out = []
+    for r in rows:
+        for meth, d in r["methods"].items():
+            if d.get("status", "ok") != "ok":
+                out.append(f"{r['graph']} {r['H']}×{r['C']} {r['dtype']} {r.get('model', 'gt')} "
+                           f"{meth}: {d['status']}: {d.get('error', '')}")
+    return "\n".join(out)
+
+
+def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, compiled=True,
+                dense=True):
+    """``[(model, run_case / run_score_case positional args, keyword args)]`` in run order."""
+    base = ["fused-auto", "fused-smmf", "fused-pmf"]
+    native = [] if fused_only else ["pyg"]
+    # compiled last: a fault in generated code ends the CUDA context for what follows
+    cc = ["pyg-compile"] if compiled and not fused_only else []
+    cases = []
+    for name, (ei, n, kind, batch) in graphs.items():
+        dn = ["dense-sdpa"] if dense and not fused_only and batch is not None else []
+        kw = {"batch": batch}
+        if "gt" in models:
+            sp = ["sparse"] if sparse and not fused_only else []
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32,
+                                 (["fused-auto"] if quick else base) + native
+                                 + ([] if quick else sp) + dn + cc), kw))
+            if quick:
+                continue
+            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32, base + native + dn + cc),
+                          kw))
+            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
+                                 ["fused-auto"] + native + dn + cc), kw))
+        skw = {"fused_only": fused_only, "compiled": compiled}
+        if "gat" in models:
+            cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32), skw))
+            if not quick:
+                cases.append(("gat", (name, ei, n, kind, 4, 32, torch.float32), skw))
+        if "agnn" in models:
+            cases.append(("agnn", (name, ei, n, kind, 1, 128, torch.float32), skw))
+    return cases
+
+
 def main(argv=None):
+    global REPEATS
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
                                  description=__doc__.splitlines()[0] + " Needs a CUDA GPU "
                                  "and the compiled extension.")
-    ap.add_argument("--quick", action="store_true", help="small batches, no synthetic super-node graphs")
+    ap.add_argument("--quick", action="store_true",
+                    help="a 128-graph PATTERN batch and a 5K-node power-law graph, GT 1x128 fp32 "
+                         "only (unless --models), short repeats: under a minute")
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
+    ap.add_argument("--no-compile", action="store_true", help="skip PyG + torch.compile")
+    ap.add_argument("--no-dense", action="store_true", help="skip dense masked SDPA")
+    ap.add_argument("--tf32", action="store_true",
+                    help="allow TF32 in fp32 matmuls (all methods alike; default: off)")
     ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
     ap.add_argument("--sweep-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the chunk sweep")
     ap.add_argument("--accumulate-grads", action="store_true",
                     help="fwd+bwd steps accumulate into .grad (one addition kernel per leaf "
                          "and step) instead of starting from None as a training step does")
-    ap.add_argument("--models", default="gt,gat,agnn", help="score functions to run: gt, gat, agnn")
+    ap.add_argument("--models", default=None,
+                    help="score functions to run: gt, gat, agnn (default: all; --quick: gt)")
     ap.add_argument("--fused-only", action="store_true",
                     help="time only the fused methods (A/B runs of kernel versions)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the cases already in --out and run the others (the run "
+                         "restarts itself this way when a case leaves the CUDA context unusable)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
@@ -329,9 +633,14 @@ def main(argv=None):
         print("benchmarks.kernels needs a CUDA GPU and the compiled extension; no GPU is "
               "visible here", file=sys.stderr)
         return 1
+    REPEATS = QUICK_REPEATS if args.quick else REPEATS
     from tqdm import tqdm
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
+            "quick": args.quick, "repeats_ms": list(REPEATS),
+            **set_matmul_precision(args.tf32),
+            "compile": None if args.no_compile else {"dynamic": False, "mode": "default",
+                                                     "per": "graph and configuration"},
             "copy_GBps": copy_bandwidth(), "autograd_floor_ms": autograd_floor()}
     print(f"# {info}")
     graphs = load_graphs(args.quick)
@@ -343,34 +652,43 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump({"info": info, "chunk_sweep": rows}, f, indent=1)
         return 0
-    models = args.models.split(",")
-    base = ["fused-auto", "fused-smmf", "fused-pmf", "pyg"] + ([] if args.no_sparse else ["sparse"])
-    if args.fused_only:
-        base = base[:3]
-    native = [] if args.fused_only else ["pyg"]
-    cases = []
-    for name, (ei, n, kind) in graphs.items():
-        if "gt" in models:
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32, base)))
-            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32,
-                                 ["fused-auto", "fused-smmf", "fused-pmf"] + native)))
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16, ["fused-auto"] + native)))
-        if "gat" in models:
-            cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32)))
-            cases.append(("gat", (name, ei, n, kind, 4, 32, torch.float32)))
-        if "agnn" in models:
-            cases.append(("agnn", (name, ei, n, kind, 1, 128, torch.float32)))
+    models = (args.models or ("gt" if args.quick else "gt,gat,agnn")).split(",")
+    cases = build_cases(graphs, models, args.quick, args.fused_only, not args.no_sparse,
+                        not args.no_compile, not args.no_dense)
     rows, score_rows = [], []
-    for model, c in tqdm(cases, desc="kernels", file=sys.stderr):
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as f:
+            done = json.load(f)
+        rows, score_rows = done.get("rows", []), done.get("score_rows", [])
+        prev = done.get("info", {})
+        info["resumed_from"] = prev.get("resumed_from", prev)  # the first run's info
+        have = {r["key"] for r in rows + score_rows if "key" in r}
+        cases = [c for c in cases if case_key(c[0], c[1]) not in have]
+    for model, c, kw in tqdm(cases, desc="kernels", file=sys.stderr):
         if model == "gt":
-            rows.append(run_case(*c))
+            rows.append(run_case(*c, **kw))
         else:
-            score_rows.append(run_score_case(model, *c, fused_only=args.fused_only))
+            score_rows.append(run_score_case(model, *c, **kw))
+        row = (rows if model == "gt" else score_rows)[-1]
+        row["key"] = case_key(model, c)
+        lost = not cuda_context_ok(DEV)
+        if lost:
+            row["cuda_context_lost"] = True
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows, "score_rows": score_rows}, f, indent=1)
+        if lost:
+            print(f"# {row['key']} left the CUDA context unusable (recorded); restarting with "
+                  "--resume for the remaining cases", file=sys.stderr)
+            sys.stderr.flush()
+            sys.stdout.flush()
+            rest = [a for a in argv if a != "--resume"] + ["--resume"]
+            os.execv(sys.executable, [sys.executable, "-m", "benchmarks.kernels", *rest])
     if score_rows:
         print(fmt_score_table(score_rows))
     print(fmt_table(rows))
+    bad = failures(rows + score_rows)
+    if bad:
+        print("not measured:\n" + bad)
     return 0
 
 

@@ -4,9 +4,11 @@ r"""PNG bar charts of the kernel and end-to-end benchmark results (matplotlib, A
   fused op (``fused-auto``) over native PyG message passing per graph, forward
   and forward + backward, one bar per configuration (heads x channels, dtype),
   one row of panels per model (GT rows, and GAT / AGNN ``score_rows`` when the
-  file has them), like the paper's Fig. 9 / 10.
+  file has them), like the paper's Fig. 9 / 10; where the file has compiled PyG
+  (``pyg-compile``), a hatched bar beside each is the speedup over it.
 * ``e2e_speedup.png`` (from ``benchmarks/e2e.py`` JSON): training-step speedup
-  (native step time / fused step time) per dataset and model.
+  (native step time / fused step time) per dataset and model; hatched ``×``
+  bars: over the compiled native model (``native_compile``) where measured.
 * ``e2e_breakdown.png``: per model and dataset, a stacked bar of preprocess /
   forward / backward / optimizer time per step for native PyG and fused
   (the paper's Table 2).
@@ -66,20 +68,24 @@ def _label_bars(ax, bars, fmt="{:.1f}x") -> None:
 
 # ------------------------------------------------------------------- kernels
 def kernel_speedups(data: Dict[str, object]) -> Dict[str, Dict[str, Dict[str, Dict[str, float]]]]:
-    r"""``{model: {config: {graph: {"fwd": x, "fwd_bwd": y}}}}`` (speedup of
-    ``fused-auto`` over ``pyg``; missing or failed measurements are left out)."""
+    r"""``{model: {config: {graph: {"fwd": x, "fwd_bwd": y, "fwd_compiled": ...,
+    "fwd_bwd_compiled": ...}}}}``: speedup of ``fused-auto`` over ``pyg`` and (keys
+    ``*_compiled``) over ``pyg-compile``; missing or failed measurements are left
+    out."""
     out: Dict[str, Dict[str, Dict[str, Dict[str, float]]]] = {}
     rows = list(data.get("rows", [])) + list(data.get("score_rows", []))
     for r in rows:
         m = r.get("methods", {})
-        f, p = m.get("fused-auto", {}), m.get("pyg", {})
+        f = m.get("fused-auto", {})
         model = r.get("model", "gt")
         cfg = f"H={r.get('H')}×C={r.get('C')} {r.get('dtype', '')}".strip()
         sp = {}
-        for key in ("fwd", "fwd_bwd"):
-            a, b = f.get(f"{key}_ms"), p.get(f"{key}_ms")
-            if a and b and "error" not in f:
-                sp[key] = b / a
+        for other, suffix in (("pyg", ""), ("pyg-compile", "_compiled")):
+            p = m.get(other, {})
+            for key in ("fwd", "fwd_bwd"):
+                a, b = f.get(f"{key}_ms"), p.get(f"{key}_ms")
+                if a and b and "error" not in f and "error" not in p:
+                    sp[key + suffix] = b / a
         if sp:
             out.setdefault(model, {}).setdefault(cfg, {})[r["graph"]] = sp
     return out
@@ -96,26 +102,39 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             graphs.append(r["graph"])
     fig, axes = plt.subplots(2 * len(models), 1, figsize=(max(9, 0.8 * len(graphs) + 2),
                                                           3.3 * 2 * len(models)), squeeze=False)
+    any_compiled = False
     for i, model in enumerate(models):
         cfgs = list(sp[model])
-        width = 0.8 / max(len(cfgs), 1)
+        compiled = any(k.endswith("_compiled") for gs in sp[model].values() for v in gs.values()
+                       for k in v)
+        any_compiled |= compiled
+        # one bar per configuration and yardstick: eager PyG, then compiled PyG (hatched)
+        series = [(cfg, s) for cfg in cfgs for s in ([""] + (["_compiled"] if compiled else []))]
+        width = 0.8 / max(len(series), 1)
         for j, (key, title) in enumerate((("fwd", "forward"), ("fwd_bwd", "forward + backward"))):
             ax = axes[2 * i + j][0]
-            for k, cfg in enumerate(cfgs):
-                xs = [g + (k - (len(cfgs) - 1) / 2) * width for g in range(len(graphs))]
-                ys = [sp[model][cfg].get(g, {}).get(key, float("nan")) for g in graphs]
-                bars = ax.bar(xs, ys, width, label=cfg)
+            colors: Dict[str, object] = {}
+            for k, (cfg, suffix) in enumerate(series):
+                xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(graphs))]
+                ys = [sp[model][cfg].get(g, {}).get(key + suffix, float("nan")) for g in graphs]
+                bars = ax.bar(xs, ys, width, color=colors.get(cfg),
+                              label=cfg + (" vs compiled PyG" if suffix else
+                                           " vs PyG" if compiled else ""),
+                              hatch="//" if suffix else None,
+                              edgecolor="white" if suffix else None)
+                colors.setdefault(cfg, bars.patches[0].get_facecolor() if bars.patches else None)
                 _label_bars(ax, bars)
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set_xticks(range(len(graphs)))
             ax.set_xticklabels(graphs, rotation=35, ha="right", fontsize=8)
-            ax.set_ylabel("speedup over PyG (×)")
+            ax.set_ylabel("speedup (×)" if compiled else "speedup over PyG (×)")
             ax.set_title(f"{MODEL_NAMES.get(model, model)} attention kernel, {title}", fontsize=10)
             ax.margins(y=0.3)
             ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7, loc="upper center", ncol=len(cfgs), framealpha=0.9)
-    fig.suptitle("Fused attention vs. native PyG message passing (time ratio, higher is better)",
-                 fontsize=11)
+            ax.legend(fontsize=7, loc="upper center", ncol=min(len(series), 4), framealpha=0.9)
+    fig.suptitle("Fused attention vs. native PyG message passing"
+                 + (" (eager, and hatched: under torch.compile)" if any_compiled else "")
+                 + " (time ratio, higher is better)", fontsize=11)
     _footer(fig, data.get("info", {}))
     fig.tight_layout(rect=(0, 0.02, 1, 0.97))
     fig.savefig(path, dpi=dpi)
@@ -142,7 +161,9 @@ def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
     rows, datasets, models = _e2e_grid(data)
     # Eager bars, plus hatched bars for the CUDA-graph mode where it ran (full graphs).
     modes = ["impls"] + (["cudagraph"] if any(_ok((r.get("cudagraph") or {}).get("fused"))
-                                               for r in rows) else [])
+                                               for r in rows) else []) \
+        + (["compiled"] if any(_ok(r.get("impls", {}).get("native_compile")) for r in rows)
+           else [])
     series = [(m, mode) for mode in modes for m in models]
     fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(series) * len(datasets) / 3 + 3), 4.2))
     width = 0.8 / max(len(series), 1)
@@ -151,23 +172,24 @@ def plot_e2e_speedup(data: Dict[str, object], path: str, dpi: int = 130) -> str:
         xs, ys = [], []
         for i, ds in enumerate(datasets):
             r = next((r for r in rows if r["dataset"] == ds and r["model"] == model), None)
-            res = (r or {}).get(mode) or {}
-            na, fu = res.get("native"), res.get("fused")
+            res = (r or {}).get("impls" if mode == "compiled" else mode) or {}
+            na, fu = res.get("native_compile" if mode == "compiled" else "native"), res.get("fused")
             ys.append(na["step_ms"] / fu["step_ms"] if _ok(na) and _ok(fu) else float("nan"))
             xs.append(i + (k - (len(series) - 1) / 2) * width)
-        label = MODEL_NAMES.get(model, model) + (" (CUDA graph, both)" if mode == "cudagraph"
-                                                 else "")
-        bars = ax.bar(xs, ys, width, label=label, color=colors.get(model),
-                      hatch="//" if mode == "cudagraph" else None,
-                      edgecolor="white" if mode == "cudagraph" else None)
+        label = MODEL_NAMES.get(model, model) + {"cudagraph": " (CUDA graph, both)",
+                                                 "compiled": " vs compiled native"}.get(mode, "")
+        hatch = {"cudagraph": "//", "compiled": "xx"}.get(mode)
+        bars = ax.bar(xs, ys, width, label=label, color=colors.get(model), hatch=hatch,
+                      edgecolor="white" if hatch else None)
         colors.setdefault(model, bars.patches[0].get_facecolor() if bars.patches else None)
         _label_bars(ax, bars, "{:.2f}x")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(datasets)))
     ax.set_xticklabels(datasets)
     ax.set_ylabel("training-step speedup over PyG (×)")
-    ax.set_title("End-to-end training step: native PyG time / fused time (higher is better)",
-                 fontsize=10)
+    ax.set_title("End-to-end training step: native PyG time / fused time"
+                 + (" (xx: native under torch.compile)" if "compiled" in modes else "")
+                 + " (higher is better)", fontsize=10)
     ax.margins(y=0.18)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)

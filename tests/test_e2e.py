@@ -41,6 +41,7 @@ def test_json_structure(quick, e2e):
                 "date", "quick"):
         assert key in info
     assert info["device"] == "cpu" and info["quick"] is True and info["cuda_kernels"] is False
+    assert info["allow_tf32"] is False and info["float32_matmul_precision"] == "highest"
     assert on_disk["config"]["batch_size"] == 32 and on_disk["config"]["train_graphs"] == 64
     assert on_disk["config"]["adam"] == "foreach" and on_disk["config"]["mode"] == "eager"
     (row,) = on_disk["rows"]
@@ -291,3 +292,65 @@ def test_cudagraph_mode_cuda(e2e, tmp_path):
             assert a == pytest.approx(b, rel=1e-3)
     assert cg["speedup"]["step"] > 0 and set(cg["vs_eager"]) == set(e2e.IMPLS)
     assert "CUDA graph: step" in e2e.format_tables(report)
+
+
+# ------------------------------------------------------------------ compiled impls, CPU
+def _fail_backend(gm, example_inputs):
+    raise RuntimeError("deliberately failing compiler\nsecond line")
+
+
+def test_compiled_native_recorded(e2e, tmp_path):
+    """``native_compile`` (dynamo with the eager backend on CPU) trains the same
+    function as native, with its compile time, and fused gets its speedup over it."""
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gt", "--dropout", "0",
+                       "--impls", "native,fused,native_compile", "--compile-backend", "eager",
+                       "--epochs", "1", "--device", "cpu", "--no-progress",
+                       "--out", str(tmp_path / "e.json")])
+    (row,) = json.loads((tmp_path / "e.json").read_text())["rows"]
+    assert report["config"]["compile_backend"] == "eager"
+    nc, na = row["impls"]["native_compile"], row["impls"]["native"]
+    assert nc["status"] == "ok" and nc["compile_ms"] > 0 and nc["preprocess_ms"] == 0.0
+    assert nc["compile"] == {"dynamic": True, "mode": "default", "backend": "eager"}
+    assert "compile_ms" not in na
+    assert nc["first_loss"] == pytest.approx(na["first_loss"], rel=1e-5)
+    assert set(row["speedup_vs_compiled"]) == {"step", "forward", "backward"}
+    assert row["speedup_vs_compiled"]["step"] == pytest.approx(
+        nc["step_ms"] / row["impls"]["fused"]["step_ms"])
+    text = e2e.format_tables(report)
+    for word in ("Compiled native: step", "Compiled native: compile s",
+                 "Speedup vs compiled native"):
+        assert word in text
+
+
+def test_compile_failure_recorded(e2e, tmp_path):
+    """A compiler that raises: the run is recorded as compile_failed, the others run."""
+    from torch._dynamo import list_backends, register_backend
+    if "yard_fail" not in list_backends(exclude_tags=()):
+        register_backend(_fail_backend, name="yard_fail")
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gat", "--epochs", "1",
+                       "--impls", "fused,native_compile", "--compile-backend", "yard_fail",
+                       "--device", "cpu", "--no-progress", "--out", str(tmp_path / "e.json")])
+    (row,) = report["rows"]
+    r = row["impls"]["native_compile"]
+    assert r["status"] == "compile_failed" and r["error"].startswith("compile failed: ")
+    assert "deliberately failing compiler" in " ".join(r["error_chain"])
+    assert "second line" not in r["error"]
+    assert "step_ms" in row["impls"]["fused"] and "speedup_vs_compiled" not in row
+    text = e2e.format_tables(report)
+    assert "cfail" in text and "native_compile: compile failed" in text
+
+
+@pytest.mark.cuda
+def test_compiled_native_cuda(e2e, tmp_path):
+    """native_compile with inductor on the GPU (in the default impls there): it trains
+    the same function as native and fused gets a speedup over it."""
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gt", "--dropout", "0",
+                       "--epochs", "1", "--device", "cuda", "--no-progress",
+                       "--out", str(tmp_path / "e.json")])
+    assert report["config"]["impls"] == ["native", "fused", "native_compile"]
+    for row in report["rows"]:
+        nc, na = row["impls"]["native_compile"], row["impls"]["native"]
+        assert nc["status"] == "ok", nc
+        assert nc["compile_ms"] > 0 and nc["compile"]["backend"] == "inductor"
+        assert nc["first_loss"] == pytest.approx(na["first_loss"], rel=1e-4)
+        assert row["speedup_vs_compiled"]["step"] > 0

@@ -114,3 +114,44 @@ def test_plot_as_module(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     _check_png(tmp_path / "kernels_speedup.png")
+
+
+def with_compiled(data):
+    """The committed kernel results plus a ``pyg-compile`` entry per GT row (3x faster
+    than eager PyG), one of them a compiler failure."""
+    data = copy.deepcopy(data)
+    for r in data["rows"]:
+        p = r["methods"].get("pyg", {})
+        if "fwd_ms" in p:
+            r["methods"]["pyg-compile"] = {"status": "ok", "fwd_ms": p["fwd_ms"] / 3,
+                                           **({"fwd_bwd_ms": p["fwd_bwd_ms"] / 3}
+                                              if "fwd_bwd_ms" in p else {})}
+    data["rows"][0]["methods"]["pyg-compile"] = {"status": "compile_failed",
+                                                 "error": "E: boom", "stage": "fwd"}
+    return data
+
+
+def test_kernel_speedups_vs_compiled(plot, tmp_path):
+    data = with_compiled(json.loads(KERNELS_JSON.read_text()))
+    sp = plot.kernel_speedups(data)
+    row = next(r for r in data["rows"][1:] if "fwd_bwd_ms" in r["methods"].get("pyg", {})
+               and "fwd_bwd_ms" in r["methods"]["fused-auto"])
+    cfg = f"H={row['H']}×C={row['C']} {row['dtype']}"
+    got = sp["gt"][cfg][row["graph"]]
+    assert got["fwd_compiled"] == pytest.approx(got["fwd"] / 3)
+    assert got["fwd_bwd_compiled"] == pytest.approx(got["fwd_bwd"] / 3)
+    first = data["rows"][0]
+    cfg0 = f"H={first['H']}×C={first['C']} {first['dtype']}"
+    assert "fwd_compiled" not in sp["gt"][cfg0][first["graph"]]      # compile failed: left out
+    assert "fwd" in sp["gt"][cfg0][first["graph"]]
+    _check_png(plot.plot_kernels(data, str(tmp_path / "k.png")))
+
+
+def test_e2e_speedup_vs_compiled(plot, tmp_path):
+    data = synthetic_e2e()
+    for r in data["rows"][:4]:
+        r["impls"]["native_compile"] = _impl(r["impls"]["native"]["step_ms"] / 2)
+    data["rows"][4]["impls"]["native_compile"] = {"status": "compile_failed",
+                                                  "error": "compile failed: E: boom"}
+    _check_png(plot.plot_e2e_speedup(data, str(tmp_path / "e.png")))
+    _check_png(plot.plot_e2e_breakdown(data, str(tmp_path / "b.png")))
