@@ -315,6 +315,11 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
             dist.all_gather_object(checksums, param_checksum(model))
             if len(set(checksums)) != 1:
                 raise RuntimeError(f"the ranks' parameters differ: checksums {checksums}")
+        # Every rank leaves its last collective before any tears the group down:
+        # gloo aborted a rank (SIGABRT, "terminate called without an active
+        # exception") whose peer destroyed the group first.
+        del ddp
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -368,6 +373,13 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
+    # The rank's work is done and reported. A spawned gloo rank aborted now and then
+    # in interpreter teardown ("terminate called without an active exception", a
+    # C++ thread of the destroyed group), which turned a finished run into a failed
+    # one: leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
