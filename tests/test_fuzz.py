@@ -202,11 +202,8 @@ def common(dtypes=DTYPES):
 
 
 def agnn_dtypes(device: torch.device):
-    """All dtypes on CUDA. On CPU float32 only: there ``agnn_attention`` rounds
-    ``beta * normalize(x)`` to float16 / bfloat16 before the reference path, and
-    beta's gradient (a sum with heavy cancellation) misses by 3-4 % where PyG's
-    misses by under 1 % (e.g. ``build_graph('super_node', 2, 13, 1, 0)``, bf16)."""
-    return DTYPES if device.type == "cuda" else (torch.float32,)
+    """Every dtype, on CPU and CUDA."""
+    return DTYPES
 
 
 # ----------------------------------------------------------------------------- comparison

@@ -283,6 +283,14 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
             xs.contiguous(), b, _NORMALIZE_EPS, layout.rowptr, layout.col, *rw, *csc, chunk,
             bool(return_attention)))
         res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out
+    elif not fused_norm and not uses_kernels(layout, xs):
+        # The reference scores the cosine from the features in float32; rounding
+        # beta * normalize(x) to half precision first cost beta's gradient (a sum
+        # with heavy cancellation) several percent.
+        xd = x_dst.unsqueeze(1) if squeeze else x_dst
+        _check_features(layout, xd, xs, xs, "agnn_attention")
+        out, attn = reference.cosine_attention(layout.rowptr, layout.col, xd, xs, beta)
+        res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out
     else:
         if fused_norm:  # PMF: the fused normalisation, then gt_attention
             k, q, _rnorm = torch.ops.dfgnn.l2norm_fwd.default(xs.contiguous(), b,
