@@ -4,12 +4,20 @@
 //   dE_ij = g_ij P_ij (z_ij dP_ij - D_i)
 //   d a_dst_i = sum_j dE_ij,  d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i.
 // dP enters the score gradients only through those sums, so no per-edge dot
-// product is needed: with w_ij = P_ij z_ij g_ij,
-//   d a_dst_i = dO_i . (sum_j w_ij x_j) - D_i sum_j P_ij g_ij     (CSR walk)
-//   d a_src_j = x_j . (sum_i w_ij dO_i) - sum_i P_ij g_ij D_i     (CSC walk)
-// and both walks are SpMMs with one scalar weight per edge, the GAT forward's
-// loop (NbrTile: each lane weighs one edge of a tile of G, the steps take the
-// neighbours and weights by shuffle). Each output row is owned by one lane
+// product is needed. Split by the LeakyReLU branch (g = 1 on "+", the slope on
+// "-"), with y+_i = sum_{j+} P_ij z_ij x_j, c+_i = sum_{j+} P_ij and likewise "-":
+//   d a_dst_i = (dO_i . y+_i + slope dO_i . y-_i) - D_i (c+_i + slope c-_i)
+// and with u+_j = sum_{i+} P_ij z_ij dO_i, e+_j = sum_{i+} P_ij D_i:
+//   d a_src_j = (x_j . u+_j - e+_j) + slope (x_j . u-_j - e-_j),  dx_j = u+_j + u-_j.
+// Both walks are SpMMs with two scalar weights per edge, the GAT forward's loop
+// (NbrTile: each lane weighs one edge of a tile of G, the steps take the
+// neighbours and weights by shuffle). The branch split keeps the terms that
+// cancel apart: a row whose one item holds all its edges takes D_i = dO_i .
+// (y+_i + y-_i), recomputed in fp32 (not from the output rounded to T), and a
+// one-edge row then gives d a_dst = 0 exactly, as the softmax's backward does;
+// split rows take D_i = dO_i . O_i from the saved output, or for fp16 / bf16 from
+// O_i recomputed in fp32 (the output rounded to T loses the bits that the
+// difference z dP - D keeps). Each output row is owned by one lane
 // group (split rows: fixed-order combine): no atomics, deterministic. Only lse2
 // [N, H] is saved by the forward.
 #include "common.cuh"
@@ -23,9 +31,9 @@ template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
                    const T* __restrict__ a_src, const T* __restrict__ x, const T* __restrict__ out,
-                   const float* __restrict__ lse2, const int* __restrict__ rowptr,
-                   const int* __restrict__ col, const int* __restrict__ items, int chunk,
-                   float* __restrict__ da_dst, float* __restrict__ partial,
+                   const float* __restrict__ lse2, const float* __restrict__ dsum_in,
+                   const int* __restrict__ rowptr, const int* __restrict__ col,
+                   const int* __restrict__ items, int chunk, float* __restrict__ da_dst, float* __restrict__ partial,
                    float* __restrict__ dsum, int64_t n_units, int H, int C, float slope, float p,
                    uint64_t seed, int n_edges, int* __restrict__ counters) {
   constexpr int U = edges_in_flight<VEC, NV>();
@@ -42,28 +50,42 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
 
   NbrTile<G, 2> nt(col, g.beg, g.end, gl, g.mask, n_edges);
   float a_cur = a_of(nt.raw);  // speculative, as in gat_fwd_kernel
-  float gf[NV][VEC], of[NV][VEC];
+  float gf[NV][VEC];
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
-  load_row<T, VEC, G, NV>(out + off_i, gl, nvec, of);
-  float y[1][NV][VEC];  // sum_j w_ij x_j over the item
+  float y[2][NV][VEC];  // y+ and y- over the item
   zero_frag(y[0]);
-  float c = 0.f;        // this lane's sum of P_ij g_ij
+  zero_frag(y[1]);
+  float c[2] = {0.f, 0.f};  // this lane's c+ and c-
   for (; nt.valid(); nt.advance()) {
     const float a_next = a_of(nt.ahead[0]);
-    float wl[1] = {0.f};
+    float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
-      const float pre = ad + a_cur, gr = leaky_grad(pre, slope);
+      const float pre = ad + a_cur;
       const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - L);
-      c += pe * gr;
-      wl[0] = pe * gr;
-      if constexpr (DROPOUT) wl[0] *= dropout_scale(p, seed, (uint64_t)nt.edge() * H + h);
+      float w = pe;
+      if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)nt.edge() * H + h);
+      const bool pos = pre > 0.f;  // selects, not an index: c and wl stay in registers
+      c[0] += pos ? pe : 0.f;
+      c[1] += pos ? 0.f : pe;
+      wl[0] = pos ? w : 0.f;
+      wl[1] = pos ? 0.f : w;
     }
     tile_spmm_k<T, VEC, G, NV, U>(nt, wl, x, HC, (int64_t)h * C, gl, nvec, y);
     a_cur = a_next;
   }
-  float s[4] = {dot_frag(gf, of), dot_frag(gf, y[0]), c, 0.f};
+  float s[4] = {dot_frag(gf, y[0]), dot_frag(gf, y[1]), c[0], c[1]};
   group_sum_many<G, 4>(s, g.mask);
-  const float D = s[0], da = s[1] - D * s[2];  // a split row's items: partial sums of da
+  float D = s[0] + s[1];
+  if (g.slot >= 0) {  // part of a row: D_i from dsum_in, else the output (y is free again)
+    if (dsum_in != nullptr) {
+      D = __ldg(dsum_in + i * H + h);
+    } else {
+      load_row<T, VEC, G, NV>(out + off_i, gl, nvec, y[0]);
+      D = group_sum<G>(dot_frag(gf, y[0]), g.mask);
+    }
+  }
+  // a split row's items: partial sums of d a_dst
+  const float da = (s[0] + slope * s[1]) - D * (s[2] + slope * s[3]);
   if (gl == 0) {
     if (g.beg == g.row_beg) dsum[i * H + h] = D;
     if (g.slot < 0) da_dst[i * H + h] = da;
@@ -118,28 +140,32 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
   DstTerms cur = terms_of(nt.raw, g.beg + gl);  // speculative, as in gat_fwd_kernel
   float xf[NV][VEC];
   load_row<T, VEC, G, NV>(x + off_j, gl, nvec, xf);
-  float acc[2][NV][VEC];  // dx_j and sum_i w_ij dO_i over the item
+  float acc[2][NV][VEC];  // u+ and u- over the item
   zero_frag(acc[0]);
   zero_frag(acc[1]);
-  float cd = 0.f;         // this lane's sum of P_ij g_ij D_i
+  float e[2] = {0.f, 0.f};  // this lane's e+ and e-
   for (; nt.valid(); nt.advance()) {
     const DstTerms next = terms_of(nt.ahead[0], nt.t0 + G + gl);
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
-      const float pre = cur.ad + as, gr = leaky_grad(pre, slope);
+      const float pre = cur.ad + as;
       const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - cur.L);
-      cd += pe * gr * cur.D;
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)cur.pos * H + h);
-      wl[0] = w;
-      wl[1] = w * gr;
+      const bool pos = pre > 0.f;
+      const float pd = pe * cur.D;
+      e[0] += pos ? pd : 0.f;
+      e[1] += pos ? 0.f : pd;
+      wl[0] = pos ? w : 0.f;
+      wl[1] = pos ? 0.f : w;
     }
     tile_spmm_k<T, VEC, G, NV, U>(nt, wl, dout, HC, (int64_t)h * C, gl, nvec, acc);
     cur = next;
   }
-  float s[2] = {dot_frag(xf, acc[1]), cd};
-  group_sum_many<G, 2>(s, g.mask);
-  const float da = s[0] - s[1];
+  float s[4] = {dot_frag(xf, acc[0]), dot_frag(xf, acc[1]), e[0], e[1]};
+  group_sum_many<G, 4>(s, g.mask);
+  const float da = (s[0] - s[2]) + slope * (s[1] - s[3]);
+  axpy_frag(1.f, acc[1], acc[0]);  // dx_j = u+ + u-
   if (g.slot < 0) {
     store_row<T, VEC, G, NV>(dx + off_j, gl, nvec, acc[0], 1.f);
     if (gl == 0) da_src[j * H + h] = da;
@@ -175,6 +201,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
+  at::Tensor dsum_in;
+  if (x.scalar_type() != at::kFloat && rw.num_slots > 0) {  // split rows, half inputs
+    const at::Tensor out32 = std::get<0>(gat_forward_cuda(
+        a_dst.to(at::kFloat), a_src.to(at::kFloat), x.to(at::kFloat), rowptr, col, rw,
+        c10::nullopt, chunk, negative_slope, dropout, seed, /*pmf=*/false, /*need_attn=*/false));
+    dsum_in = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
+  }
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -188,8 +221,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_dst_kernel<T, VEC, G, NV, false>;
       kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
-          lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk,
+          lse2.data_ptr<float>(), dsum_in.defined() ? dsum_in.data_ptr<float>() : nullptr,
+          rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
           da_dst.data_ptr<float>(), part_d, dsum,
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();

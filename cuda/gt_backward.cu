@@ -32,8 +32,9 @@ template <typename T, int VEC, int G, int NV, bool DROPOUT, bool SAVE>
 __device__ __forceinline__ void gt_bwd_dq(
           const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
           const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
-          const int* __restrict__ rowptr, const int* __restrict__ col,
-          const int* __restrict__ items, int chunk, T* __restrict__ dq,
+          const float* __restrict__ dsum, const int* __restrict__ rowptr,
+          const int* __restrict__ col, const int* __restrict__ items, int chunk,
+          T* __restrict__ dq,
           float* __restrict__ partial, float2* __restrict__ pds, int64_t n_units, int H,
           int C, float scale, float scale2, float p, uint64_t seed,
           int* __restrict__ counters, unsigned block) {
@@ -52,9 +53,14 @@ __device__ __forceinline__ void gt_bwd_dq(
   float qf[NV][VEC], gf[NV][VEC], acc[NV][VEC];
   load_row<T, VEC, G, NV>(q + off_i, gl, nvec, qf);
   scale_frag(scale2, qf);
-  load_row<T, VEC, G, NV>(out + off_i, gl, nvec, acc);  // acc holds O_i for a moment
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
-  const float D = group_sum<G>(dot_frag(gf, acc), mask);  // each item recomputes it (cheap)
+  float D;
+  if (dsum != nullptr) {
+    D = __ldg(dsum + i * H + h);
+  } else {
+    load_row<T, VEC, G, NV>(out + off_i, gl, nvec, acc);  // acc holds O_i for a moment
+    D = group_sum<G>(dot_frag(gf, acc), mask);  // each item recomputes it (cheap)
+  }
   zero_frag(acc);
   const float L = lse2[i * H + h];
 
@@ -109,13 +115,13 @@ __device__ __forceinline__ void gt_bwd_dq(
 }
 
 // The one-launch backward's CSC walk, which cannot wait for the dq walk: each
-// edge's weights recomputed from q_i, dO_i, lse2_i and D_i = dO_i . O_i (from a
-// gathered O_i row).
+// edge's weights recomputed from q_i, dO_i, lse2_i and D_i (from dsum, else
+// dO_i . O_i from a gathered O_i row).
 template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __device__ __forceinline__ void gt_bwd_dkv_recompute(
            const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
-           const int* __restrict__ colptr,
+           const float* __restrict__ dsum, const int* __restrict__ colptr,
            const int* __restrict__ row, const int* __restrict__ perm,
            const int* __restrict__ items, int chunk, T* __restrict__ dk, T* __restrict__ dv,
            float* __restrict__ partial_dk, float* __restrict__ partial_dv, int64_t n_units,
@@ -150,24 +156,27 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
     load_edge_rows<T, VEC, G, NV, U, kIndexAhead<T>, FULL>(nb, e0, q, dout, HC, (int64_t)h * C,
                                                            gl, nvec, i, qf, gf);
     P of[U][NV];
+    if (dsum == nullptr) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (FULL || i[u] >= 0)
-        load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec, of[u]);
+      for (int u = 0; u < U; ++u)
+        if (FULL || i[u] >= 0)
+          load_packed<T, VEC, G, NV>(out + (int64_t)i[u] * HC + (int64_t)h * C, gl, nvec, of[u]);
+    }
     // The destination's row statistics are gathers too: issue them with the row
     // loads, not after the reductions (one more dependent L2 trip per step).
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || i[u] >= 0) lse_i[u] = __ldg(lse2 + (int64_t)i[u] * H + h);
+      if (dsum != nullptr) d_i[u] = FULL || i[u] >= 0 ? __ldg(dsum + (int64_t)i[u] * H + h) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(kf, qf[u]) : 0.f;
       dp[u] = FULL || i[u] >= 0 ? dot_packed<T, VEC, NV>(vf, gf[u]) : 0.f;
-      d_i[u] = FULL || i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
+      if (dsum == nullptr) d_i[u] = FULL || i[u] >= 0 ? dot_packed2<T, VEC, NV>(gf[u], of[u]) : 0.f;
     }
     group_sum_many<G, 2 * U>(sd, mask);
-    group_sum_many<G, U>(d_i, mask);
+    if (dsum == nullptr) group_sum_many<G, U>(d_i, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || i[u] >= 0) {
@@ -272,12 +281,13 @@ template <typename T, int VEC, int G, int NV, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                  const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
-                 const int* __restrict__ rowptr, const int* __restrict__ col,
-                 const int* __restrict__ items, int chunk, T* __restrict__ dq,
-                 float* __restrict__ partial, float2* __restrict__ pds, int64_t n_units, int H,
+                 const float* __restrict__ dsum, const int* __restrict__ rowptr,
+                 const int* __restrict__ col, const int* __restrict__ items, int chunk,
+                 T* __restrict__ dq, float* __restrict__ partial, float2* __restrict__ pds,
+                 int64_t n_units, int H,
                  int C, float scale, float scale2, float p, uint64_t seed,
                  int* __restrict__ counters) {
-  gt_bwd_dq<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, rowptr, col, items, chunk,
+  gt_bwd_dq<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, dsum, rowptr, col, items, chunk,
                                           dq, partial, pds, n_units, H, C, scale, scale2, p,
                                           seed, counters, blockIdx.x);
 }
@@ -294,8 +304,9 @@ __global__ void __launch_bounds__(256)
 gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                          const T* __restrict__ k, const T* __restrict__ v,
                          const T* __restrict__ out, const float* __restrict__ lse2,
-                         const int* __restrict__ rowptr, const int* __restrict__ col,
-                         const int* __restrict__ row_items, const int* __restrict__ colptr,
+                         const float* __restrict__ dsum, const int* __restrict__ rowptr,
+                         const int* __restrict__ col, const int* __restrict__ row_items,
+                         const int* __restrict__ colptr,
                          const int* __restrict__ row, const int* __restrict__ perm,
                          const int* __restrict__ col_items, int chunk, T* __restrict__ dq,
                          T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ partial_q,
@@ -304,11 +315,11 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                          float scale2, float p, uint64_t seed, int* __restrict__ counters,
                          int* __restrict__ counters_kv, unsigned dq_blocks) {
   if (blockIdx.x < dq_blocks)
-    gt_bwd_dq<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, out, lse2, rowptr, col, row_items,
+    gt_bwd_dq<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, out, lse2, dsum, rowptr, col, row_items,
                                              chunk, dq, partial_q, nullptr, n_dst_units, H, C,
                                              scale, scale2, p, seed, counters, blockIdx.x);
   else
-    gt_bwd_dkv_recompute<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, colptr, row, perm,
+    gt_bwd_dkv_recompute<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, dsum, colptr, row, perm,
                                                  col_items, chunk, dk, dv, partial_k,
                                                  partial_v, n_src_units, H, C, scale, scale2,
                                                  p, seed, counters_kv, blockIdx.x - dq_blocks);
@@ -342,6 +353,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
   const bool one_launch = use_one_launch_backward(E);
+  // D_i = dO_i . O_i is the term the softmax backward subtracts from each dP_ij, and
+  // where the dP_ij of a row are close (duplicate or similar neighbours) dS keeps
+  // only their difference: with O_i rounded to fp16 / bf16 that difference loses
+  // most of its bits (dK off by a median 1.2e-2 relative on a small graph with
+  // duplicate edges, against 2e-7 with O_i in fp32). For half inputs, D therefore
+  // comes from O_i recomputed in fp32: the forward run once more on fp32 copies
+  // of q, k, v (same layout, dropout seed and thus mask).
+  at::Tensor dsum_t;
+  if (q.scalar_type() != at::kFloat && rowptr.size(0) > 1) {
+    const at::Tensor out32 = std::get<0>(gt_forward_cuda(
+        q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), rowptr, col, rw, c10::nullopt,
+        chunk, scale, dropout, seed, /*pmf=*/false, /*need_attn=*/false, c10::nullopt));
+    dsum_t = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
+  }
+  const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
   // The split rows' partial dQ, dK, dV rows and, in two launches, the dq kernel's
   // per-edge (P', dS) [E, H, 2] for the dkv kernel; small ones in dQ's allocation
   // (ops.h, Scratch).
@@ -380,7 +406,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
                          : gt_bwd_one_launch_kernel<T, VEC, G, NV, false>;
         kern<<<dq_blocks + dkv_blocks, kThreads, 0, stream>>>(
             cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
-            lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+            lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
             rw.items.data_ptr<int>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
             perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
             mptr<T>(dk), mptr<T>(dv), part_q, part_k, part_v, n_dst_units, n_src_units, H, C,
@@ -393,7 +419,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
       kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
-          lse2.data_ptr<float>(), rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
           rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq), part_q, pds, n_dst_units, H, C,
           sc, scale2, p, (uint64_t)seed, counters);
       check_launch();
