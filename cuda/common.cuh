@@ -127,6 +127,13 @@ template <int G> __device__ __forceinline__ float group_max(float x, unsigned ma
 // LeakyReLU of GAT's additive score and its derivative (at the pre-activation).
 __device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }
 __device__ __forceinline__ float leaky_grad(float x, float slope) { return x > 0.f ? 1.f : slope; }
+// A GAT score in base 2, rounded once: __fmul_rn is never contracted into an FMA
+// with the subtraction that follows, so the forward's row maximum and lse2 and the
+// backward's recomputed exp2(score - lse2) see the same value, and a one-edge row
+// gets P = 1 exactly (its score gradient is then exactly 0, as in PyG).
+__device__ __forceinline__ float gat_score2(float pre, float slope) {
+  return __fmul_rn(leaky_relu(pre, slope), kLog2e);
+}
 
 // ---------------------------------------------------------------- dropout
 // Counter-based: keep(seed, e * H + h) depends only on the seed and the CSR edge

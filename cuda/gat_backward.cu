@@ -61,7 +61,7 @@ gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
       const float pre = ad + a_cur;
-      const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - L);
+      const float pe = exp2f(gat_score2(pre, slope) - L);
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)nt.edge() * H + h);
       const bool pos = pre > 0.f;  // selects, not an index: c and wl stay in registers
@@ -149,7 +149,7 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
       const float pre = cur.ad + as;
-      const float pe = exp2f(leaky_relu(pre, slope) * kLog2e - cur.L);
+      const float pe = exp2f(gat_score2(pre, slope) - cur.L);
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)cur.pos * H + h);
       const bool pos = pre > 0.f;

@@ -51,7 +51,7 @@ gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T
     const float a_next = a_of(nt.ahead[0]);
     const int e = nt.edge();
     const bool mine = nt.cur >= 0;
-    const float sl = mine ? leaky_relu(ad + a_cur, slope) * kLog2e : kNegInf;
+    const float sl = mine ? gat_score2(ad + a_cur, slope) : kNegInf;
     if (attn != nullptr && mine) attn[(int64_t)e * H + h] = sl;  // finish() normalises
     const float mc = os.raise_max(group_max<G>(sl, mask));
     float wl = mine ? exp2f(sl - mc) : 0.f;
@@ -77,7 +77,7 @@ gat_score_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src,
   const int h = (int)(unit - e * H);
   const float a = to_float(__ldg(a_dst + (int64_t)__ldg(csr_row + e) * H + h)) +
                   to_float(__ldg(a_src + (int64_t)__ldg(col + e) * H + h));
-  score[unit] = leaky_relu(a, slope) * kLog2e;
+  score[unit] = gat_score2(a, slope);
 }
 
 }  // namespace
