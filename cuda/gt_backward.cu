@@ -16,9 +16,6 @@
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
-#include <cstdlib>
-#include <string>
-
 #include "common.cuh"
 #include "ops.h"
 
@@ -282,7 +279,7 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
                                           seed, counters, blockIdx.x);
 }
 
-// Small graphs (kOneLaunchBackwardMaxEdges): the dq and dkv walks in one launch,
+// Small graphs (the kernel plan's bwd_one_launch): the dq and dkv walks in one launch,
 // the first dq_blocks blocks walking the CSR, the others the CSC, each dkv group
 // recomputing its edges' weights (gt_bwd_dkv_recompute). Such a graph's backward
 // is host-bound and its two kernels each fill a fraction of the GPU: one launch
@@ -314,34 +311,14 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                                                  p, seed, counters_kv, blockIdx.x - dq_blocks);
 }
 
-// Graphs of fewer edges than this run the backward in one launch
-// (gt_bwd_one_launch_kernel). Backward kernels on Cora (11K edges): 14.9 us in
-// one launch, 9.6 + 9.6 in two, so one launch (one fewer on the host) wins; on
-// PubMed (89K edges), whose walks each fill the GPU, 71.4 us in one launch
-// against 29.2 + 26.1 in two, where the dkv kernel takes the saved weights.
-// PYG_DFGNN_BWD_LAUNCHES=1 or 2 in the environment forces one or two launches on
-// any graph, for comparisons and tests (read on each call: a scan of the
-// environment, well under a microsecond).
-constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 16;
-bool use_one_launch_backward(int64_t n_edges) {
-  if (const char* forced = std::getenv("PYG_DFGNN_BWD_LAUNCHES")) {
-    const std::string f(forced);
-    TORCH_CHECK(f == "1" || f == "2", "gt_bwd: environment variable PYG_DFGNN_BWD_LAUNCHES "
-                "must be 1 or 2 (forced kernel launches of the backward), got '", f, "'");
-    return f == "1";
-  }
-  return n_edges < kOneLaunchBackwardMaxEdges;
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
+    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed, bool one_launch) {
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
-  const bool one_launch = use_one_launch_backward(E);
   // The split rows' partial dQ, dK, dV rows and, in two launches, the dq kernel's
   // per-edge (P', dS) [E, H, 2] for the dkv kernel; small ones in dQ's allocation
   // (ops.h, Scratch).
