@@ -428,19 +428,17 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True, batch=
 
 
 def chunk_sweep(graphs, chunks, dtype=torch.float32):
-    """Fused fwd / fwd+bwd time per work-item chunk (tunes schedule.choose_chunk)."""
-    from pyg_dfgnn.ops import schedule
+    """Fused fwd / fwd+bwd time per work-item chunk (tunes work_items.chunk_for)."""
     rows = []
     for name, (ei, n, kind, _) in graphs.items():
         for chunk in chunks + [None]:
-            schedule.CHUNK_OVERRIDE = chunk
-            r = run_case(name, ei, n, kind, 1, 128, dtype, ["fused-auto"])
+            with ops.plan.override(chunk=chunk):
+                r = run_case(name, ei, n, kind, 1, 128, dtype, ["fused-auto"])
             m = r["methods"]["fused-auto"]
             lay_chunk = chunk if chunk else "auto"
             rows.append({"graph": name, "chunk": lay_chunk, "dtype": r["dtype"], **m})
             print(f"{name:<13} chunk={str(lay_chunk):>5}  fwd {m.get('fwd_ms', float('nan')):.3f} ms"
                   f"  fwd+bwd {m.get('fwd_bwd_ms', float('nan')):.3f} ms")
-    schedule.CHUNK_OVERRIDE = None
     return rows
 
 

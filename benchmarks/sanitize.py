@@ -8,15 +8,12 @@ and the dense-tile forward; the one- and two-launch GT backward; attention
 dropout; returned attention weights; bipartite graphs; the two-rows-per-warp
 fp32 forward of larger graphs.
 
-Paths are chosen through :func:`pyg_dfgnn.ops.plan.override` when it exists,
-else through the per-call switches the ops read. Exits non-zero on a wrong
-result. Usage: ``python benchmarks/sanitize.py [--quick]``.
+Paths are forced through :func:`pyg_dfgnn.ops.plan.override`. Exits non-zero on a
+wrong result. Usage: ``python benchmarks/sanitize.py [--quick]``.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 
 import torch
@@ -82,36 +79,10 @@ def _check(name, got, want, tol):
         FAILURES.append((name, err))
 
 
-@contextlib.contextmanager
-def _env(**kw):
-    old = {k: os.environ.get(k) for k in kw}
-    os.environ.update({k: str(v) for k, v in kw.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _path(bwd_launches=None, dense=None):
-    """Forces the GT backward launches / dense-tile rule for one case."""
-    plan = getattr(ops, "plan", None)
-    if plan is not None and hasattr(plan, "override"):
-        kw = {}
-        if bwd_launches is not None:
-            kw["bwd_launches"] = bwd_launches
-        if dense is not None:
-            kw["dense_tiles"] = dense
-        return plan.override(**kw)
-    env = {}
-    if bwd_launches is not None:
-        env["PYG_DFGNN_BWD_LAUNCHES"] = bwd_launches
-    if dense is not None:
-        env["PYG_DFGNN_DENSE_TILES"] = dense
-    return _env(**env)
+    """Forces the GT backward launches (1, 2) and the dense-tile rule ("off",
+    "force") for one case; ``None`` keeps the default."""
+    return ops.plan.override(bwd_launches=bwd_launches, dense_tiles=dense)
 
 
 def _ref_gt(lay, q, k, v, scale, g):
@@ -239,7 +210,7 @@ def main(argv=None) -> int:
     print("GT")
     for kind in ("small", "super_node", "bipartite"):
         for strat in ("smmf", "pmf"):
-            for bwd in ("1", "2"):
+            for bwd in (1, 2):
                 gt_case(f"gt {kind} {strat} fp32 H2C32 bwd{bwd}", *G[kind], 2, 32, f32, strat,
                         bwd=bwd, attn=strat == "pmf")
         gt_case(f"gt {kind} smmf fp32 H1C7 scalar", *G[kind], 1, 7, f32)
@@ -251,7 +222,7 @@ def main(argv=None) -> int:
         for C in (32, 64, 128):
             gt_case(f"gt batch mma {dt} C{C}", *G["batch"], 2, C, dt, dense="off")
             gt_case(f"gt batch dense {dt} C{C}", *G["batch"], 2, C, dt, dense="force")
-            gt_case(f"gt batch mma {dt} C{C} bwd2", *G["batch"], 1, C, dt, bwd="2", dense="off")
+            gt_case(f"gt batch mma {dt} C{C} bwd2", *G["batch"], 1, C, dt, bwd=2, dense="off")
     gt_case("gt batch fp32 attn", *G["batch"], 4, 32, f32, attn=True)
     print("GAT")
     for kind in ("small", "super_node", "bipartite", "batch"):

@@ -34,21 +34,26 @@ using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 
-// The schema of gat_fwd (three feature tensors first); gt_fwd's has one more
-// argument, its tile plan (dense_tiles).
-using FwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&, const Tensor&, int64_t, const OptTensor&, const OptTensor&,
-                       const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                       int64_t, int64_t, double, double, int64_t, bool, bool);
-using GtFwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&, int64_t, const OptTensor&,
-                         const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                         const OptTensor&, int64_t, int64_t, double, double, int64_t, bool, bool,
-                         const OptTensor&);
-using BwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&, int64_t, int64_t, double, double, int64_t);
+// The schemas of gat_fwd (three feature tensors first, then the layout and the
+// scalars, and the kernel plan's two_rows) and gt_fwd (the kernel plan's tile
+// plan, dense_cells, mma, two_rows and bwd_one_launch), gat_bwd and gt_bwd (the
+// plan's one_launch).
+#define DFGNN_FWD_COMMON                                                                  \
+  const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, \
+      const Tensor&, int64_t, const OptTensor&, const OptTensor&, const OptTensor&,          \
+      const OptTensor&, const OptTensor&, const OptTensor&, int64_t, int64_t, double, double, \
+      int64_t, bool, bool
+#define DFGNN_BWD_COMMON                                                                  \
+  const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, \
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&,    \
+      const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double,  \
+      double, int64_t
+using FwdSig = Tensor3(DFGNN_FWD_COMMON, bool);
+using GtFwdSig = Tensor3(DFGNN_FWD_COMMON, const OptTensor&, double, bool, bool, bool);
+using BwdSig = Tensor3(DFGNN_BWD_COMMON);
+using GtBwdSig = Tensor3(DFGNN_BWD_COMMON, bool);
+#undef DFGNN_FWD_COMMON
+#undef DFGNN_BWD_COMMON
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
@@ -135,19 +140,20 @@ struct StoredLayout {
         col_combine(value_or_undefined(L.col_combine)), row_slots(L.row_slots),
         col_slots(L.col_slots), chunk(L.chunk) {}
 
-  // A backward op of signature BwdSig (gt_bwd, gat_bwd) on this layout; `who`
-  // names the node in the error of a forward that had no CSC.
-  Tensor3 backward(const char* who, const c10::TypedOperatorHandle<BwdSig>& op,
+  // A backward op (gt_bwd, gat_bwd) on this layout, `plan` its arguments after
+  // the seed; `who` names the node in the error of a forward that had no CSC.
+  template <typename Sig, typename... Plan>
+  Tensor3 backward(const char* who, const c10::TypedOperatorHandle<Sig>& op,
                    const Tensor& grad, const Tensor& a, const Tensor& b, const Tensor& c,
                    const Tensor& out, const Tensor& lse2, double param, double dropout,
-                   int64_t seed) const {
+                   int64_t seed, Plan... plan) const {
     TORCH_CHECK(colptr.defined() && row.defined() && perm.defined() && col_items.defined() &&
                     col_combine.defined(),
                 who, ": the forward was called without the CSC layout (colptr, row, perm, "
                 "col_items, col_combine), so it cannot be differentiated");
     return call_backward_op(op, grad, a, b, c, out, lse2, rowptr, col, row_items, row_combine,
                             row_slots, colptr, row, perm, col_items, col_combine, col_slots,
-                            chunk, param, dropout, seed);
+                            chunk, param, dropout, seed, plan...);
   }
 };
 
@@ -217,6 +223,7 @@ struct AttentionBackward final : Node {
   StoredLayout layout_;
   double param_ = 0.0, dropout_ = 0.0;
   int64_t seed_ = 0;
+  bool one_launch_ = false;  // gt_bwd's launches, decided with the forward's plan
 
   std::string name() const override { return kName; }
 
@@ -234,54 +241,63 @@ struct AttentionBackward final : Node {
     std::lock_guard<std::mutex> lock(mutex_);
     variable_list res(3);
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
-    static const auto op = find_op<BwdSig>(kBwd);
     const Tensor a = a_.unpack(), b = b_.unpack(), c = c_.unpack(), out = out_.unpack(getptr());
-    std::tie(res[0], res[1], res[2]) = layout_.backward(
-        kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_);
+    if constexpr (kBwd == kGtBwd) {
+      static const auto op = find_op<GtBwdSig>(kBwd);
+      std::tie(res[0], res[1], res[2]) = layout_.backward(
+          kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_,
+          one_launch_);
+    } else {
+      static const auto op = find_op<BwdSig>(kBwd);
+      std::tie(res[0], res[1], res[2]) = layout_.backward(
+          kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_);
+    }
     return res;
   }
 };
 
-// The op's CUDA kernel, below autograd; `kFwd` picks gt_fwd (with its tile plan)
-// or gat_fwd.
+// The kernel plan's arguments of a forward call after need_attn (gt_fwd: all of
+// them; gat_fwd: two_rows). Refers to the caller's tile plan, for the call.
+struct PlanArgs {
+  const OptTensor& tiles;
+  double dense_cells;
+  bool mma, two_rows, bwd_one_launch;
+};
+
+// The parameters gt_fwd and gat_fwd share (three feature tensors first; `param`
+// is gt's scale or gat's negative slope), for the entry points below.
+#define DFGNN_ATTN_PARAMS                                                                 \
+  const Tensor &a, const Tensor &b, const Tensor &c, const Tensor &rowptr, const Tensor &col, \
+      const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
+      const OptTensor &csr_row, const OptTensor &colptr, const OptTensor &row,              \
+      const OptTensor &perm, const OptTensor &col_items, const OptTensor &col_combine,      \
+      int64_t col_slots, int64_t chunk, double param, double dropout, int64_t seed, bool pmf, \
+      bool need_attn
+#define DFGNN_ATTN_ARGS                                                                    \
+  a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row, perm,      \
+      col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf, need_attn
+
+// The op's CUDA kernel, below autograd; `kFwd` picks gt_fwd or gat_fwd.
 template <const char* kFwd>
-Tensor3 attention_below(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& rowptr,
-                        const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
-                        int64_t row_slots, const OptTensor& csr_row, const OptTensor& colptr,
-                        const OptTensor& row, const OptTensor& perm, const OptTensor& col_items,
-                        const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
-                        double param, double dropout, int64_t seed, bool pmf, bool need_attn,
-                        const OptTensor& tiles) {
+Tensor3 attention_below(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
   at::AutoDispatchBelowADInplaceOrView below;
   if constexpr (kFwd == kGtFwd) {
     static const auto op = find_op<GtFwdSig>(kFwd);
-    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                   need_attn, tiles);
+    return op.call(DFGNN_ATTN_ARGS, plan.tiles, plan.dense_cells, plan.mma, plan.two_rows,
+                   plan.bwd_one_launch);
   } else {
     static const auto op = find_op<FwdSig>(kFwd);
-    return op.call(a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                   perm, col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf,
-                   need_attn);
+    return op.call(DFGNN_ATTN_ARGS, plan.two_rows);
   }
 }
 
-// The Autograd kernel of gt_fwd / gat_fwd: outputs (out, lse2, attn); out is
-// differentiable in the three feature tensors (argument positions 0, 1, 2), the
-// row statistics and the attention weights are not.
+// The Autograd kernel of gt_fwd / gat_fwd (through gt_autograd / gat_autograd):
+// outputs (out, lse2, attn); out is differentiable in the three feature tensors
+// (argument positions 0, 1, 2), the row statistics and the attention weights are
+// not.
 template <const char* kFwd, const char* kBwd, const char* kName>
-Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
-                           const Tensor& rowptr, const Tensor& col, const Tensor& row_items,
-                           const Tensor& row_combine, int64_t row_slots, const OptTensor& csr_row,
-                           const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
-                           const OptTensor& col_items, const OptTensor& col_combine,
-                           int64_t col_slots, int64_t chunk, double param, double dropout,
-                           int64_t seed, bool pmf, bool need_attn, const OptTensor& tiles) {
-  auto forward = [&] {
-    return attention_below<kFwd>(a, b, c, rowptr, col, row_items, row_combine, row_slots,
-                                 csr_row, colptr, row, perm, col_items, col_combine, col_slots,
-                                 chunk, param, dropout, seed, pmf, need_attn, tiles);
-  };
+Tensor3 attention_autograd(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
+  auto forward = [&] { return attention_below<kFwd>(DFGNN_ATTN_ARGS, plan); };
   // Before the no-node shortcut: a dual tensor need not require a gradient, and
   // its tangent would be dropped silently.
   for (const Tensor* t : {&a, &b, &c})
@@ -306,21 +322,24 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
   node->param_ = param;
   node->dropout_ = dropout;
   node->seed_ = seed;
+  node->one_launch_ = plan.bwd_one_launch;
   return {out, lse2, attn};
 }
 
-// gat_fwd's schema has no tile plan.
-Tensor3 gat_autograd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& rowptr,
-                     const Tensor& col, const Tensor& row_items, const Tensor& row_combine,
-                     int64_t row_slots, const OptTensor& csr_row, const OptTensor& colptr,
-                     const OptTensor& row, const OptTensor& perm, const OptTensor& col_items,
-                     const OptTensor& col_combine, int64_t col_slots, int64_t chunk,
-                     double param, double dropout, int64_t seed, bool pmf, bool need_attn) {
-  return attention_autograd<kGatFwd, kGatBwd, kGatNode>(
-      a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row, perm,
-      col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf, need_attn,
-      c10::nullopt);
+Tensor3 gt_autograd(DFGNN_ATTN_PARAMS, const OptTensor& tiles, double dense_cells, bool mma,
+                    bool two_rows, bool bwd_one_launch) {
+  return attention_autograd<kGtFwd, kGtBwd, kGtNode>(
+      DFGNN_ATTN_ARGS, PlanArgs{tiles, dense_cells, mma, two_rows, bwd_one_launch});
 }
+
+Tensor3 gat_autograd(DFGNN_ATTN_PARAMS, bool two_rows) {
+  static const OptTensor no_tiles;
+  return attention_autograd<kGatFwd, kGatBwd, kGatNode>(
+      DFGNN_ATTN_ARGS, PlanArgs{no_tiles, 0.0, false, two_rows, false});
+}
+
+#undef DFGNN_ATTN_PARAMS
+#undef DFGNN_ATTN_ARGS
 
 // AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
 // rnorm (not). An unused k or q gets a zero gradient (materialised by autograd).
@@ -371,7 +390,7 @@ using L2FwdSig = Tensor3(const Tensor&, const Tensor&, double);
 using L2BwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&);
 using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, int64_t, int64_t, bool);
+                          const Tensor&, const Tensor&, int64_t, int64_t, bool, bool);
 
 // The schema's parameters, shared by the op's three C++ entry points below.
 #define DFGNN_AGNN_PARAMS                                                                  \
@@ -379,10 +398,10 @@ using CosFwdSig = Tensor4(const Tensor&, const Tensor&, double, const Tensor&, c
       const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
       const OptTensor &colptr, const OptTensor &row, const OptTensor &perm,                 \
       const OptTensor &col_items, const OptTensor &col_combine, int64_t col_slots,          \
-      int64_t chunk, bool need_attn
+      int64_t chunk, bool need_attn, bool mma, bool two_rows, bool bwd_one_launch
 #define DFGNN_AGNN_ARGS                                                                     \
   x, beta, eps, rowptr, col, row_items, row_combine, row_slots, colptr, row, perm, col_items, \
-      col_combine, col_slots, chunk, need_attn
+      col_combine, col_slots, chunk, need_attn, mma, two_rows, bwd_one_launch
 
 // k, q (undefined on the fp32 cos_fwd path), rnorm, then (out, lse2, attn) of the
 // attention; no dropout, SMMF.
@@ -391,15 +410,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> agnn_forward(DFGNN_AG
   static const auto gt = find_op<GtFwdSig>(kGtFwd);
   static const auto cos = find_op<CosFwdSig>("dfgnn::cos_fwd");
   if (x.scalar_type() == at::kFloat) {
-    auto [out, lse2, attn, rnorm] =
-        cos.call(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn);
+    auto [out, lse2, attn, rnorm] = cos.call(x, beta, eps, rowptr, col, row_items, row_combine,
+                                             row_slots, chunk, need_attn, two_rows);
     return {Tensor(), Tensor(), rnorm, out, lse2, attn};
   }
   auto [k, q, rnorm] = l2.call(x, beta, eps);
   auto [out, lse2, attn] = gt.call(q, k, x, rowptr, col, row_items, row_combine, row_slots,
                                    c10::nullopt, colptr, row, perm, col_items, col_combine,
                                    col_slots, chunk, 1.0, 0.0, 0, false, need_attn,
-                                   c10::nullopt);
+                                   c10::nullopt, 0.0, mma, two_rows, bwd_one_launch);
   return {k, q, rnorm, out, lse2, attn};
 }
 
@@ -411,18 +430,20 @@ Tensor2 agnn_composite(DFGNN_AGNN_PARAMS) {
 
 struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& beta,
-                               double eps, const LayoutArgs& L, bool need_attn) {
+                               double eps, const LayoutArgs& L, bool need_attn, bool mma,
+                               bool two_rows, bool bwd_one_launch) {
     Tensor k, q, rnorm, out, lse2, attn;
     {
       at::AutoDispatchBelowADInplaceOrView below;
       std::tie(k, q, rnorm, out, lse2, attn) =
           agnn_forward(x, beta, eps, L.rowptr, L.col, L.row_items, L.row_combine, L.row_slots,
                        L.colptr, L.row, L.perm, L.col_items, L.col_combine, L.col_slots,
-                       L.chunk, need_attn);
+                       L.chunk, need_attn, mma, two_rows, bwd_one_launch);
     }
     ctx->save_for_backward({x, beta, out});
     save_layout(ctx, L, {k, q, rnorm, lse2});
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bwd_one_launch"] = bwd_one_launch;
     ctx->mark_non_differentiable({attn});
     return {out, attn};
   }
@@ -430,9 +451,9 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
   // dx = (normalisation backward of dk, dq) + dv, since x is both v and the
   // normalised k / q; dbeta from the normalisation's per-row terms.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list res(5);  // x, beta, eps, the layout, need_attn
+    variable_list res(8);  // x, beta, eps, the layout, need_attn and the plan's three
     if (!grads[0].defined()) return res;
-    static const auto gt_bwd = find_op<BwdSig>(kGtBwd);
+    static const auto gt_bwd = find_op<GtBwdSig>(kGtBwd);
     static const auto l2 = find_op<L2FwdSig>("dfgnn::l2norm_fwd");
     static const auto l2_bwd = find_op<L2BwdSig>("dfgnn::l2norm_bwd");
     const auto s = ctx->get_saved_variables();  // x, beta, out
@@ -442,7 +463,8 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
       std::tie(k, q, std::ignore) = call_backward_op(l2, s[0], s[1],
                                                      ctx->saved_data.at("eps").toDouble());
     auto [dq, dk, dv] = L.layout.backward("dfgnn::agnn_fwd", gt_bwd, grads[0].contiguous(), q,
-                                          k, s[0], s[2], L.extra[3], 1.0, 0.0, 0);
+                                          k, s[0], s[2], L.extra[3], 1.0, 0.0, 0,
+                                          ctx->saved_data.at("bwd_one_launch").toBool());
     auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, L.extra[2], s[1]);
     res[0] = dxn.add(dv);
     res[1] = dbeta_part.sum().reshape(s[1].sizes());
@@ -457,7 +479,7 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
   }
   const LayoutArgs L{rowptr, col,       row_items,   row_combine, row_slots, colptr,
                      row,    perm,      col_items,   col_combine, col_slots, chunk};
-  auto o = AGNNAttention::apply(x, beta, eps, L, need_attn);
+  auto o = AGNNAttention::apply(x, beta, eps, L, need_attn, mma, two_rows, bwd_one_launch);
   return {o[0], o[1]};
 }
 
@@ -467,7 +489,7 @@ Tensor2 agnn_autograd(DFGNN_AGNN_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dfgnn, Autograd, m) {
-  m.impl("gt_fwd", &attention_autograd<kGtFwd, kGtBwd, kGtNode>);
+  m.impl("gt_fwd", &gt_autograd);
   m.impl("gat_fwd", &gat_autograd);
   m.impl("l2norm_fwd", &l2norm_autograd);
   m.impl("agnn_fwd", &agnn_autograd);

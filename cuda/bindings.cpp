@@ -94,6 +94,16 @@ Work make_work(const at::Tensor& items, const at::Tensor& combine, int64_t num_s
   return Work{items, combine, num_slots};
 }
 
+// The plan's decisions (pyg_dfgnn/ops/plan.py) arrive as arguments; one the call
+// cannot run raises here, before anything is launched. Two rows per warp compile
+// the split-row merge out of the SMMF forward, so they need a call without
+// split rows.
+void check_two_rows(bool two_rows, bool pmf, const Work& rw, const char* op) {
+  TORCH_CHECK(!two_rows || (!pmf && rw.num_slots == 0), op, ": two_rows=True needs SMMF "
+              "(pmf=False) and no split rows (row_slots == 0), got pmf=", pmf ? "True" : "False",
+              ", row_slots=", num(rw.num_slots));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
@@ -102,8 +112,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
     const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
     double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles) {
-  // The CSC arguments are only kept for the backward (the autograd node saves them).
+    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows,
+    bool /*bwd_one_launch*/) {
+  // The CSC arguments and bwd_one_launch are only kept for the backward (the
+  // autograd node saves them).
   check_qkv(q, k, v, rowptr, col);
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gt_fwd: dropout must be in [0, 1), got ",
               std::to_string(dropout));
@@ -113,7 +125,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
     TORCH_CHECK(csr_row.has_value(), "dfgnn::gt_fwd: pmf=True needs csr_row");
     check_index(*csr_row, "csr_row", col.numel(), q);
   }
+  check_two_rows(two_rows, pmf, rw, "dfgnn::gt_fwd");
+  TORCH_CHECK(!mma || (!pmf && dropout == 0.0 && !need_attn &&
+                       gt_forward_mma_supports(q.scalar_type(), q.size(2), /*aligned16=*/true)),
+              "dfgnn::gt_fwd: mma=True (the tensor-core forward) needs float16 / bfloat16, C in "
+              "{32, 64, 128}, pmf=False, dropout 0 and need_attn=False");
   if (dense_tiles.has_value()) {
+    TORCH_CHECK(mma, "dfgnn::gt_fwd: dense_tiles runs in the tensor-core forward: it needs "
+                "mma=True");
+    TORCH_CHECK(dense_cells > 0.0, "dfgnn::gt_fwd: dense_cells (window cells per edge of a "
+                "dense block) must be > 0 with dense_tiles, got ", std::to_string(dense_cells));
     check_index(*dense_tiles, "dense_tiles", -1, q);
     const int64_t n_tiles = (q.size(0) + kTileRows - 1) / kTileRows;
     TORCH_CHECK(dense_tiles->numel() >= kTileMetaInts * n_tiles &&
@@ -127,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
   }
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   return gt_forward_cuda(q, k, v, rowptr, col, rw, csr_row, chunk, scale, dropout, seed, pmf,
-                         need_attn, dense_tiles);
+                         need_attn, dense_tiles, dense_cells, mma, two_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
@@ -136,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
     const at::Tensor& row_items, const at::Tensor& row_combine, int64_t row_slots,
     const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const at::Tensor& col_items, const at::Tensor& col_combine, int64_t col_slots, int64_t chunk,
-    double scale, double dropout, int64_t seed) {
+    double scale, double dropout, int64_t seed, bool one_launch) {
   check_qkv(q, k, v, rowptr, col);
   check_features(out, "out", q);
   check_features(grad_out, "grad_out", q);
@@ -154,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   Work cw = make_work(col_items, col_combine, col_slots, "col", q);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   return gt_backward_cuda(grad_out, q, k, v, out, lse, rowptr, col, rw, colptr, row, perm, cw,
-                          chunk, scale, dropout, seed);
+                          chunk, scale, dropout, seed, one_launch);
 }
 
 void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
@@ -185,7 +206,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
     const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
     const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
     const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
-    double negative_slope, double dropout, int64_t seed, bool pmf, bool need_attn) {
+    double negative_slope, double dropout, int64_t seed, bool pmf, bool need_attn,
+    bool two_rows) {
   check_gat(a_dst, a_src, x, rowptr, col);
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gat_fwd: dropout must be in [0, 1), got ",
               std::to_string(dropout));
@@ -195,9 +217,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
     TORCH_CHECK(csr_row.has_value(), "dfgnn::gat_fwd: pmf=True needs csr_row");
     check_index(*csr_row, "csr_row", col.numel(), x);
   }
+  check_two_rows(two_rows, pmf, rw, "dfgnn::gat_fwd");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, csr_row, chunk, negative_slope,
-                          dropout, seed, pmf, need_attn);
+                          dropout, seed, pmf, need_attn, two_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
@@ -253,7 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
     const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
     const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
-    int64_t row_slots, int64_t chunk, bool need_attn) {
+    int64_t row_slots, int64_t chunk, bool need_attn, bool two_rows) {
   TORCH_CHECK(x.is_cuda(), "dfgnn::cos_fwd: x must be a CUDA tensor, got device ", x.device());
   TORCH_CHECK(x.scalar_type() == at::kFloat, "dfgnn::cos_fwd: x must be float32, got ",
               x.scalar_type(), " (fp16 / bf16 AGNN runs l2norm_fwd then gt_fwd)");
@@ -262,8 +285,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
   TORCH_CHECK(eps > 0.0, "dfgnn::cos_fwd: eps must be > 0, got ", std::to_string(eps));
   TORCH_CHECK(chunk > 0, "dfgnn::cos_fwd: chunk must be > 0, got ", num(chunk));
   Work rw = make_work(row_items, row_combine, row_slots, "row", x);
+  check_two_rows(two_rows, false, rw, "dfgnn::cos_fwd");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return cosine_forward_cuda(x, beta, eps, rowptr, col, rw, chunk, need_attn);
+  return cosine_forward_cuda(x, beta, eps, rowptr, col, rw, chunk, need_attn, two_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Tensor& dq,
@@ -290,39 +314,45 @@ TORCH_LIBRARY(dfgnn, m) {
   m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
   m.def("l2norm_fwd(Tensor x, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("l2norm_bwd(Tensor dk, Tensor dq, Tensor k, Tensor rnorm, Tensor beta) -> (Tensor, Tensor)");
+  // The kernel plan's decisions (pyg_dfgnn/ops/plan.py) are arguments: pmf,
+  // chunk, two_rows (two rows per warp in the SMMF forward, where the head shape
+  // has that variant), mma (the fp16 / bf16 tensor-core GT forward; rows that are
+  // not 16-byte aligned run the CUDA-core kernel), dense_tiles with dense_cells
+  // (the layout's tile plan, pyg_dfgnn/ops/tiles.py, and the window cells per
+  // edge up to which a block runs dense) and bwd_one_launch / one_launch (the GT
+  // backward's two walks in one launch).
   // AGNN in one call (cuda/autograd.cpp): cos_fwd for fp32, else l2norm_fwd then gt_fwd
   // (SMMF, scale 1).
   m.def(
       "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, Tensor? perm, "
-      "Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, bool need_attn) "
-      "-> (Tensor, Tensor)");
+      "Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, bool need_attn, "
+      "bool mma, bool two_rows, bool bwd_one_launch) -> (Tensor, Tensor)");
   // AGNN's attention over unnormalised x (fp32): (out, lse, attn, rnorm).
   m.def(
       "cos_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
-      "Tensor row_combine, int row_slots, int chunk, bool need_attn) "
+      "Tensor row_combine, int row_slots, int chunk, bool need_attn, bool two_rows) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
-  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h;
-  // dense_tiles: the layout's tile plan for the fp16 / bf16 forward
-  // (pyg_dfgnn/ops/tiles.py; without it every block runs sparse).
+  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, Tensor? row, "
       "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
-      "float scale, float dropout, int seed, bool pmf, bool need_attn, "
-      "Tensor? dense_tiles=None) -> (Tensor, Tensor, Tensor)");
+      "float scale, float dropout, int seed, bool pmf, bool need_attn, Tensor? dense_tiles, "
+      "float dense_cells, bool mma, bool two_rows, bool bwd_one_launch) "
+      "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "
       "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
-      "int col_slots, int chunk, float scale, float dropout, int seed) "
+      "int col_slots, int chunk, float scale, float dropout, int seed, bool one_launch) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor rowptr, Tensor col, "
       "Tensor row_items, Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, "
       "Tensor? row, Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, "
-      "int chunk, float negative_slope, float dropout, int seed, bool pmf, bool need_attn) "
-      "-> (Tensor, Tensor, Tensor)");
+      "int chunk, float negative_slope, float dropout, int seed, bool pmf, bool need_attn, "
+      "bool two_rows) -> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_bwd(Tensor grad_out, Tensor a_dst, Tensor a_src, Tensor x, Tensor out, Tensor lse, "
       "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "

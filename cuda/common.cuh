@@ -189,7 +189,7 @@ template <int V> using IntC = std::integral_constant<int, V>;
 // Picks the per-row thread mapping for head size C: VEC elements per access,
 // G lanes per (node, head) row and NV accesses per lane (compile-time, so the
 // row's q / accumulator fragments stay in registers). Mirrored by
-// pyg_dfgnn.ops.schedule.kernel_supports(); returns false when C is too large.
+// pyg_dfgnn.ops.plan.kernel_supports(); returns false when C is too large.
 template <typename T, typename F>
 bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
@@ -224,7 +224,7 @@ void dispatch_rows(at::ScalarType st, int64_t C, bool aligned, const char* op, F
                                [&](auto VEC, auto G, auto NV) { f(TypeTag<T>{}, VEC, G, NV); });
   });
   TORCH_CHECK(ok, op, ": head size C=", std::to_string(C), " is not supported by the fused "
-              "kernels (pyg_dfgnn.ops.schedule.kernel_supports says which sizes are)");
+              "kernels (pyg_dfgnn.ops.plan.kernel_supports says which sizes are)");
 }
 
 // Typed views of a tensor's data for kernel arguments (dtypes are checked in
@@ -240,14 +240,11 @@ template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.da
 // item (the batch graphs). Measured 6-25 % faster there (GT and GAT), but slower
 // where one long chain is the kernel time: small graphs (+27 %) and split rows of
 // super nodes (GT up to +16 %, GAT up to +11 %). bf16 / fp16 would spill (fp32 q and accumulator fragments
-// twice as long per lane). kTwoRowsMinEdges mirrors
-// pyg_dfgnn.ops.schedule.SMALL_GRAPH_EDGES.
-constexpr int64_t kTwoRowsMinEdges = int64_t(1) << 18;
+// twice as long per lane). Which calls run it is the kernel plan's decision
+// (pyg_dfgnn/ops/plan.py, the ops' `two_rows` argument); these shapes compile the
+// split-row merge out, so bindings.cpp admits `two_rows` only without split rows.
 template <typename T, int VEC, int G, int NV>
 constexpr bool kHasTwoRowsShape = std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1;
-inline bool use_two_rows(bool pmf, int64_t n_edges, int64_t num_slots) {
-  return !pmf && n_edges >= kTwoRowsMinEdges && num_slots == 0;
-}
 
 // Calls f(IntC<G'>, IntC<NV'>, IntC<U'>) with an SMMF forward's row shape: two rows
 // per warp (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds
@@ -418,7 +415,7 @@ __device__ __forceinline__ void store_partial(float* __restrict__ row, int gl, i
   }
 }
 
-// The work item a lane group owns (schedule.split_work): one (row, head) pair
+// The work item a lane group owns (pyg_dfgnn/work_items.py, split_work): one (row, head) pair
 // and at most `chunk` of the row's edges. Units are item * H + head, so the
 // groups of one warp take the heads of the same row.
 struct GroupItem {
@@ -965,7 +962,7 @@ struct OnlineSoftmax {
   // (m, l) go to its slot, and merge_split_softmax writes the row when this group
   // completes its merge tree (counters nullptr: merge_softmax_partials merges
   // later). MERGE = false compiles the merge out: the two-rows-per-warp shapes
-  // (they only run on graphs without split rows, use_two_rows) and the
+  // (they only run on calls without split rows, bindings.cpp) and the
   // half-precision variants for calls without counters (with_merge_variant).
   template <bool MERGE = true>
   __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, int chunk,

@@ -205,7 +205,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   if (x.scalar_type() != at::kFloat && rw.num_slots > 0) {  // split rows, half inputs
     const at::Tensor out32 = std::get<0>(gat_forward_cuda(
         a_dst.to(at::kFloat), a_src.to(at::kFloat), x.to(at::kFloat), rowptr, col, rw,
-        c10::nullopt, chunk, negative_slope, dropout, seed, /*pmf=*/false, /*need_attn=*/false));
+        c10::nullopt, chunk, negative_slope, dropout, seed, /*pmf=*/false, /*need_attn=*/false,
+        /*two_rows=*/false));
     dsum_in = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
   }
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;

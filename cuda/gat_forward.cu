@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
     int64_t chunk, double negative_slope, double dropout, int64_t seed, bool pmf,
-    bool need_attn) {
+    bool need_attn, bool two_rows) {
   const int64_t H = x.size(1), C = x.size(2), E = col.size(0);
   ForwardCall fc(x, a_dst.size(0), E, rw, pmf, need_attn);
   const float p = (float)dropout, slope = (float)negative_slope;
@@ -94,7 +94,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
   auto stream = at::cuda::getCurrentCUDAStream();
-  const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                     auto NV_) {
     using T = typename decltype(T_)::type;

@@ -16,9 +16,6 @@
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
-#include <cstdlib>
-#include <string>
-
 #include "common.cuh"
 #include "ops.h"
 
@@ -292,7 +289,7 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
                                           seed, counters, blockIdx.x);
 }
 
-// Small graphs (kOneLaunchBackwardMaxEdges): the dq and dkv walks in one launch,
+// Small graphs (the kernel plan's bwd_one_launch): the dq and dkv walks in one launch,
 // the first dq_blocks blocks walking the CSR, the others the CSC, each dkv group
 // recomputing its edges' weights (gt_bwd_dkv_recompute). Such a graph's backward
 // is host-bound and its two kernels each fill a fraction of the GPU: one launch
@@ -325,34 +322,14 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                                                  p, seed, counters_kv, blockIdx.x - dq_blocks);
 }
 
-// Graphs of fewer edges than this run the backward in one launch
-// (gt_bwd_one_launch_kernel). Backward kernels on Cora (11K edges): 14.9 us in
-// one launch, 9.6 + 9.6 in two, so one launch (one fewer on the host) wins; on
-// PubMed (89K edges), whose walks each fill the GPU, 71.4 us in one launch
-// against 29.2 + 26.1 in two, where the dkv kernel takes the saved weights.
-// PYG_DFGNN_BWD_LAUNCHES=1 or 2 in the environment forces one or two launches on
-// any graph, for comparisons and tests (read on each call: a scan of the
-// environment, well under a microsecond).
-constexpr int64_t kOneLaunchBackwardMaxEdges = int64_t(1) << 16;
-bool use_one_launch_backward(int64_t n_edges) {
-  if (const char* forced = std::getenv("PYG_DFGNN_BWD_LAUNCHES")) {
-    const std::string f(forced);
-    TORCH_CHECK(f == "1" || f == "2", "gt_bwd: environment variable PYG_DFGNN_BWD_LAUNCHES "
-                "must be 1 or 2 (forced kernel launches of the backward), got '", f, "'");
-    return f == "1";
-  }
-  return n_edges < kOneLaunchBackwardMaxEdges;
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed) {
+    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed, bool one_launch) {
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
-  const bool one_launch = use_one_launch_backward(E);
   // D_i = dO_i . O_i is the term the softmax backward subtracts from each dP_ij, and
   // where the dP_ij of a row are close (duplicate or similar neighbours) dS keeps
   // only their difference: with O_i rounded to fp16 / bf16 that difference loses
@@ -364,7 +341,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   if (q.scalar_type() != at::kFloat && rowptr.size(0) > 1) {
     const at::Tensor out32 = std::get<0>(gt_forward_cuda(
         q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), rowptr, col, rw, c10::nullopt,
-        chunk, scale, dropout, seed, /*pmf=*/false, /*need_attn=*/false, c10::nullopt));
+        chunk, scale, dropout, seed, /*pmf=*/false, /*need_attn=*/false,
+        /*dense_tiles=*/c10::nullopt, /*dense_cells=*/0.0, /*mma=*/false, /*two_rows=*/false));
     dsum_t = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
   }
   const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;

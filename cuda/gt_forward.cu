@@ -13,8 +13,6 @@
 // Scores are kept in base 2 (scale already multiplied by log2(e)) so every
 // exponential is a single exp2f; `lse2` is the per-row log2-sum-exp saved for
 // the backward (O(N H) memory).
-#include <cstdlib>
-
 #include "common.cuh"
 #include "ops.h"
 
@@ -142,20 +140,13 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   });
 }
 
-// The tensor-core forward (gt_forward_mma.cu) where it applies, unless the
-// environment sets PYG_DFGNN_NO_MMA (for same-build comparisons in the benchmarks).
-bool use_mma() {
-  static const bool off = std::getenv("PYG_DFGNN_NO_MMA") != nullptr;
-  return !off;
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
     int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles) {
+    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows) {
   const int64_t H = q.size(1), C = q.size(2), E = col.size(0);
   ForwardCall fc(q, q.size(0), E, rw, pmf, need_attn);
   const float scale2 = (float)(scale * kLog2e);
@@ -163,12 +154,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(fc.out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
-  if (!pmf && p == 0.f && !need_attn && rw.num_slots == 0 && use_mma() &&
-      gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
-    gt_forward_mma(q, k, v, rowptr, col, dense_tiles, fc.out, fc.lse2, scale);
+  // The plan's tensor-core forward (bindings.cpp checks the call allows it); rows
+  // that are not 16-byte aligned run the CUDA-core kernel, which has scalar loads.
+  if (mma && gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
+    gt_forward_mma(q, k, v, rowptr, col, dense_tiles, dense_cells, fc.out, fc.lse2, scale);
     return {fc.out, fc.lse2, fc.attn};
   }
-  const bool two_rows = use_two_rows(pmf, E, rw.num_slots);  // common.cuh
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
@@ -191,12 +182,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
     const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn) {
+    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn, bool two_rows) {
   const int64_t N = x.size(0), H = x.size(1), C = x.size(2), E = col.size(0);
   auto rnorm = l2norm_rnorm_cuda(x, eps);
   ForwardCall fc(x, N, E, rw, false, need_attn);
   const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
-  const bool two_rows = use_two_rows(false, E, rw.num_slots);  // common.cuh
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::cos_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
     using T = typename decltype(T_)::type;

@@ -36,9 +36,6 @@
 #include "mma.cuh"
 #include "ops.h"
 
-#include <cstdlib>
-#include <cstring>
-
 namespace dfgnn {
 namespace {
 
@@ -47,11 +44,6 @@ constexpr int kDenseThreads = 128;
 constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v (two buffers)
 constexpr int kDenseMaxWidth = 512;  // widest key window run dense
 constexpr int kMaxChunks = kDenseMaxWidth / kDenseKeys;  // 16 chunk bits per warp in the plan
-// Default for PYG_DFGNN_DENSE_TILES: a block runs dense while its window holds at
-// most this many (row, key) cells per edge. Which graphs get a plan at all by
-// default is the caller's rule (tiles.py; docs/design.md, "Tensor cores and dense
-// tiles").
-constexpr float kDenseCellsPerEdge = 24.f;
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -317,17 +309,6 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
   }
 }
 
-// PYG_DFGNN_DENSE_TILES, read on each call: "off" (or 0) runs every block on the
-// sparse units, "force" every block the plan has a window for, a number sets the
-// cells per edge; unset, kDenseCellsPerEdge.
-float dense_cells_per_edge() {
-  const char* s = std::getenv("PYG_DFGNN_DENSE_TILES");
-  if (s == nullptr || *s == '\0') return kDenseCellsPerEdge;
-  if (std::strcmp(s, "off") == 0) return 0.f;
-  if (std::strcmp(s, "force") == 0) return 1e30f;
-  return std::strtof(s, nullptr);
-}
-
 template <typename T, int C>
 void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& plan,
@@ -347,10 +328,10 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& rowptr, const at::Tensor& col,
-                      const c10::optional<at::Tensor>& plan, at::Tensor& out, at::Tensor& lse2,
-                      double scale) {
+                      const c10::optional<at::Tensor>& plan, double cells_per_edge,
+                      at::Tensor& out, at::Tensor& lse2, double scale) {
   if (!plan.has_value()) return false;
-  const float cells = dense_cells_per_edge();
+  const float cells = (float)cells_per_edge;
   const int64_t N = q.size(0), C = q.size(2), E = col.size(0);
   if (!(cells > 0.f) || N == 0 || E == 0) return false;
   const float scale2 = (float)(scale * kLog2e);

@@ -23,8 +23,9 @@
 // Because a tile's product runs over all its edges for each of the 8 rows (the
 // masked ones with weight 0), a non-finite v row makes all 8 rows of its block
 // non-finite, not only the rows it is a neighbour of.
-// Used for calls without split rows, dropout or returned attention weights and
-// C in {32, 64, 128} (gt_forward_cuda); the rest runs on the CUDA-core kernel.
+// Runs where the kernel plan says so (pyg_dfgnn/ops/plan.py: by default calls
+// without split rows; never with dropout or returned attention weights, and C in
+// {32, 64, 128}); the rest runs on the CUDA-core kernel.
 #include "mma.cuh"
 #include "ops.h"
 
@@ -57,9 +58,9 @@ bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16) {
 
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& rowptr, const at::Tensor& col,
-                    const c10::optional<at::Tensor>& dense_tiles, at::Tensor& out,
-                    at::Tensor& lse2, double scale) {
-  if (gt_forward_dense(q, k, v, rowptr, col, dense_tiles, out, lse2, scale)) return;
+                    const c10::optional<at::Tensor>& dense_tiles, double dense_cells,
+                    at::Tensor& out, at::Tensor& lse2, double scale) {
+  if (gt_forward_dense(q, k, v, rowptr, col, dense_tiles, dense_cells, out, lse2, scale)) return;
   const int64_t N = q.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_units = (N + kMmaRows - 1) / kMmaRows * H;
   if (n_units == 0) return;

@@ -62,7 +62,7 @@ class Scratch {
   float* ptr_[kMaxRegions] = {nullptr, nullptr, nullptr, nullptr};
 };
 
-// Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.ops.schedule.split_work):
+// Node-parallel work items over a CSR / CSC pointer (pyg_dfgnn.work_items.split_work):
 // items [I, 3] = (row, first edge, partial slot or -1), at most `chunk` edges each;
 // combine [R, 3] = (row, first slot, n slots) for the R rows split over several items.
 struct Work {
@@ -118,42 +118,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
     int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles);
+    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows);
 
 // The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
-// [N_dst, H] for graphs without split rows (any in-degree works, but a warp owns
-// 8 whole rows), no dropout and no attention weights.
+// [N_dst, H] whatever the work items (a warp owns 8 whole rows of any length),
+// without dropout and attention weights. With a tile plan and dense_cells > 0 it
+// runs over dense tiles (gt_forward_dense).
 bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& rowptr, const at::Tensor& col,
-                    const c10::optional<at::Tensor>& dense_tiles, at::Tensor& out,
-                    at::Tensor& lse2, double scale);
+                    const c10::optional<at::Tensor>& dense_tiles, double dense_cells,
+                    at::Tensor& out, at::Tensor& lse2, double scale);
 // The tile plan's layout (pyg_dfgnn/ops/tiles.py): kTileRows destination rows per
 // tile, kTileMetaInts ints per tile before the edge masks.
 constexpr int kTileRows = 64;
 constexpr int kTileMetaInts = 8;
-// The same call over dense tiles (gt_forward_dense.cu), blocks of 64 rows whose
-// key window the layout's tile plan (`plan`, pyg_dfgnn/ops/tiles.py) has as
-// narrow and dense enough, the others on the sparse units; false (nothing
-// launched) without a plan (the caller's per-graph rule), when
-// PYG_DFGNN_DENSE_TILES=off or the graph has no edges.
+// The same call over dense tiles (gt_forward_dense.cu): blocks of 64 rows whose
+// key window the layout's tile plan (`plan`, pyg_dfgnn/ops/tiles.py) has, and
+// holds at most `cells_per_edge` window cells per edge, run dense, the others
+// on the sparse units; false (nothing launched) without a plan, with
+// cells_per_edge <= 0 or when the graph has no edges.
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& rowptr, const at::Tensor& col,
-                      const c10::optional<at::Tensor>& plan, at::Tensor& out, at::Tensor& lse2,
-                      double scale);
+                      const c10::optional<at::Tensor>& plan, double cells_per_edge,
+                      at::Tensor& out, at::Tensor& lse2, double scale);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
     const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed);
+    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed, bool one_launch);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
     const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
     int64_t chunk, double negative_slope, double dropout, int64_t seed, bool pmf,
-    bool need_attn);
+    bool need_attn, bool two_rows);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
@@ -177,7 +178,7 @@ at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps);
 // k = x / max(||x||, eps), scale 1.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
     const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn);
+    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn, bool two_rows);
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
                                                         const at::Tensor& k,

@@ -20,6 +20,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .derived import Derived
+from .work_items import Work, chunk_for, split_work, work_items, work_stats
+
 
 #: Number of GraphLayout builds (:meth:`~GraphLayout.narrow` included) in this
 #: process (tests use it to check caching).
@@ -46,10 +49,12 @@ class GraphLayout:
             attention weights (built on first use).
         num_src, num_dst (int): node counts (equal unless the graph is bipartite).
         max_in_degree (int), mean_in_degree (float): in-degree statistics used by
-            :mod:`pyg_dfgnn.ops.schedule`.
+            the kernel plan (:mod:`pyg_dfgnn.ops.plan`).
         colptr, row, perm (Tensor): CSC by source (built with the layout unless
             ``with_csc=False``, then on first use): ``[N_src + 1]``, ``[E]`` dst of
             each CSC edge, ``[E]`` CSR position of each CSC edge.
+        derived (Derived): what the kernels derive from the graph and reuse
+            (work items, tile plan, kernel plans; :mod:`pyg_dfgnn.derived`).
 
     Index tensors are int32 when every index and ``E`` fit, else int64.
     """
@@ -74,7 +79,7 @@ class GraphLayout:
         # costs time.
         self._device = col.device
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
-        self._cache: dict = {}  # derived data the kernels reuse (work items, tile plan)
+        self.derived = Derived()
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -189,13 +194,31 @@ class GraphLayout:
     # ------------------------------------------------------------------ derived
     def prepare(self, with_csc: bool = True) -> "GraphLayout":
         """Builds now what the kernels read lazily: the CSR work items and, with
-        ``with_csc``, the CSC and its work items (paper Table 2's "preprocess")."""
-        from .ops import schedule
-        chunk = schedule.choose_chunk(self)
-        schedule.row_work(self, chunk)
+        ``with_csc``, the CSC and its work items (paper Table 2's "preprocess"),
+        for the default chunk (:func:`~pyg_dfgnn.work_items.chunk_for`)."""
+        chunk = chunk_for(self.num_edges)
+        self.work("row", chunk)
         if with_csc:
-            schedule.col_work(self, chunk)
+            self.work("col", chunk)
         return self
+
+    def work(self, kind: str, chunk: int, long_first: bool = True) -> Work:
+        r"""Work items of the CSR (``kind="row"``, by destination) or the CSC
+        (``"col"``, by source, for dK / dV) at ``chunk`` edges per item
+        (:func:`~pyg_dfgnn.work_items.split_work`), built on first use and kept
+        in :attr:`derived`.
+
+        Raises:
+            ValueError: ``kind`` is neither ``"row"`` nor ``"col"``.
+        """
+        key = (kind, chunk, long_first)
+        w = self.derived.work.get(key)
+        if w is None:
+            if kind not in ("row", "col"):
+                raise ValueError(f"kind must be 'row' or 'col', got {kind!r}")
+            ptr = self.rowptr if kind == "row" else self.colptr
+            w = self.derived.work[key] = split_work(ptr, chunk, long_first)
+        return w
 
     @property
     def device(self) -> torch.device:
@@ -254,11 +277,11 @@ class GraphLayout:
     @property
     def max_out_degree(self) -> int:
         """Largest out-degree (over source nodes)."""
-        if "max_out_degree" not in self._cache:
+        if self.derived.max_out_degree is None:
             colptr = self.colptr
-            self._cache["max_out_degree"] = (int((colptr[1:] - colptr[:-1]).max())
-                                             if self.num_src > 0 and self.num_edges else 0)
-        return self._cache["max_out_degree"]
+            self.derived.max_out_degree = (int((colptr[1:] - colptr[:-1]).max())
+                                           if self.num_src > 0 and self.num_edges else 0)
+        return self.derived.max_out_degree
 
     def in_degree(self) -> Tensor:
         """``[N_dst]`` in-degree of each destination node."""
@@ -290,12 +313,7 @@ class GraphLayout:
                           self.max_in_degree, self.self_loops, move(self._csr_row))
         if self._csc is not None:
             new._csc = tuple(t.to(device) for t in self._csc)
-        for key, val in self._cache.items():  # work items, degree statistics
-            if isinstance(key, tuple) and key[0] == "op_args":
-                continue  # tuples of the tensors above, rebuilt on the first call
-            new._cache[key] = (tuple(t.to(device) if isinstance(t, Tensor) else t for t in val)
-                               if isinstance(val, tuple) else
-                               val.to(device) if isinstance(val, Tensor) else val)
+        new.derived = self.derived.to(device)
         return new
 
     def cuda(self, device=None, *args, **kwargs) -> "GraphLayout":
@@ -342,7 +360,6 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     is grouped by destination: the CSR position of an edge follows from its rank),
     the CSC (one stable sort by source) and the work items.
     """
-    from .ops import schedule
     E0 = ei.size(1)
     dev = ei.device
     n = min(num_src, num_dst) if loops else 0
@@ -350,7 +367,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         lo, hi = torch.aminmax(ei, dim=1)
         raise _out_of_range(lo.tolist(), hi.tolist(), num_src, num_dst)
     wd = torch.int32 if max(E0 + n, num_src, num_dst) <= _INT32_MAX else torch.int64
-    chunk = schedule.chunk_for(E0 + n)  # exact unless existing self-loops are removed
+    chunk = chunk_for(E0 + n)  # exact unless existing self-loops are removed
     src, dst = ei[0], ei[1]
 
     # ---- phase 1: statistics on the device, one synchronisation
@@ -379,7 +396,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         else:
             din[:n].add_(1)
             dout[:n].add_(1)
-    extra = schedule.work_stats(deg, chunk)
+    extra = work_stats(deg, chunk)
     have_deg = num_dst > 0 and num_src > 0
     if have_deg:
         parts.extend(_count_parts(deg, extra, num_dst, num_src))
@@ -433,23 +450,23 @@ def _count_parts(deg: Tensor, extra: Tensor, num_dst: int, num_src: int) -> list
 def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chunk: int,
             with_csc: bool) -> GraphLayout:
     """The CSC (when ``with_csc``) and the work items of a layout whose CSR is
-    built, from the out-degrees, :func:`~pyg_dfgnn.ops.schedule.work_stats` over
+    built, from the out-degrees, :func:`~pyg_dfgnn.work_items.work_stats` over
     ``[in-degrees, out-degrees]`` and the :func:`_count_parts` values read."""
-    from .ops import schedule
     ex_in, ex_all, sp_in, sp_all = counts[:4]
     nd, ns = layout.num_dst, layout.num_src
-    same_chunk = schedule.chunk_for(layout.num_edges) == chunk
+    same_chunk = chunk_for(layout.num_edges) == chunk
+    work = layout.derived.work
     if same_chunk:
-        schedule.cache_work(layout, "row_work", chunk, schedule.work_items(
-            layout.rowptr, extra[:nd], nd + ex_in, sp_in, chunk))
+        work[("row", chunk, True)] = work_items(layout.rowptr, extra[:nd], nd + ex_in, sp_in,
+                                                chunk)
     if with_csc:
         col = layout.col
         colptr = torch.zeros(ns + 1, dtype=col.dtype, device=col.device)
         torch.cumsum(dout, 0, dtype=col.dtype, out=colptr[1:])
         layout._csc = _csc(col, layout.csr_row, colptr)
         if same_chunk:
-            schedule.cache_work(layout, "col_work", chunk, schedule.work_items(
-                colptr, extra[nd:], ns + ex_all - ex_in, sp_all - sp_in, chunk))
+            work[("col", chunk, True)] = work_items(colptr, extra[nd:], ns + ex_all - ex_in,
+                                                    sp_all - sp_in, chunk)
     if not same_chunk:  # removed self-loops moved E across the chunk threshold
         layout.prepare(with_csc)
     return layout
@@ -457,7 +474,6 @@ def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chun
 
 def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
             with_csc: bool) -> Optional[GraphLayout]:
-    from .ops import schedule
     ek = edge_index.size(1)
     if (parent.self_loops or edge_index.dim() != 2 or edge_index.size(0) != 2 or ek == 0
             or ek > parent.num_edges or num_src > parent.num_src or num_dst > parent.num_dst
@@ -468,12 +484,12 @@ def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
     rowptr = parent.rowptr[:num_dst + 1].clamp(max=ek)
     col, edge_perm = parent.col[:ek], parent._edge_perm
     edge_perm = None if edge_perm is None else edge_perm[:ek]
-    chunk = schedule.chunk_for(ek)
+    chunk = chunk_for(ek)
     deg = torch.zeros(num_dst + num_src, dtype=torch.int32, device=dev)
     torch.sub(rowptr[1:], rowptr[:-1], out=deg[:num_dst])
     deg[num_dst:].index_add_(0, col.clamp(max=num_src - 1),
                              torch.ones(1, dtype=torch.int32, device=dev).expand(ek))
-    extra = schedule.work_stats(deg, chunk)
+    extra = work_stats(deg, chunk)
     max_id = col.new_full((1,), -1) if edge_perm is None else edge_perm.amax(0, keepdim=True)
     vals = torch.cat([parent.rowptr[num_dst:num_dst + 1], max_id,
                       col.amax(0, keepdim=True),

@@ -5,6 +5,7 @@ that parametrised tests can call them with their own sizes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import warnings
@@ -160,3 +161,12 @@ def build_count():
     import pyg_dfgnn.layout as L
     start = L.BUILD_COUNT
     return lambda: L.BUILD_COUNT - start
+
+
+@pytest.fixture
+def plan_override():
+    """``plan_override(**fields)`` applies :func:`pyg_dfgnn.ops.plan.override` until
+    the test ends (fields of later calls add to earlier ones)."""
+    from pyg_dfgnn.ops import plan
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(plan.override(**fields))

@@ -91,9 +91,8 @@ def test_normalised_ops_node_only_when_required(op, which):
     if op == "l2norm":
         out = torch.ops.dfgnn.l2norm_fwd.default(x, beta, 1e-12)[1]  # q = beta k
     else:
-        rw, csc, chunk = ops._work_args(lay, True)
-        layout_args = _meta([lay.rowptr, lay.col, *rw, *csc])
-        out = torch.ops.dfgnn.agnn_fwd.default(x, beta, 1e-12, *layout_args, chunk, False)[0]
+        args = _meta(ops.agnn_op_args(lay, torch.randn(N, H, C), torch.ones(1), 1e-12))
+        out = torch.ops.dfgnn.agnn_fwd.default(x, beta, *args[2:])[0]
     assert out.requires_grad == bool(which) and (out.grad_fn is not None) == bool(which)
     if which:
         out.sum().backward()
@@ -122,10 +121,10 @@ def test_l2norm_backward_wiring(use):
 
 def test_agnn_backward_wiring():
     lay = _layout()
-    rw, csc, chunk = ops._work_args(lay, True)
     x, beta = _leaf(N, H, C), _leaf(1)
-    layout_args = _meta([lay.rowptr, lay.col, *rw, *csc])
-    out, attn = torch.ops.dfgnn.agnn_fwd.default(x, beta, 1e-12, *layout_args, chunk, True)
+    args = _meta(ops.agnn_op_args(lay, torch.randn(N, H, C), torch.ones(1), 1e-12,
+                                  need_attn=True))
+    out, attn = torch.ops.dfgnn.agnn_fwd.default(x, beta, *args[2:])
     assert out.requires_grad and not attn.requires_grad
     assert attn.shape == (lay.num_edges, H)
     out.sum().backward()

@@ -7,7 +7,7 @@ import torch
 
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import reference, schedule
+from pyg_dfgnn.ops import plan, reference
 from test_cuda_gt import DEV, GRAPHS, assert_matches_ref, poison, random_graph, rel_err
 
 pytestmark = pytest.mark.cuda
@@ -143,7 +143,7 @@ def test_two_rows_per_warp(H, C, super_deg):
     n = 20_000
     ei = random_graph(n, n, 300_000, super_deg=super_deg)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
+    assert lay.num_edges >= plan.TWO_ROWS_MIN_EDGES
     x = torch.randn(n, H, C, device=DEV, requires_grad=True)
     a_src = torch.randn(n, H, device=DEV, requires_grad=True)
     a_dst = torch.randn(n, H, device=DEV, requires_grad=True)
@@ -162,7 +162,7 @@ def test_two_rows_per_warp_dropout():
     n, p = 300_000, 0.6
     ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
+    assert lay.num_edges >= plan.TWO_ROWS_MIN_EDGES
     x = torch.rand(n, 1, 128, device=DEV) + 0.1
     a = torch.randn(n, 1, device=DEV)
     out = ops.gat_attention(lay, a, a, x, dropout=p, training=True, strategy="smmf")
@@ -174,16 +174,16 @@ def test_two_rows_per_warp_dropout():
 
 @pytest.mark.parametrize("model", ["gt", "gat"])
 @pytest.mark.parametrize("H,C", [(4, 32), (1, 128), (2, 100), (1, 7)])
-def test_many_split_rows(monkeypatch, model, H, C):
+def test_many_split_rows(plan_override, model, H, C):
     """Work items of 4 edges: thousands of split rows (and columns) of a few slots,
     and a super node of 6,000 in-edges, 1,500 slots merged up a 4-level tree
     (common.cuh, merge_split_row); forward and backward against float64."""
-    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 4)
+    plan_override(chunk=4)
     torch.manual_seed(H * 1000 + C)
     n = 12_000
     ei = random_graph(n, n, 150_000, super_deg=6_000)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    combine = schedule.row_work(lay, 4)[1]
+    combine = lay.work("row", 4)[1]
     assert combine.shape[0] > 8000 and combine[:, 2].max() > 8 ** 3  # split rows, a deep tree
     g = torch.randn(n, H, C, device=DEV)
     if model == "gat":
@@ -337,8 +337,7 @@ def test_agnn_op_opcheck_and_bad_input():
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.randn(n, 2, 32, device=DEV, requires_grad=True)
     beta = torch.tensor([1.1], device=DEV, requires_grad=True)
-    rw, csc, chunk = ops._work_args(lay, True)
-    args = (x, beta, 1e-12, lay.rowptr, lay.col, *rw, *csc, chunk, False)
+    args = ops.agnn_op_args(lay, x, beta, 1e-12)
     torch.library.opcheck(torch.ops.dfgnn.agnn_fwd.default, args)
     with pytest.raises(RuntimeError, match="beta must be a float32"):
         torch.ops.dfgnn.agnn_fwd(x, beta.double(), *args[2:])
@@ -354,8 +353,7 @@ def test_cos_op_opcheck_and_bad_input():
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.randn(n, 2, 32, device=DEV)
     beta = torch.tensor([1.1], device=DEV)
-    rw, _, chunk = ops._work_args(lay, False)
-    args = (x, beta, 1e-12, lay.rowptr, lay.col, *rw, chunk, True)
+    args = ops.cos_op_args(lay, x, beta, 1e-12, need_attn=True)
     torch.library.opcheck(torch.ops.dfgnn.cos_fwd.default, args)
     out, lse, attn, rnorm = torch.ops.dfgnn.cos_fwd(*args)
     k, q, rnorm2 = torch.ops.dfgnn.l2norm_fwd(x, beta, 1e-12)

@@ -13,11 +13,15 @@ import torch
 import pyg_dfgnn
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import reference, schedule, tiles
+from pyg_dfgnn.ops import plan, reference, tiles
+from pyg_dfgnn.work_items import DEFAULT_CHUNK, chunk_for
 
 pytestmark = pytest.mark.cuda
 
 DEV = "cuda"
+#: Position of gt_fwd's dense_tiles argument (then dense_cells, mma, two_rows,
+#: bwd_one_launch).
+TILES = -5
 
 
 def rel_err(a, b):
@@ -89,12 +93,12 @@ def ref64(lay, q, k, v, grad_out=None):
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("graph", list(GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7)])
-def test_forward_backward_fp32(graph, strategy, H, C, backward, monkeypatch):
+def test_forward_backward_fp32(graph, strategy, H, C, backward, plan_override):
     """Both backward paths of these small graphs: one launch, and the two-launch
     path of larger graphs (the dq kernel saving each edge's P' and dS for the dk /
-    dv SpMM), which PYG_DFGNN_BWD_LAUNCHES=2 forces."""
+    dv SpMM), which plan.override(bwd_launches=2) forces."""
     if backward == "two_launches":
-        monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", "2")
+        plan_override(bwd_launches=2)
     torch.manual_seed(hash((graph, strategy, H, C)) % 2**31)
     lay = make_layout(graph)
     q, k, v = qkv(lay, H, C, torch.float32, requires_grad=True)
@@ -167,17 +171,17 @@ MMA_GRAPHS = {
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("graph,H,C", [("dense", 1, 128), ("small", 4, 32), ("bipartite", 2, 64),
                                        ("bipartite", 1, 128), ("dense", 2, 32)])
-def test_tensor_core_forward(graph, dtype, H, C, monkeypatch):
+def test_tensor_core_forward(graph, dtype, H, C, plan_override):
     """The tensor-core forward (gt_forward_mma.cu: fp16 / bf16, C in {32, 64, 128},
     no split rows, no dropout, no attention weights) runs, matches the float64
     reference, and so does the backward that uses its lse; scores of a few units
     make the running maximum of a row rise across its tiles. The chunk of large
     graphs keeps these small graphs' rows whole."""
-    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", schedule.DEFAULT_CHUNK)
+    plan_override(chunk=DEFAULT_CHUNK)
     torch.manual_seed(hash((graph, str(dtype), H, C)) % 2**31)
     ei, ns, nd = MMA_GRAPHS[graph]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    assert lay.max_in_degree <= schedule.DEFAULT_CHUNK  # no split rows
+    assert lay.max_in_degree <= DEFAULT_CHUNK  # no split rows
     q, k, v = qkv(lay, H, C, dtype)
     q = (q * 3).requires_grad_()
     k.requires_grad_()
@@ -222,21 +226,17 @@ def batch_graph(gen, n_graphs=40, density=0.3):
                                        (torch.bfloat16, 4, 32), (torch.bfloat16, 2, 64),
                                        (torch.float16, 3, 32), (torch.bfloat16, 1, 64),
                                        (torch.bfloat16, 2, 32)])
-def test_dense_tile_forward(mode, dtype, H, C, monkeypatch):
-    """The dense-tile tensor-core forward (gt_forward_dense.cu; PYG_DFGNN_DENSE_TILES:
-    unset = default rule, "force", a cells-per-edge ratio, "off") on a batch of
+def test_dense_tile_forward(mode, dtype, H, C, plan_override):
+    """The dense-tile tensor-core forward (gt_forward_dense.cu; plan.override's
+    dense_tiles: unset = default rule, "force", a cells-per-edge ratio, "off") on a batch of
     small graphs: matches the float64 reference in output and (through its lse) in
     the backward, leaves isolated rows at 0, counts duplicate edges, and agrees
     with the sparse units, in one launch where blocks go both ways."""
-    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 512)
-    if mode is None:
-        monkeypatch.delenv("PYG_DFGNN_DENSE_TILES", raising=False)
-    else:
-        monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", mode)
+    plan_override(chunk=512, dense_tiles=float(mode) if mode == "3" else mode)
     gen = torch.Generator().manual_seed(hash((mode, str(dtype), H, C)) % 2**31)
     ei, n = batch_graph(gen)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    assert 300 <= lay.max_in_degree <= schedule.choose_chunk(lay)
+    assert 300 <= lay.max_in_degree <= plan.plan_for(lay, dtype, C).chunk
     q, k, v = qkv(lay, H, C, dtype)
     q = (q * 3).requires_grad_()
     k.requires_grad_()
@@ -246,10 +246,10 @@ def test_dense_tile_forward(mode, dtype, H, C, monkeypatch):
     assert ("gt_fwd_dense_kernel" in " ".join(names)) == (mode != "off")
     # The tile plan has both kinds of blocks: dense, and sparse for the duplicates,
     # the 300-edge row and the far edges.
-    lo = tiles.tile_plan(lay, by_rule=False)[:8 * ((n + 63) // 64)].view(-1, 8)[:, 0]
+    lo = tiles.tile_plan(lay)[:8 * ((n + 63) // 64)].view(-1, 8)[:, 0]
     assert 0.5 < (lo >= 0).float().mean() < 1
     out = _check_half_forward_backward(lay, q, k, v, g)
-    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", "off")
+    plan_override(dense_tiles="off")
     sparse = ops.gt_attention(lay, q, k, v)
     assert rel_err(out, sparse) < 1e-2
 
@@ -303,11 +303,11 @@ def test_outputs_of_one_call_are_separate_tensors(graph, dtype):
 @pytest.mark.parametrize("n_edges", [20_000, 90_000])  # under 2^16 (one launch), over (two)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges, monkeypatch):
+def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges):
     """The backward's CSR (dq) and CSC (dk, dv) walks in one launch, the CSC walk
     recomputing each edge's weights with D_i = dO_i . O_i (gt_bwd_one_launch_kernel,
     the default under 2^16 edges), and in two, the CSC walk an SpMM with the
-    per-edge (P', dS) that the dq kernel saved; PYG_DFGNN_BWD_LAUNCHES forces each
+    per-edge (P', dS) that the dq kernel saved; plan.override(bwd_launches=) forces each
     on either size. Both match the float64 reference, with split rows merged in the
     kernels, a super node, duplicate edges, a bipartite graph, and the same dropout
     mask."""
@@ -317,46 +317,37 @@ def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges, mon
                        torch.randint(0, 2_000, (3_000,))]).to(DEV)
     lay = GraphLayout.from_edge_index(torch.cat([ei, hub], 1), (3_000, 2_000))
     assert (lay.num_edges < 2**16) == (n_edges < 2**16)
-    assert schedule.col_work(lay, schedule.choose_chunk(lay))[1].shape[0] > 0  # split CSC rows
+    assert lay.work("col", chunk_for(lay.num_edges))[1].shape[0] > 0  # split CSC rows
     q, k, v = qkv(lay, 2, 64, dtype, requires_grad=True)
     g = torch.randn(lay.num_dst, 2, 64, device=DEV, dtype=dtype)
     default = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
     assert any("gt_bwd_one_launch_kernel" in n for n in default) == (n_edges < 2**16)
     grads = {}
-    for launches in ("1", "2"):
-        monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", launches)
-        names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
-        assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == "1")
-        for t in (q, k, v):
-            t.grad = None
+    for launches in (1, 2):
+        with plan.override(bwd_launches=launches):
+            names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
+            assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
+            for t in (q, k, v):
+                t.grad = None
+            poison()
+            torch.manual_seed(99)
+            out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
         poison()
-        torch.manual_seed(99)
-        out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
-        poison()
-        out.backward(g)
+        out.backward(g)  # outside the override: the forward's plan decides
         grads[launches] = [t.grad.clone() for t in (q, k, v)]
     tol = 1e-4 if dtype == torch.float32 else 1e-2
-    for a, b in zip(grads["1"], grads["2"]):
+    for a, b in zip(grads[1], grads[2]):
         assert rel_err(a, b) < tol
     if dropout == 0.0:
         _, _, want = ref64(lay, q, k, v, g)
-        for got, w in zip(grads["1"], want):
+        for got, w in zip(grads[1], want):
             assert rel_err(got, w) < tol
-
-
-def test_backward_launches_variable_is_checked(monkeypatch):
-    lay = make_layout("small")
-    q, k, v = qkv(lay, 1, 32, torch.float32, requires_grad=True)
-    out = ops.gt_attention(lay, q, k, v)
-    monkeypatch.setenv("PYG_DFGNN_BWD_LAUNCHES", "3")
-    with pytest.raises(RuntimeError, match="PYG_DFGNN_BWD_LAUNCHES must be 1 or 2"):
-        out.sum().backward()
 
 
 def _split_row_case(seed, n=6_000, n_edges=60_000, super_deg=5_000):
     torch.manual_seed(seed)
     lay = GraphLayout.from_edge_index(random_graph(n, n, n_edges, super_deg=super_deg), (n, n))
-    assert schedule.row_work(lay, schedule.choose_chunk(lay))[1].shape[0] > 0  # split rows
+    assert lay.work("row", chunk_for(lay.num_edges))[1].shape[0] > 0  # split rows
     q, k, v = qkv(lay, 2, 64, torch.float32)
     return lay, q, k, v
 
@@ -460,8 +451,8 @@ def _batch_like_layout(n=20_000, n_edges=300_000):
     batch graphs, where the fp32 forward of 5-32 vectors per head row runs two
     rows per warp (gt_forward.cu)."""
     lay = GraphLayout.from_edge_index(random_graph(n, n, n_edges), (n, n))
-    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
-    assert lay.max_in_degree <= schedule.DEFAULT_CHUNK
+    assert lay.num_edges >= plan.TWO_ROWS_MIN_EDGES
+    assert lay.max_in_degree <= DEFAULT_CHUNK
     return lay
 
 
@@ -484,7 +475,7 @@ def test_two_rows_per_warp_dropout():
     n, p = 300_000, 0.3
     ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    assert lay.num_edges >= schedule.SMALL_GRAPH_EDGES
+    assert lay.num_edges >= plan.TWO_ROWS_MIN_EDGES
     q, k, v = qkv(lay, 1, 128, torch.float32)
     v = v.abs() + 0.1
     out = ops.gt_attention(lay, q, k, v, dropout=p, training=True)
@@ -530,11 +521,10 @@ def test_opcheck():
 
 @pytest.mark.parametrize("kernel,mode", [("gt_fwd_mma_kernel", "off"),
                                          ("gt_fwd_dense_kernel", "force")])
-def test_opcheck_tensor_core(kernel, mode, monkeypatch):
+def test_opcheck_tensor_core(kernel, mode, plan_override):
     """opcheck of gt_fwd on calls that take the tensor-core forwards (bf16, no
     split rows): the sparse units and the dense tiles."""
-    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", schedule.DEFAULT_CHUNK)
-    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", mode)
+    plan_override(chunk=DEFAULT_CHUNK, dense_tiles=mode)
     torch.manual_seed(7)
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
@@ -576,40 +566,108 @@ def test_bad_inputs_raise_clear_errors(case):
 
 
 @pytest.mark.parametrize("case", ["dtype", "short", "device"])
-def test_bad_tile_plan_raises_clear_error(case):
+def test_bad_tile_plan_raises_clear_error(case, plan_override):
     """gt_fwd's dense_tiles argument: wrong dtype, too few ints or wrong device
     raise errors that name it."""
+    plan_override(chunk=512, dense_tiles="force")
     ei, n = batch_graph(torch.Generator().manual_seed(3))
     lay = GraphLayout.from_edge_index(ei, (n, n))
     q, k, v = qkv(lay, 1, 64, torch.bfloat16)
     args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
-    plan = tiles.tile_plan(lay, by_rule=False)
-    args[-1] = {"dtype": plan.long(), "short": plan[:8].clone(), "device": plan.cpu()}[case]
+    tp = tiles.tile_plan(lay)
+    assert args[TILES] is tp
+    args[TILES] = {"dtype": tp.long(), "short": tp[:8].clone(), "device": tp.cpu()}[case]
     with pytest.raises(RuntimeError, match="dense_tiles"):
         torch.ops.dfgnn.gt_fwd(*args)
     torch.cuda.synchronize()
 
 
-def test_garbage_tile_plan_stays_in_bounds(monkeypatch):
+@pytest.mark.parametrize("case", ["mma_fp32", "mma_attn", "mma_pmf", "two_rows_split",
+                                  "two_rows_pmf", "tiles_no_mma", "tiles_no_cells"])
+def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
+    """A plan decision the call cannot run, passed to gt_fwd directly, raises a
+    clear error (two rows per warp without the split-row merge would leave split
+    rows unmerged; the tensor-core kernels have no dropout, attention weights or
+    fp32)."""
+    plan_override(chunk=512, dense_tiles="force")
+    ei, n = batch_graph(torch.Generator().manual_seed(5))
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    q, k, v = qkv(lay, 1, 64, torch.bfloat16)
+    args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
+    assert args[TILES] is not None and args[-3] and not args[-2]  # tiles, mma, not two_rows
+    with plan.override(chunk=4, dense_tiles="off", mma=False):
+        split = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
+    pmf = {19: True, 8: lay.csr_row}  # pmf and its csr_row
+    change, msg = {
+        "mma_fp32": ({0: q.float(), 1: k.float(), 2: v.float(), TILES: None}, "mma=True"),
+        "mma_attn": ({20: True, TILES: None}, "mma=True"),
+        "mma_pmf": ({**pmf, TILES: None}, "mma=True"),
+        "two_rows_split": ({i: split[i] for i in range(5, 8)} | {-2: True, -3: False,
+                                                                 TILES: None}, "two_rows=True"),
+        "two_rows_pmf": ({**pmf, -2: True, -3: False, TILES: None}, "two_rows=True"),
+        "tiles_no_mma": ({-3: False}, "needs mma=True"),
+        "tiles_no_cells": ({TILES + 1: 0.0}, "dense_cells"),
+    }[case]
+    for i, val in change.items():
+        args[i] = val
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.dfgnn.gt_fwd(*args)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("forced", ["mma_split_rows", "two_rows_small", "scalar_two_rows"])
+def test_forced_plan_paths_match_reference(forced, plan_override):
+    """Paths the default plan does not take but override() may force: the
+    tensor-core forward on a graph with split rows (it walks whole rows, whatever
+    the work items), two rows per warp on a small fp32 graph, and two_rows on a
+    head shape without that variant (the default shape runs)."""
+    torch.manual_seed(11)
+    lay = make_layout("small" if forced != "mma_split_rows" else "super_node")
+    dtype, C = (torch.bfloat16, 64) if forced == "mma_split_rows" else (torch.float32, 32)
+    if forced == "scalar_two_rows":
+        C = 7
+    if forced == "mma_split_rows":
+        plan_override(mma=True)
+        assert lay.work("row", chunk_for(lay.num_edges)).num_slots > 0
+    else:
+        plan_override(chunk=DEFAULT_CHUNK, two_rows=True)  # no split rows at chunk 128
+    q, k, v = qkv(lay, 2, C, dtype, requires_grad=True)
+    g = torch.randn(lay.num_dst, 2, C, device=DEV, dtype=dtype)
+    names = " ".join(_kernel_names(lambda: ops.gt_attention(lay, q, k, v)))
+    assert ("gt_fwd_mma_kernel" in names) == (forced == "mma_split_rows")
+    for t in (q, k, v):
+        t.grad = None
+    poison()
+    out = ops.gt_attention(lay, q, k, v)
+    out.backward(g)
+    ref, _, grads = ref64(lay, q, k, v, g)
+    tol = 1e-2 if dtype != torch.float32 else 1e-5
+    assert rel_err(out, ref) < tol
+    for got, want in zip((q.grad, k.grad, v.grad), grads):
+        assert rel_err(got, want) < max(tol, 1e-4)
+
+
+def test_garbage_tile_plan_stays_in_bounds(plan_override):
     """A plan that does not belong to the graph gives wrong numbers, but every
     block reads only inside k, v and the plan: windows past the source rows and
     mask offsets past the plan send blocks to the sparse units, so random plan
     contents never fault (the plan is built by tiles.py; the op cannot check it
     against the graph without a kernel)."""
-    monkeypatch.setenv("PYG_DFGNN_DENSE_TILES", "force")
+    plan_override(chunk=512, dense_tiles="force")  # rows whole: the tensor-core forward
     ei, n = batch_graph(torch.Generator().manual_seed(4))
     lay = GraphLayout.from_edge_index(ei, (n, n))
     q, k, v = qkv(lay, 1, 128, torch.bfloat16)
     args = list(ops.gt_op_args(lay, q, k, v, 1 / math.sqrt(128), need_grad=False))
-    plan = tiles.tile_plan(lay, by_rule=False)
+    tp = tiles.tile_plan(lay)
+    assert args[TILES] is tp
     gen = torch.Generator(device=DEV).manual_seed(0)
     for lo_hi in ((0, 2**31 - 1), (-5, n + 600), (0, n)):
-        bad = torch.randint(*lo_hi, plan.shape, device=DEV, dtype=torch.int32, generator=gen)
-        args[-1] = bad
+        bad = torch.randint(*lo_hi, tp.shape, device=DEV, dtype=torch.int32, generator=gen)
+        args[TILES] = bad
         out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
         torch.cuda.synchronize()
         assert out.shape == q.shape and lse.shape == (n, 1)
-    args[-1] = plan  # and the real plan still gives the right answer afterwards
+    args[TILES] = tp  # and the real plan still gives the right answer afterwards
     out, _, _ = torch.ops.dfgnn.gt_fwd(*args)
     ref = reference.dot_attention(lay.rowptr, lay.col, q.double(), k.double(), v.double(),
                                   1 / math.sqrt(128), 0.0, training=False)[0]
@@ -668,7 +726,7 @@ def test_torch_compile_fullgraph():
 
 
 @pytest.mark.parametrize("op", ["gt", "gat", "agnn"])
-def test_direct_entry_and_torch_ops_give_the_same_results(op, monkeypatch):
+def test_direct_entry_and_torch_ops_give_the_same_results(op):
     """The forward ops' direct entry (_C.gt_fwd and the like, ops._call_op) and the
     torch.ops path run the same kernels: bit-identical outputs and gradients, and
     the profiler records the op's kernel under the op's name on both."""
@@ -689,11 +747,11 @@ def test_direct_entry_and_torch_ops_give_the_same_results(op, monkeypatch):
         call = lambda: ops.agnn_attention(lay, leaves[0], None, leaves[1])  # noqa: E731
     res, g = {}, None
     for direct in (True, False):
-        monkeypatch.setattr(ops, "DIRECT_ENTRY", direct)
         for t in leaves:
             t.grad = None
         poison()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with (plan.override(direct_entry=direct),
+              torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof):
             out = call()
         assert f"dfgnn::{op}_fwd" in {e.name for e in prof.events()}
         g = torch.randn_like(out) if g is None else g

@@ -13,7 +13,7 @@ from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_c
 from conftest import random_graph
 from pyg_dfgnn.layout import GraphLayout, get_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
-from pyg_dfgnn.ops import schedule
+from pyg_dfgnn.work_items import chunk_for, split_work
 from pyg_dfgnn.transforms import CacheLayout
 
 
@@ -360,17 +360,17 @@ def test_build_matches_the_definition(loops, order, ns, nd, hub, dtype):
     assert lay.edge_perm.dtype == lay.edge_index.dtype == torch.long
     assert lay.max_in_degree == ref["max_in_degree"]
     assert lay.self_loops == loops
-    chunk = schedule.choose_chunk(lay)
-    for kind, ptr in (("row_work", ref["rowptr"]), ("col_work", ref["colptr"])):
-        cached = lay._cache[schedule._work_key(kind, chunk)]  # built with the layout
+    chunk = chunk_for(lay.num_edges)
+    for kind, ptr in (("row", ref["rowptr"]), ("col", ref["colptr"])):
+        cached = lay.derived.work[(kind, chunk, True)]  # built with the layout
         expect = _reference_split_work(ptr, chunk)
         for got, want in zip(cached, expect):
             assert (torch.equal(got, want) and got.dtype == want.dtype
                     if isinstance(want, Tensor) else got == want), kind
         assert all(torch.equal(a, b) if isinstance(a, Tensor) else a == b
-                   for a, b in zip(schedule.split_work(ptr, chunk), expect)), kind
+                   for a, b in zip(split_work(ptr, chunk), expect)), kind
     if hub:
-        assert lay._cache[schedule._work_key("row_work", chunk)][1].size(0) > 0
+        assert lay.derived.work[("row", chunk, True)][1].size(0) > 0
 
 
 def test_build_without_csc_builds_it_on_use():
@@ -462,9 +462,9 @@ def test_cuda_build_matches_the_definition(loops, grouped, hub):
     for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm",
                  "edge_index"):
         assert torch.equal(getattr(lay, name).cpu().long(), ref[name]), name
-    chunk = schedule.choose_chunk(lay)
-    for kind, ptr in (("row_work", ref["rowptr"]), ("col_work", ref["colptr"])):
-        got = lay._cache[schedule._work_key(kind, chunk)]
+    chunk = chunk_for(lay.num_edges)
+    for kind, ptr in (("row", ref["rowptr"]), ("col", ref["colptr"])):
+        got = lay.derived.work[(kind, chunk, True)]
         want = _reference_split_work(ptr, chunk)
         assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
         assert got[2] == want[2]

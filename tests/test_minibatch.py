@@ -380,16 +380,16 @@ def test_fuse_then_layout_is_built_once(build_count):
 
 # ----------------------------------------------------------------------------- trimmed layouts
 def _same_layout(a: GraphLayout, b: GraphLayout):
-    from pyg_dfgnn.ops import schedule
+    from pyg_dfgnn.work_items import chunk_for
     assert (a.num_src, a.num_dst, a.num_edges, a.max_in_degree, a.self_loops) == \
         (b.num_src, b.num_dst, b.num_edges, b.max_in_degree, b.self_loops)
     for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm", "edge_index"):
         x, y = getattr(a, name), getattr(b, name)
         assert torch.equal(x, y) and x.dtype == y.dtype and x.is_contiguous(), name
-    chunk = schedule.choose_chunk(b)
-    for kind in ("row_work", "col_work"):
-        wa = a._cache[schedule._work_key(kind, chunk)]
-        wb = b._cache[schedule._work_key(kind, chunk)]
+    chunk = chunk_for(b.num_edges)
+    for kind in ("row", "col"):
+        wa = a.derived.work[(kind, chunk, True)]
+        wb = b.derived.work[(kind, chunk, True)]
         assert torch.equal(wa[0], wb[0]) and torch.equal(wa[1], wb[1]) and wa[2] == wb[2], kind
 
 

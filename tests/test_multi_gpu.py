@@ -230,10 +230,9 @@ def test_moved_layout_carries_everything_to_the_new_device():
     lay0 = get_layout(ei.to("cuda:0"), size=(n, n)).prepare()
     out0 = ops.gt_attention(lay0, q.cuda(0), k.cuda(0), v.cuda(0))
     lay1 = lay0.to("cuda:1")
-    for val in lay1._cache.values():
-        for t in (val if isinstance(val, tuple) else (val,)):
-            if isinstance(t, torch.Tensor):
-                assert t.device == torch.device("cuda", 1)
+    assert lay1.derived.work
+    for t in lay1.derived.tensors():
+        assert t.device == torch.device("cuda", 1)
     torch.cuda.set_device(0)
     out1 = ops.gt_attention(lay1, q.cuda(1), k.cuda(1), v.cuda(1))
     assert rel_err(out1.cpu(), out0.cpu()) < 1e-6

@@ -1,15 +1,24 @@
-"""SMMF/PMF choice (paper §4.2), kernel coverage and the PMF work split."""
+"""SMMF/PMF choice (paper §4.2), kernel coverage (pyg_dfgnn.ops.plan) and the work
+split (pyg_dfgnn.work_items)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from conftest import random_graph
+from pyg_dfgnn import work_items
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import schedule
-from pyg_dfgnn.ops.schedule import (MAX_ROW_BYTES, MAX_SCALAR_C,
-                                    choose_strategy, col_work, kernel_supports, row_work,
-                                    split_work)
+from pyg_dfgnn.ops import plan
+from pyg_dfgnn.ops.plan import MAX_ROW_BYTES, MAX_SCALAR_C, choose_strategy, kernel_supports
+from pyg_dfgnn.work_items import split_work
+
+
+def row_work(lay, chunk):
+    return lay.work("row", chunk)
+
+
+def col_work(lay, chunk):
+    return lay.work("col", chunk)
 
 
 # ----------------------------------------------------------------------------- choose_strategy
@@ -32,21 +41,21 @@ def test_paper_rule_follows_shared_memory(score, elem_size):
 
 
 def test_paper_rule_default_capacity_is_the_device():
-    cap = schedule.shared_memory_per_block()
+    cap = plan.shared_memory_per_block()
     assert cap > 0
     assert choose_strategy(cap // 4, "dot", 4, rule="paper") == "pmf"
     assert choose_strategy(cap // 4 - 1, "dot", 4, rule="paper") == "smmf"
 
 
 @pytest.mark.parametrize("score", ["dot", "cosine", "additive"])
-def test_measured_rule_is_smmf_and_default(score, monkeypatch):
-    assert schedule.RULE == "measured"
+def test_measured_rule_is_smmf_and_default(score):
     for deg in (0, 5, 10 ** 5, 10 ** 7):
         assert choose_strategy(deg, score, 4, capacity=16) == "smmf"
         assert choose_strategy(deg, score, 2, capacity=16) == "smmf"
-    monkeypatch.setattr(schedule, "RULE", "paper")
     expect = "smmf" if score == "additive" else "pmf"
-    assert choose_strategy(10 ** 7, score, 4, capacity=16) == expect
+    with plan.override(rule="paper"):
+        assert choose_strategy(10 ** 7, score, 4, capacity=16) == expect
+    assert choose_strategy(10 ** 7, score, 4, capacity=16) == "smmf"
 
 
 def test_additive_is_always_smmf():
@@ -57,14 +66,14 @@ def test_additive_is_always_smmf():
                 assert choose_strategy(deg, "additive", elem, capacity=16, rule=rule) == "smmf"
 
 
-def test_choose_chunk_default_and_override(monkeypatch):
+def test_chunk_default_and_override():
     small = GraphLayout.from_edge_index(random_graph(50, num_edges=100), (50, 50))
-    assert schedule.choose_chunk(small) == schedule.SMALL_GRAPH_CHUNK
-    monkeypatch.setattr(schedule, "SMALL_GRAPH_EDGES", 100)  # 100 edges is no longer small
-    assert schedule.choose_chunk(small) == schedule.DEFAULT_CHUNK
-    monkeypatch.setattr(schedule, "CHUNK_OVERRIDE", 48)
-    assert schedule.choose_chunk(small) == 48
-    assert schedule.row_work(small, 48)[0][:, 1].tolist() == small.rowptr[:-1].tolist()  # row order
+    assert work_items.chunk_for(small.num_edges) == work_items.SMALL_GRAPH_CHUNK
+    assert work_items.chunk_for(work_items.SMALL_GRAPH_EDGES) == work_items.DEFAULT_CHUNK
+    assert plan.plan_for(small, torch.float32, 32).chunk == work_items.SMALL_GRAPH_CHUNK
+    with plan.override(chunk=48):
+        assert plan.plan_for(small, torch.float32, 32).chunk == 48
+    assert row_work(small, 48)[0][:, 1].tolist() == small.rowptr[:-1].tolist()  # row order
 
 
 @pytest.mark.parametrize("forced", ["smmf", "pmf"])
@@ -207,7 +216,7 @@ def test_work_is_cached_per_chunk():
     assert b is not a and b[0].size(0) < a[0].size(0)
     c = col_work(lay, 4)
     assert col_work(lay, 4) is c and c is not a
-    assert row_work(lay, schedule.choose_chunk(lay))[0].size(0) >= lay.num_dst
+    assert row_work(lay, work_items.chunk_for(lay.num_edges))[0].size(0) >= lay.num_dst
 
 
 def test_work_without_split_rows():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import tiles
+from pyg_dfgnn.ops import plan, tiles
 
 
 def _graph(seed, n_dst, n_src):
@@ -88,7 +88,7 @@ def test_tile_plan_none_without_dense_blocks():
                                         ("coco_sp", False)])
 def test_default_rule_on_batch_generators(kind, dense):
     """The default rule's statistic (median window cells per edge) puts the
-    benchmark's batch graphs on the side of DEFAULT_MAX_CELLS where the H100 runs
+    benchmark's batch graphs on the side of plan.DENSE_MAX_MEDIAN_CELLS where the H100 runs
     them faster (benchmarks/NOTES.md, v16)."""
     from benchmarks import generators
     if kind == "pattern":
@@ -97,7 +97,7 @@ def test_default_rule_on_batch_generators(kind, dense):
         ei, batch = generators.knn_batch(kind, 128, seed=1)
     n = batch.numel()
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    plan = tiles.build_tile_plan(lay.rowptr, lay.col, lay.csr_row, n, n)
-    frac, med = tiles.plan_cells_per_edge(plan, n)
+    tp = tiles.build_tile_plan(lay.rowptr, lay.col, lay.csr_row, n, n)
+    frac, med = tiles.plan_cells_per_edge(tp, n)
     assert frac > 0.9
-    assert (med <= tiles.DEFAULT_MAX_CELLS) == dense, med
+    assert (med <= plan.DENSE_MAX_MEDIAN_CELLS) == dense, med

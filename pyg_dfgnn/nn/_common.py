@@ -9,7 +9,7 @@ from torch import Tensor
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from ..ops.schedule import STRATEGIES
+from ..ops.plan import STRATEGIES
 
 # MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
 _HOOK_DICTS = (

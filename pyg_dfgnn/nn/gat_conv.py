@@ -22,7 +22,7 @@ class FusedGATConv(GATConv):
     one fused op, :func:`pyg_dfgnn.ops.gat_attention` (DF-GNN paper §3–4). As in the
     paper (§4.2, Fig. 12), ``strategy="auto"`` runs additive scores with SMMF,
     which measured as fast or faster than PMF on every benchmark graph on the
-    H100 (:mod:`pyg_dfgnn.ops.schedule`).
+    H100 (:func:`pyg_dfgnn.ops.plan.choose_strategy`).
 
     .. math::
         \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}

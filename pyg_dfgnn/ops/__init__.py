@@ -2,9 +2,10 @@ r"""Fused attention ops: SDDMM -> edge softmax -> SpMM in one call.
 
 Each op takes a :class:`~pyg_dfgnn.layout.GraphLayout` and dense per-node
 tensors. On CUDA tensors, with the extension built and a supported head size,
-it runs the fused kernels (``torch.ops.dfgnn``) with the fusion method chosen by
-:mod:`pyg_dfgnn.ops.schedule` (SMMF or PMF, paper §4.2); otherwise it runs
-:mod:`pyg_dfgnn.ops.reference`. Both compute the same function.
+it runs the fused kernels (``torch.ops.dfgnn``) that the kernel plan
+(:mod:`pyg_dfgnn.ops.plan`: SMMF or PMF, paper §4.2, and each kernel variant)
+picks; otherwise it runs :mod:`pyg_dfgnn.ops.reference`. Both compute the same
+function.
 """
 from __future__ import annotations
 
@@ -16,23 +17,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._ext import HAS_EXTENSION
-from . import reference, schedule
-from .schedule import choose_strategy, kernel_supports
-from .tiles import tile_plan
-
-_HALF = (torch.float16, torch.bfloat16)
+from . import plan, reference, schedule
+from ._args import (agnn_args, agnn_op_args, agnn_prepared, cos_op_args, gat_args, gat_op_args,
+                    gt_args, gt_op_args, prepared)
+from .plan import choose_strategy, kernel_supports
 
 if HAS_EXTENSION:
     from .. import _C
     from . import _custom  # noqa: F401  (fake implementations; autograd is in C++)
 
-#: Eager forward calls go through the extension's direct entry (``_C.gt_fwd`` and
-#: the like, ``cuda/python_entry.cpp``) instead of ``torch.ops.dfgnn``'s Python op
-#: wrapper; ``False`` takes the wrapper always (for comparisons).
-DIRECT_ENTRY = True
-
 __all__ = ["gt_attention", "agnn_attention", "gat_attention", "fused_attention",
-           "uses_kernels", "reference", "schedule", "choose_strategy", "kernel_supports"]
+           "uses_kernels", "reference", "plan", "schedule", "choose_strategy",
+           "kernel_supports", "gt_op_args", "gat_op_args", "agnn_op_args", "cos_op_args"]
 
 OpResult = Union[Tensor, Tuple[Tensor, Tensor]]
 
@@ -72,7 +68,13 @@ def uses_kernels(layout, x: Tensor) -> bool:
             (``E``, ``N_src`` or ``N_dst`` >= 2^31): the kernels index with int32,
             and the reference path would allocate ``[E, H, C]`` tensors.
     """
-    if not (HAS_EXTENSION and x.is_cuda):
+    return _runs_kernels(layout, x.is_cuda, x.size(-1), x.dtype)
+
+
+def _runs_kernels(layout, is_cuda: bool, head_size: int, dtype: torch.dtype) -> bool:
+    # uses_kernels for callers that have the head size and dtype at hand: each
+    # Tensor attribute read costs a good part of a microsecond of host time.
+    if not (HAS_EXTENSION and is_cuda):
         return False
     if layout.col.dtype != torch.int32:
         raise NotImplementedError(
@@ -80,7 +82,7 @@ def uses_kernels(layout, x: Tensor) -> bool:
             f"nodes (int32 indices); this one has E={layout.num_edges}, N_src="
             f"{layout.num_src}, N_dst={layout.num_dst} ({layout.col.dtype} indices). Split "
             "it (e.g. torch_geometric.loader.NeighborLoader) or run the native PyG layer")
-    return kernel_supports(x.size(-1), x.dtype)
+    return kernel_supports(head_size, dtype)
 
 
 def _seed() -> int:
@@ -99,62 +101,14 @@ def _call_op(name: str, args: tuple):
     entry makes the same dispatcher call (autograd, profiler, inference mode and
     dispatch modes as before) without the Python op wrapper's argument parsing: a
     small graph's step is host-bound (``docs/design.md``, "Host path"). Under
-    ``torch.compile`` and for tensor subclasses the wrapper runs."""
-    if (DIRECT_ENTRY and not torch.compiler.is_compiling()
+    ``torch.compile``, for tensor subclasses and under
+    ``plan.override(direct_entry=False)`` the wrapper runs."""
+    if (plan.direct_entry() and not torch.compiler.is_compiling()
             and not torch._C._is_torch_function_mode_enabled()):
         res = getattr(_C, name)(*args)
         if res is not NotImplemented:
             return res
     return getattr(torch.ops.dfgnn, name).default(*args)
-
-
-def _work_args(layout, need_grad: bool) -> tuple:
-    """Work items of the layout's CSR and, when ``need_grad``, its CSC (the backward
-    walks it): the arguments every fused op takes after ``rowptr, col``."""
-    chunk = schedule.choose_chunk(layout)
-    rw = schedule.row_work(layout, chunk)
-    if need_grad:
-        cw = schedule.col_work(layout, chunk)
-        csc = (layout.colptr, layout.row, layout.perm, cw[0], cw[1], cw[2])
-    else:
-        csc = (None, None, None, None, None, 0)
-    return rw, csc, chunk
-
-
-def _layout_args(layout, need_grad: bool, pmf: bool) -> tuple:
-    """The arguments of ``gt_fwd`` / ``gat_fwd`` between the three feature tensors
-    and the scalars (CSR, its work items, ``csr_row`` for PMF, the CSC and its work
-    items when ``need_grad``, the chunk), cached on the layout: a small graph's
-    call is host-bound, and this runs on every call."""
-    key = ("op_args", schedule.choose_chunk(layout), schedule.LONG_ITEMS_FIRST, need_grad, pmf)
-    args = layout._cache.get(key)
-    if args is None:
-        rw, csc, chunk = _work_args(layout, need_grad)
-        args = layout._cache[key] = (layout.rowptr, layout.col, *rw,
-                                     layout.csr_row if pmf else None, *csc, chunk)
-    return args
-
-
-def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
-               seed: int = 0, pmf: bool = False, need_attn: bool = False,
-               need_grad: bool = True) -> tuple:
-    """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` for a layout; calls that
-    can run the dense-tile forward (fp16 / bf16, ``C`` in {32, 64, 128}, no
-    dropout, PMF or attention weights) get the layout's tile plan."""
-    tiles = None
-    if (q.dtype in _HALF and q.size(-1) in (32, 64, 128) and not dropout and not pmf
-            and not need_attn):
-        tiles = tile_plan(layout)
-    return (q, k, v, *_layout_args(layout, need_grad, pmf), float(scale), float(dropout),
-            int(seed), bool(pmf), bool(need_attn), tiles)
-
-
-def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
-                dropout: float = 0.0, seed: int = 0, pmf: bool = False, need_attn: bool = False,
-                need_grad: bool = True) -> tuple:
-    """The argument tuple of ``torch.ops.dfgnn.gat_fwd`` for a layout."""
-    return (a_dst, a_src, x, *_layout_args(layout, need_grad, pmf), float(negative_slope),
-            float(dropout), int(seed), bool(pmf), bool(need_attn))
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -180,7 +134,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
             ``[E, H]`` in the layout's input edge order (not differentiable on the
             fused-kernel path).
         strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
-        score (str): ``"dot"`` or ``"cosine"``; only used for the schedule.
+        score (str): ``"dot"`` or ``"cosine"``; only used for the kernel plan.
 
     Returns:
         ``out`` ``[N_dst, H, C]`` (dtype of ``q``), or ``(out, alpha)``.
@@ -199,31 +153,32 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         duplicate edge, run the window as one dense tile masked by the edges
         (``cuda/gt_forward_dense.cu``), on graphs whose median block has at most
         20 cells per edge (the PATTERN, CLUSTER and MNIST-like batches;
-        ``docs/design.md``, "Tensor cores and dense tiles"). The windows and edge masks (the tile plan,
-        :mod:`pyg_dfgnn.ops.tiles`) are built on the first such call and cached
-        on the layout. ``PYG_DFGNN_DENSE_TILES`` (read on each call: ``off``,
-        ``force`` or a cells-per-edge bound) overrides that rule. The environment variable
-        ``PYG_DFGNN_NO_MMA`` (read once per process) turns the tensor cores off,
-        for comparisons. On graphs under 2^16 edges the
-        backward runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch;
-        ``PYG_DFGNN_BWD_LAUNCHES=1`` or ``2`` (read on each call) forces one or two. In two
+        ``docs/design.md``, "Tensor cores and dense tiles"). The windows and edge
+        masks (the tile plan, :mod:`pyg_dfgnn.ops.tiles`) are built on the first
+        such call and cached on the layout. On graphs under 2^16 edges the backward
+        runs its CSR (dQ) and CSC (dK, dV) walks in one kernel launch. In two
         launches the dQ kernel saves each edge's dropped-out weight and score
         gradient (8 bytes per edge and head, freed when the backward returns) and
         the dK / dV kernel is an SpMM with them (``docs/design.md``, "Backward").
+        The kernel plan (:mod:`pyg_dfgnn.ops.plan`) makes each of these decisions;
+        :func:`pyg_dfgnn.ops.plan.override` changes them, for tests and comparisons.
     """
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"gt_attention: dropout must be in [0, 1), got {dropout}")
-    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    C, dtype = q.shape[2], q.dtype
+    scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
     p = float(dropout) if training else 0.0
-    strat = choose_strategy(layout.max_in_degree, score, q.element_size(), strategy)
-    if uses_kernels(layout, q):
+    if _runs_kernels(layout, q.is_cuda, C, dtype):
         need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                  or v.requires_grad)
-        args = gt_op_args(layout, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
-                          _seed() if p > 0 else 0, strat == "pmf", return_attention, need_grad)
+        # The kernel plan; it checks strategy and score.
+        prep = prepared(layout, dtype, C, score, strategy, p > 0, return_attention, need_grad)
+        args = gt_args(prep, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
+                       _seed() if p > 0 else 0, return_attention)
         out, _lse, attn = _call_op("gt_fwd", args)  # autograd: cuda/autograd.cpp
     else:
+        choose_strategy(layout.max_in_degree, score, q.element_size(), strategy)  # checks
         out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
                                             training=p > 0)
     if return_attention:
@@ -268,20 +223,19 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     x_dst = x_src if x_dst is None else x_dst
     squeeze = x_src.dim() == 2
     xs = x_src.unsqueeze(1) if squeeze else x_src
-    fused_norm = (x_dst is x_src and uses_kernels(layout, xs)
+    C, dtype = xs.shape[-1], xs.dtype
+    fused_norm = (x_dst is x_src and _runs_kernels(layout, xs.is_cuda, C, dtype)
                   and xs.size(0) == layout.num_dst == layout.num_src)
     if fused_norm:
         b = beta if isinstance(beta, Tensor) else torch.tensor(float(beta), device=xs.device)
         b = b.to(torch.float32)  # one element, any shape (dbeta keeps it)
-        strat = choose_strategy(layout.max_in_degree, "cosine", xs.element_size(), strategy)
-    if fused_norm and strat == "smmf":
+        need_grad = torch.is_grad_enabled() and (xs.requires_grad or b.requires_grad)
+        prep = agnn_prepared(layout, dtype, C, strategy, return_attention, need_grad)
+    if fused_norm and not prep.plan.pmf:
         # Normalisation (k = x / max(||x||, eps), q = beta k) and SMMF attention in
         # one op call, one autograd node (cuda/autograd.cpp; fp32: cos_fwd).
-        need_grad = torch.is_grad_enabled() and (xs.requires_grad or b.requires_grad)
-        rw, csc, chunk = _work_args(layout, need_grad)
-        out, attn = _call_op("agnn_fwd", (
-            xs.contiguous(), b, _NORMALIZE_EPS, layout.rowptr, layout.col, *rw, *csc, chunk,
-            bool(return_attention)))
+        out, attn = _call_op("agnn_fwd", agnn_args(prep, xs.contiguous(), b, _NORMALIZE_EPS,
+                                                   return_attention))
         res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out
     elif not fused_norm and not uses_kernels(layout, xs):
         # The reference scores the cosine from the features in float32; rounding
@@ -336,7 +290,6 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
     Raises:
         ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
     """
-    strat = choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)
     if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
         raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
                          f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
@@ -352,14 +305,17 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"gat_attention: dropout must be in [0, 1), got {dropout}")
     p = float(dropout) if training else 0.0
-    if uses_kernels(layout, x):
+    C, dtype = x.shape[2], x.dtype
+    if _runs_kernels(layout, x.is_cuda, C, dtype):
         need_grad = torch.is_grad_enabled() and (x.requires_grad or a_src.requires_grad
                                                  or a_dst.requires_grad)
-        args = gat_op_args(layout, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
-                           negative_slope, p, _seed() if p > 0 else 0, strat == "pmf",
-                           return_attention, need_grad)
+        prep = prepared(layout, dtype, C, "additive", strategy, p > 0, return_attention,
+                        need_grad)
+        args = gat_args(prep, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
+                        negative_slope, p, _seed() if p > 0 else 0, return_attention)
         out, _lse, attn = _call_op("gat_fwd", args)
     else:
+        choose_strategy(layout.max_in_degree, "additive", x.element_size(), strategy)  # checks
         out, attn = reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
                                                  negative_slope, p, training=p > 0)
     if return_attention:

@@ -25,7 +25,7 @@ def _csr_rowptr_fake(index, num_rows):
 @torch.library.register_fake("dfgnn::gt_fwd")
 def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
                  perm, col_items, col_combine, col_slots, chunk, scale, dropout, seed, pmf,
-                 need_attn, dense_tiles=None):
+                 need_attn, dense_tiles, dense_cells, mma, two_rows, bwd_one_launch):
     out = torch.empty_like(q)
     lse = q.new_empty((q.size(0), q.size(1)), dtype=_FLOAT)
     attn = q.new_empty((col.size(0), q.size(1)) if need_attn else (0,), dtype=_FLOAT)
@@ -35,7 +35,7 @@ def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_ro
 @torch.library.register_fake("dfgnn::gt_bwd")
 def _gt_bwd_fake(grad_out, q, k, v, out, lse, rowptr, col, row_items, row_combine, row_slots,
                  colptr, row, perm, col_items, col_combine, col_slots, chunk, scale, dropout,
-                 seed):
+                 seed, one_launch):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -43,7 +43,7 @@ def _gt_bwd_fake(grad_out, q, k, v, out, lse, rowptr, col, row_items, row_combin
 @torch.library.register_fake("dfgnn::gat_fwd")
 def _gat_fwd_fake(a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, csr_row,
                   colptr, row, perm, col_items, col_combine, col_slots, chunk, negative_slope,
-                  dropout, seed, pmf, need_attn):
+                  dropout, seed, pmf, need_attn, two_rows):
     out = x.new_empty((a_dst.size(0), x.size(1), x.size(2)))
     lse = x.new_empty((a_dst.size(0), x.size(1)), dtype=_FLOAT)
     attn = x.new_empty((col.size(0), x.size(1)) if need_attn else (0,), dtype=_FLOAT)
@@ -65,7 +65,8 @@ def _l2norm_fwd_fake(x, beta, eps):
 
 
 @torch.library.register_fake("dfgnn::cos_fwd")
-def _cos_fwd_fake(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn):
+def _cos_fwd_fake(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn,
+                  two_rows):
     n, h = x.size(0), x.size(1)
     return (torch.empty_like(x), x.new_empty((n, h), dtype=_FLOAT),
             x.new_empty((col.size(0), h) if need_attn else (0,), dtype=_FLOAT),

@@ -7,9 +7,10 @@ window of consecutive source rows, so the block computes the whole window as one
 dense tile, masked by the edges. The plan says, per block, where its window is
 and which (row, key) pairs are edges; it depends on the graph only, so it is built
 once per :class:`~pyg_dfgnn.layout.GraphLayout` (a few tensor ops and one host
-synchronisation) and cached there. Building the window and the edge counts inside
-the kernel on every call cost a chain of dependent loads and three block
-barriers before the block's first tile.
+synchronisation) and cached there (``layout.derived.tile_plan``). Whether a call
+runs it is the kernel plan's decision (:mod:`pyg_dfgnn.ops.plan`). Building the
+window and the edge counts inside the kernel on every call cost a chain of
+dependent loads and three block barriers before the block's first tile.
 
 Format: one ``int32`` tensor. For block ``b`` (rows ``64 b .. 64 b + 63``), ints
 ``8 b .. 8 b + 7`` are
@@ -32,11 +33,12 @@ Then the masks of each block with a window, ``ceil(width / 32)`` chunks of
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from ..derived import TilePlan
 
 #: Destination rows per block of the dense-tile kernel (``kDenseRows``).
 TILE_ROWS = 64
@@ -46,13 +48,6 @@ CHUNK_KEYS = 32
 MAX_WIDTH = 512
 #: Ints per block before the masks (``kTileMetaInts``).
 META_INTS = 8
-#: Default rule: a graph gets its plan (runs the dense-tile kernel) when the
-#: median over its dense-eligible blocks of ``64 W / E_b`` (window cells per edge)
-#: is at most this, and at least half its blocks are eligible. Measured: dense is
-#: faster on PATTERN / CLUSTER (4.3 / 5.9 cells per edge) and MNIST-like (17.6),
-#: slower on CIFAR10- (23.9) and COCO-SP-like (24.7) batches.
-DEFAULT_MAX_CELLS = 20.0
-_ENV = "PYG_DFGNN_DENSE_TILES"
 _INT32_MAX = 2**31 - 1
 
 
@@ -154,7 +149,8 @@ def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
 
 def plan_cells_per_edge(plan: Tensor, num_dst: int) -> Tuple[float, float]:
     """``(fraction of dense-eligible blocks, median window cells per edge over
-    them)`` of a plan (:data:`DEFAULT_MAX_CELLS`); ``(0, inf)`` without any."""
+    them)`` of a plan (the kernel plan's dense-tile rule reads them); ``(0, inf)``
+    without any."""
     meta = plan[:META_INTS * ((num_dst + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
     ok = meta[:, 0] >= 0
     cells = (TILE_ROWS * meta[:, 1].double() / meta[:, 2].double().clamp(min=1))[ok]
@@ -164,28 +160,28 @@ def plan_cells_per_edge(plan: Tensor, num_dst: int) -> Tuple[float, float]:
     return frac, med
 
 
-def tile_plan(layout, by_rule: bool = True) -> Optional[Tensor]:
-    """The layout's tile plan (:func:`build_tile_plan`) for a call, built on first
-    use and cached on the layout; ``None`` on CPU layouts or where no block runs
-    dense. With ``by_rule`` and ``PYG_DFGNN_DENSE_TILES`` unset (read on each
-    call), also ``None`` for graphs the default rule (:data:`DEFAULT_MAX_CELLS`)
-    leaves to the sparse kernel; with the variable set, the kernel applies it per
-    block. Inside a ``torch.compile`` region an uncached plan is not built (its
-    size depends on the data): the call then runs the sparse kernel."""
+def layout_tiles(layout) -> Optional[TilePlan]:
+    """The layout's :class:`~pyg_dfgnn.derived.TilePlan`, built on first use and
+    kept in ``layout.derived``. ``None`` on CPU layouts, and inside a
+    ``torch.compile`` region while the plan is not built yet (its size depends on
+    the data; the caller then runs the sparse units and must not keep that
+    decision)."""
     if not layout.col.is_cuda:
         return None
-    entry = layout._cache.get("tile_plan")
+    entry = layout.derived.tile_plan
     if entry is None:
         if torch.compiler.is_compiling():
             return None
         plan = build_tile_plan(layout.rowptr, layout.col, layout.csr_row, layout.num_dst,
                                layout.num_src)
-        dense = False
-        if plan is not None:
-            frac, med = plan_cells_per_edge(plan, layout.num_dst)
-            dense = frac >= 0.5 and med <= DEFAULT_MAX_CELLS
-        entry = layout._cache["tile_plan"] = (plan, dense)
-    plan, dense = entry
-    if by_rule and not os.environ.get(_ENV) and not dense:
-        return None
-    return plan
+        frac, med = (0.0, math.inf) if plan is None else plan_cells_per_edge(plan,
+                                                                             layout.num_dst)
+        entry = layout.derived.tile_plan = TilePlan(plan, frac, med)
+    return entry
+
+
+def tile_plan(layout) -> Optional[Tensor]:
+    """The layout's tile plan tensor (:func:`build_tile_plan`), built on first use
+    and cached; ``None`` on CPU layouts or where no block can run dense."""
+    entry = layout_tiles(layout)
+    return None if entry is None else entry.tiles

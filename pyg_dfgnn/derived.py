@@ -1,0 +1,79 @@
+r"""The per-graph data a :class:`~pyg_dfgnn.layout.GraphLayout` derives from its
+index tensors and keeps for the kernels: work items, the dense-tile plan,
+degree statistics, kernel plans and the fused ops' prepared arguments.
+
+Everything derived lives in one :class:`Derived` object (``layout.derived``) with
+a typed field per kind, so that moving a layout (:meth:`Derived.to`) knows what
+each entry holds, and no module stores ad-hoc keys on the layout.
+"""
+from __future__ import annotations
+
+from typing import Dict, Hashable, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .work_items import Work
+
+
+class TilePlan(NamedTuple):
+    r"""The dense-tile plan of a graph (:mod:`pyg_dfgnn.ops.tiles`) and the
+    statistics the kernel plan's rule reads (:mod:`pyg_dfgnn.ops.plan`).
+
+    Attributes:
+        tiles (Tensor, optional): the int32 plan the dense-tile kernel reads;
+            ``None`` where no block can run dense.
+        dense_fraction (float): fraction of blocks that can run dense.
+        median_cells (float): median window cells per edge over those blocks
+            (``inf`` without any).
+    """
+    tiles: Optional[Tensor]
+    dense_fraction: float
+    median_cells: float
+
+
+#: Key of :attr:`Derived.work`: ``(kind, chunk, long_first)``, ``kind`` ``"row"``
+#: (the CSR, by destination) or ``"col"`` (the CSC, by source).
+WorkKey = Tuple[str, int, bool]
+
+
+class Derived:
+    r"""Data derived from one layout's index tensors, built on first use.
+
+    Attributes:
+        work (dict): :class:`~pyg_dfgnn.work_items.Work` per :data:`WorkKey`.
+        tile_plan (TilePlan, optional): the dense-tile plan once built.
+        max_out_degree (int, optional): largest out-degree once computed.
+        plans (dict): kernel plans (:class:`pyg_dfgnn.ops.plan.Plan`) by their key.
+        calls (dict): the fused ops' prepared layout arguments by their key
+            (tuples of this layout's tensors; rebuilt rather than moved).
+    """
+    __slots__ = ("work", "tile_plan", "max_out_degree", "plans", "calls")
+
+    def __init__(self):
+        self.work: Dict[WorkKey, Work] = {}
+        self.tile_plan: Optional[TilePlan] = None
+        self.max_out_degree: Optional[int] = None
+        self.plans: Dict[Hashable, object] = {}
+        self.calls: Dict[Hashable, tuple] = {}
+
+    def to(self, device: torch.device) -> "Derived":
+        """A copy with every tensor on ``device``. Kernel plans and prepared call
+        arguments are dropped: plans depend on the device (a CPU layout has no
+        tile plan) and the arguments hold this layout's tensors."""
+        new = Derived()
+        new.work = {key: Work(w.items.to(device), w.combine.to(device), w.num_slots)
+                    for key, w in self.work.items()}
+        if self.tile_plan is not None:
+            tp = self.tile_plan
+            new.tile_plan = tp._replace(tiles=None if tp.tiles is None else tp.tiles.to(device))
+        new.max_out_degree = self.max_out_degree
+        return new
+
+    def tensors(self):
+        """Every tensor held (for checks of a moved layout)."""
+        for w in self.work.values():
+            yield w.items
+            yield w.combine
+        if self.tile_plan is not None and self.tile_plan.tiles is not None:
+            yield self.tile_plan.tiles

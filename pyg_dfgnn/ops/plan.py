@@ -1,0 +1,352 @@
+r"""The kernel plan: which fused kernels a call runs, decided in one place.
+
+A :class:`Plan` holds every decision the CUDA side used to make for itself:
+the fusion method (SMMF or PMF, paper §4.2), the work-item chunk and order, two
+rows per warp, the tensor-core and dense-tile forward, and the one- or
+two-launch backward. :func:`plan_for` computes it once per (layout, dtype, head
+size, flags) and keeps it in the layout's :class:`~pyg_dfgnn.derived.Derived`;
+the ops pass its fields to ``torch.ops.dfgnn`` as explicit arguments, and the C++
+side only checks that a decision is possible there (a forced choice that cannot
+run raises before any launch).
+
+This module is the only home of the thresholds and support tables below, each
+measured on an H100 (``docs/design.md`` has the numbers). The default chunk
+(:func:`pyg_dfgnn.work_items.chunk_for`) lives below the layout, whose build
+needs it.
+
+Tests and benchmarks change the decisions with :func:`override`, a context
+manager (per thread and task, through :mod:`contextvars`)::
+
+    from pyg_dfgnn.ops import plan
+    with plan.override(bwd_launches=2, dense_tiles="off"):
+        out = gt_attention(layout, q, k, v)
+
+The overrides are part of every plan's key, so no plan made under one is used
+outside it.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+from ..work_items import chunk_for
+from .tiles import layout_tiles
+
+STRATEGIES = ("auto", "smmf", "pmf")
+SCORES = ("dot", "cosine", "additive")
+RULES = ("measured", "paper")
+#: Largest head row (bytes) the vectorised kernels hold in registers
+#: (``dispatch_row_shape`` in ``cuda/common.cuh``).
+MAX_ROW_BYTES = 128 * 16
+#: Largest head size of the scalar (any C) kernels.
+MAX_SCALAR_C = 128
+#: Head sizes of the tensor-core and dense-tile forward (fp16 / bf16).
+MMA_HEAD_SIZES = (32, 64, 128)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: Two rows per warp (16-lane groups) in the fp32 SMMF forwards from this many
+#: edges, on graphs without split rows: COCO-SP 0.629 -> 0.469 ms, but Cora
+#: 0.019 -> 0.024 and GitHub 0.162 -> 0.188 (one chain is the kernel time there).
+TWO_ROWS_MIN_EDGES = 1 << 18
+#: The GT backward runs its CSR and CSC walks in one launch below this many
+#: edges: Cora backward kernels 14.9 us in one launch, 9.6 + 9.6 in two; PubMed
+#: (89K edges) 71.4 us in one, 29.2 + 26.1 in two.
+ONE_LAUNCH_BWD_MAX_EDGES = 1 << 16
+#: A graph runs the dense-tile forward when at least this fraction of its
+#: 64-row blocks can run dense ...
+DENSE_MIN_FRACTION = 0.5
+#: ... and their median window holds at most this many cells per edge: dense is
+#: faster on PATTERN / CLUSTER (4.3 / 5.9) and MNIST-like (17.6), slower on
+#: CIFAR10- (23.9) and COCO-SP-like (24.7) batches.
+DENSE_MAX_MEDIAN_CELLS = 20.0
+#: Inside a dense-tile launch, a block whose window holds more cells per edge
+#: than this runs the sparse units.
+DENSE_BLOCK_MAX_CELLS = 24.0
+# "force": a bound no window reaches (finite: the kernel multiplies it by a
+# block's edge count, which may be 0).
+_FORCE_CELLS = 1e30
+
+# ------------------------------------------------------------------------ override
+#: Override fields and their allowed values (:func:`override`).
+_FIELDS = {
+    "rule": "'measured' (SMMF for every score) or 'paper' (paper §4.2)",
+    "chunk": "a positive int (edges per work item)",
+    "long_items_first": "a bool (split-row graphs' items longest first)",
+    "two_rows": "a bool (two rows per warp in the fp32 SMMF forward)",
+    "mma": "a bool (the fp16 / bf16 tensor-core GT forward)",
+    "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
+    "bwd_launches": "1 or 2 (kernel launches of the GT backward)",
+    "direct_entry": "a bool (eager calls through the extension's direct entry)",
+}
+_OVERRIDES: contextvars.ContextVar[Tuple[Tuple[str, object], ...]] = contextvars.ContextVar(
+    "pyg_dfgnn_plan_overrides", default=())
+
+
+def _valid(name: str, value) -> bool:
+    if name == "rule":
+        return value in RULES
+    if name == "chunk":
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if name == "dense_tiles":
+        return value in ("off", "force") or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+    if name == "bwd_launches":
+        return value in (1, 2) and not isinstance(value, bool)
+    return isinstance(value, bool)
+
+
+@contextlib.contextmanager
+def override(**fields) -> Iterator[None]:
+    r"""Overrides kernel-plan decisions inside a ``with`` block (tests, benchmarks).
+
+    Nested blocks add to the outer ones; a field set to ``None`` goes back to the
+    default rule. The previous state returns when the block exits, also on an
+    exception. Overrides are per thread and asyncio task (:mod:`contextvars`);
+    a backward keeps the decisions of its forward.
+
+    Args:
+        rule (str): how ``strategy="auto"`` decides: ``"measured"`` (default,
+            SMMF for every score) or ``"paper"`` (PMF for dot-product and cosine
+            scores when a row exceeds shared memory).
+        chunk (int): edges per work item.
+        long_items_first (bool): order the work items of graphs with split rows
+            longest first (default) or by row.
+        two_rows (bool): two rows per warp in the fp32 SMMF forward (where the
+            head shape has that variant).
+        mma (bool): the fp16 / bf16 tensor-core GT forward.
+        dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
+            or a bound on window cells per edge per block; the dense-tile forward
+            then runs wherever the tensor-core forward does.
+        bwd_launches (int): ``1`` or ``2`` kernel launches of the GT backward.
+        direct_entry (bool): eager forward calls through the extension's direct
+            entry (default) or ``torch.ops.dfgnn``'s Python wrapper.
+
+    Raises:
+        ValueError: an unknown field or a value it does not take. A forced
+            decision a call cannot run (say ``mma=True`` with dropout) raises
+            when that call is planned (:func:`plan_for`).
+    """
+    for name, value in fields.items():
+        if name not in _FIELDS:
+            raise ValueError(f"plan.override: unknown field {name!r}; fields: "
+                             f"{', '.join(_FIELDS)}")
+        if value is not None and not _valid(name, value):
+            raise ValueError(f"plan.override: {name} must be {_FIELDS[name]}, got {value!r}")
+    merged = dict(_OVERRIDES.get())
+    merged.update(fields)
+    token = _OVERRIDES.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def overrides() -> dict:
+    """The overrides in effect (field -> value), empty outside :func:`override`."""
+    return dict(_OVERRIDES.get())
+
+
+def _get(name: str, default):
+    """One override's value, else ``default`` (no dict on the common path)."""
+    for key, value in _OVERRIDES.get():
+        if key == name:
+            return value
+    return default
+
+
+def direct_entry() -> bool:
+    """Whether eager forward calls take the extension's direct entry (the host
+    path, not a kernel: not part of :class:`Plan`)."""
+    return _get("direct_entry", True)
+
+
+# ------------------------------------------------------------------ support tables
+def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
+    r"""Whether the fused kernels handle heads of ``head_size`` channels of ``dtype``:
+    16-byte vectors when ``C * itemsize`` is a multiple of 16 (up to
+    :data:`MAX_ROW_BYTES` per head row), else scalar loads for ``C <=``
+    :data:`MAX_SCALAR_C`. Unsupported sizes run the reference."""
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16) or head_size <= 0:
+        return False
+    row_bytes = head_size * dtype.itemsize
+    if row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES:
+        return True
+    return head_size <= MAX_SCALAR_C
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory_per_block(device_index: Optional[int] = None) -> int:
+    """Shared memory (bytes) one block may use on the device (opt-in maximum)."""
+    if not torch.cuda.is_available():
+        return 48 * 1024
+    props = torch.cuda.get_device_properties(device_index if device_index is not None else
+                                             torch.cuda.current_device())
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
+
+
+def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
+                    strategy: str = "auto", capacity: Optional[int] = None,
+                    rule: Optional[str] = None) -> str:
+    r"""Picks ``"smmf"`` or ``"pmf"``.
+
+    The paper (§4.2) runs PMF for dot-product scores on graphs whose largest
+    in-degree reaches ``shared_memory_capacity / bytes_per_element``. Our SMMF
+    kernel keeps scores in registers and splits long rows into work items, and
+    beat PMF on every graph measured, super nodes included (Reddit-like 2.06 ms
+    against 3.68 forward), so the ``"measured"`` rule runs SMMF everywhere.
+    Additive scores (GAT) are SMMF under both rules (paper Fig. 12).
+
+    Args:
+        max_in_degree (int): largest in-degree of the graph.
+        score (str): ``"dot"`` (GT), ``"cosine"`` (AGNN) or ``"additive"`` (GAT).
+        elem_size (int): bytes per feature element (4 fp32, 2 fp16/bf16).
+        strategy (str): ``"auto"``, or ``"smmf"`` / ``"pmf"`` to force one.
+        capacity (int, optional): shared memory per block in bytes, for the paper
+            rule; the current device's by default.
+        rule (str, optional): ``"measured"`` or ``"paper"``; the :func:`override`
+            in effect, else ``"measured"``.
+
+    Raises:
+        ValueError: unknown ``strategy``, ``score`` or ``rule``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if score not in SCORES:
+        raise ValueError(f"score must be 'dot', 'cosine' or 'additive', got {score!r}")
+    if rule is None:
+        rule = _get("rule", "measured")
+    if rule not in RULES:
+        raise ValueError(f"rule must be 'measured' or 'paper', got {rule!r}")
+    if strategy != "auto":
+        return strategy
+    if score == "additive" or rule == "measured":
+        return "smmf"
+    capacity = shared_memory_per_block() if capacity is None else capacity
+    return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
+
+
+# ---------------------------------------------------------------------------- plan
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    r"""The kernels one fused call runs (:func:`plan_for`).
+
+    Attributes:
+        method (str): ``"smmf"`` (node-parallel, fused) or ``"pmf"``
+            (edge-parallel scores, then softmax + SpMM).
+        chunk (int): edges per work item.
+        long_items_first (bool): work items of split rows ordered longest first.
+        two_rows (bool): two rows per warp in the SMMF forward (fp32 head shapes
+            with that variant; needs SMMF and no split rows).
+        mma (bool): the tensor-core GT forward (fp16 / bf16, ``C`` in
+            :data:`MMA_HEAD_SIZES`, SMMF, no dropout, no attention weights).
+        dense_cells (float): ``0``: no dense tiles; else the forward runs over
+            the layout's tile plan, a block dense while its window holds at most
+            this many cells per edge (needs ``mma``).
+        bwd_one_launch (bool): the GT backward's CSR and CSC walks in one launch.
+    """
+    method: str
+    chunk: int
+    long_items_first: bool
+    two_rows: bool
+    mma: bool
+    dense_cells: float
+    bwd_one_launch: bool
+
+    @property
+    def pmf(self) -> bool:
+        return self.method == "pmf"
+
+
+def plan_for(layout, dtype: torch.dtype, head_size: int, score: str = "dot",
+             strategy: str = "auto", dropout: bool = False, need_attn: bool = False,
+             tiles: bool = True) -> Plan:
+    r"""The :class:`Plan` of a fused call, made once per key and kept in
+    ``layout.derived.plans``.
+
+    Args:
+        layout (GraphLayout): the graph.
+        dtype (torch.dtype): the features' dtype.
+        head_size (int): channels per head ``C``.
+        score (str): ``"dot"``, ``"cosine"`` or ``"additive"``.
+        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
+        dropout (bool): the call applies attention dropout.
+        need_attn (bool): the call returns the attention weights.
+        tiles (bool): the op can take a tile plan (``agnn_fwd`` cannot); without,
+            ``dense_cells`` is 0 and no tile plan is built.
+
+    Raises:
+        ValueError: a bad ``strategy`` or ``score``, or an :func:`override` that
+            forces a decision this call cannot run.
+    """
+    return kept_plan(layout, (dtype, head_size, score, strategy, bool(dropout),
+                              bool(need_attn), bool(tiles), _OVERRIDES.get()))[0]
+
+
+def kept_plan(layout, key: tuple) -> Tuple[Plan, bool]:
+    """:func:`plan_for` by its key ``(dtype, head_size, score, strategy, dropout,
+    need_attn, tiles, overrides)``; also whether the plan is kept on the layout
+    (callers that cache what they derive from it must not cache otherwise)."""
+    plan = layout.derived.plans.get(key)
+    if plan is not None:
+        return plan, True
+    plan, final = _decide(layout, *key[:-1], dict(key[-1]))
+    if final:
+        layout.derived.plans[key] = plan
+    return plan, final
+
+
+def _forced(o: dict, name: str, default, possible: bool, why: str):
+    value = o.get(name, default)
+    if value and not possible:
+        raise ValueError(f"plan.override({name}={o[name]!r}): {why}")
+    return value
+
+
+def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles, o) -> tuple:
+    """``(plan, final)``; ``final`` is False where the plan rests on data not
+    built yet (a tile plan inside ``torch.compile``) and must not be kept."""
+    method = choose_strategy(layout.max_in_degree, score, dtype.itemsize, strategy,
+                             rule=o.get("rule"))
+    chunk = o.get("chunk") or chunk_for(layout.num_edges)
+    long_first = o.get("long_items_first", True)
+    smmf = method == "smmf"
+    split = layout.work("row", chunk, long_first).num_slots > 0
+    two_rows = _forced(o, "two_rows", smmf and not split and layout.num_edges >= TWO_ROWS_MIN_EDGES,
+                       smmf and not split, "two rows per warp need SMMF and no split rows "
+                       "(a row longer than the chunk)")
+    can_mma = (smmf and score != "additive" and not dropout and not need_attn
+               and dtype in HALF_DTYPES and head_size in MMA_HEAD_SIZES)
+    mma = _forced(o, "mma", can_mma and not split, can_mma,
+                  f"the tensor-core forward needs dot-product or cosine scores, SMMF, fp16 / "
+                  f"bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
+    dense_cells, final = (_dense_cells(layout, o.get("dense_tiles")) if mma and tiles
+                          else (0.0, True))
+    if score == "additive":
+        bwd_one_launch = False  # the GAT backward has one form
+    else:
+        bwd_one_launch = o.get("bwd_launches", 1 if layout.num_edges <
+                               ONE_LAUNCH_BWD_MAX_EDGES else 2) == 1
+    return Plan(method, chunk, long_first, bool(two_rows), bool(mma), dense_cells,
+                bwd_one_launch), final
+
+
+def _dense_cells(layout, mode) -> Tuple[float, bool]:
+    """``(dense_cells, final)`` of a tensor-core call: the per-block bound where
+    the graph runs dense tiles (:data:`DENSE_MIN_FRACTION`,
+    :data:`DENSE_MAX_MEDIAN_CELLS`, or the ``dense_tiles`` override), else 0."""
+    if mode == "off":
+        return 0.0, True
+    tp = layout_tiles(layout)
+    if tp is None:  # CPU layout, or a tile plan not built inside torch.compile
+        return 0.0, not layout.col.is_cuda
+    if tp.tiles is None:
+        return 0.0, True
+    if mode is None:
+        dense = tp.dense_fraction >= DENSE_MIN_FRACTION and tp.median_cells <= \
+            DENSE_MAX_MEDIAN_CELLS
+        return (DENSE_BLOCK_MAX_CELLS if dense else 0.0), True
+    return (_FORCE_CELLS if mode == "force" else float(mode)), True

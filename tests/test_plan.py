@@ -1,0 +1,216 @@
+"""The kernel plan (pyg_dfgnn/ops/plan.py): its decisions on representative graphs,
+override(), and the module boundaries it relies on (no policy in cuda/, the layout
+below the ops)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import random_graph
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.ops import plan
+from pyg_dfgnn.work_items import DEFAULT_CHUNK, SMALL_GRAPH_CHUNK
+
+ROOT = Path(__file__).resolve().parents[1]
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def _layout(n, n_edges, hub=0):
+    ei = random_graph(n, num_edges=n_edges)
+    if hub:  # a destination longer than any chunk: split rows
+        ei = torch.cat([ei, torch.stack([torch.randint(0, n, (hub,)),
+                                         torch.zeros(hub, dtype=torch.long)])], 1)
+    return GraphLayout.from_edge_index(ei, (n, n))
+
+
+def _chain(n, deg):
+    """``deg`` in-edges per row (rows never split), ``n * deg`` edges."""
+    dst = torch.arange(n).repeat_interleave(deg)
+    return GraphLayout.from_edge_index(torch.stack([torch.randint(0, n, (n * deg,)), dst]),
+                                       (n, n))
+
+
+# ------------------------------------------------------------------------ decisions
+def test_small_graph_plan():
+    lay = _layout(300, 3000)
+    p = plan.plan_for(lay, F32, 64)
+    assert (p.method, p.chunk, p.long_items_first) == ("smmf", SMALL_GRAPH_CHUNK, True)
+    assert not p.two_rows and not p.mma and p.dense_cells == 0
+    assert p.bwd_one_launch  # under 2^16 edges
+
+
+def test_large_graph_without_split_rows_runs_two_rows():
+    lay = _chain(1 << 15, 8)  # 2^18 edges, in-degree 8
+    p = plan.plan_for(lay, F32, 32)
+    assert p.chunk == DEFAULT_CHUNK and p.two_rows and not p.bwd_one_launch
+    assert plan.plan_for(lay, F32, 32, strategy="pmf").two_rows is False
+    gat = plan.plan_for(lay, F32, 32, score="additive")
+    assert gat.two_rows and not gat.mma and not gat.bwd_one_launch
+
+
+def test_split_rows_turn_two_rows_and_tensor_cores_off():
+    lay = _layout(2000, 4000, hub=500)
+    assert lay.work("row", SMALL_GRAPH_CHUNK).num_slots > 0
+    p = plan.plan_for(lay, BF16, 64)
+    assert not p.two_rows and not p.mma
+
+
+@pytest.mark.parametrize("dtype,C,mma", [(F16, 32, True), (BF16, 64, True), (BF16, 128, True),
+                                         (BF16, 48, False), (F32, 64, False)])
+def test_tensor_core_eligibility(dtype, C, mma):
+    lay = _layout(300, 3000)
+    with plan.override(chunk=DEFAULT_CHUNK):  # no split rows
+        assert plan.plan_for(lay, dtype, C).mma == mma
+        assert not plan.plan_for(lay, dtype, C, dropout=True).mma
+        assert not plan.plan_for(lay, dtype, C, need_attn=True).mma
+        assert not plan.plan_for(lay, dtype, C, strategy="pmf").mma
+        assert not plan.plan_for(lay, dtype, C, score="additive").mma
+        assert plan.plan_for(lay, dtype, C, score="cosine").mma == mma
+
+
+def test_cpu_layout_has_no_dense_tiles():
+    lay = _layout(300, 3000)
+    with plan.override(chunk=DEFAULT_CHUNK, dense_tiles="force"):
+        p = plan.plan_for(lay, BF16, 64)
+    assert p.mma and p.dense_cells == 0  # the tile plan lives on CUDA layouts only
+
+
+def test_backward_launches_follow_the_edge_count():
+    for E, one in (((1 << 16) - 1, True), (1 << 16, False)):
+        lay = GraphLayout.from_edge_index(torch.randint(0, 300, (2, E)), (300, 300))
+        assert lay.num_edges == E and plan.plan_for(lay, F32, 32).bwd_one_launch == one
+
+
+def test_plan_is_kept_per_key():
+    lay = _layout(300, 3000)
+    p = plan.plan_for(lay, F32, 64)
+    assert plan.plan_for(lay, F32, 64) is p
+    assert plan.plan_for(lay, F32, 32) is not p
+    assert len(lay.derived.plans) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.chunk = 7
+    assert not lay.to("meta").derived.plans  # plans depend on the device: not moved
+
+
+def test_bad_strategy_or_score_raises():
+    lay = _layout(50, 200)
+    with pytest.raises(ValueError, match="strategy"):
+        plan.plan_for(lay, F32, 32, strategy="fast")
+    with pytest.raises(ValueError, match="score"):
+        plan.plan_for(lay, F32, 32, score="sigmoid")
+
+
+# ------------------------------------------------------------------------ override
+def test_overrides_change_the_plan_and_are_part_of_the_key():
+    lay = _layout(300, 3000)
+    default = plan.plan_for(lay, F32, 64)
+    with plan.override(chunk=8, long_items_first=False, bwd_launches=2, rule="paper"):
+        p = plan.plan_for(lay, F32, 64)
+        assert (p.chunk, p.long_items_first, p.bwd_one_launch) == (8, False, False)
+        with plan.override(chunk=None, two_rows=True, bwd_launches=1):  # nested: adds
+            q = plan.plan_for(lay, F32, 64)
+            assert q.chunk == SMALL_GRAPH_CHUNK and not q.long_items_first
+            assert q.two_rows and q.bwd_one_launch
+    assert plan.plan_for(lay, F32, 64) is default  # no stale plan outside
+
+
+def test_override_restores_on_exception():
+    assert plan.overrides() == {}
+    with pytest.raises(KeyError):
+        with plan.override(chunk=16, direct_entry=False):
+            assert plan.overrides() == {"chunk": 16, "direct_entry": False}
+            assert not plan.direct_entry()
+            raise KeyError("boom")
+    assert plan.overrides() == {} and plan.direct_entry()
+
+
+@pytest.mark.parametrize("fields,msg", [
+    ({"chunks": 4}, "unknown field"), ({"chunk": 0}, "chunk must be"),
+    ({"chunk": 2.5}, "chunk must be"), ({"bwd_launches": 3}, "bwd_launches must be 1 or 2"),
+    ({"bwd_launches": "2"}, "bwd_launches must be"), ({"dense_tiles": "on"}, "dense_tiles"),
+    ({"dense_tiles": 0}, "dense_tiles"), ({"mma": 1}, "mma must be a bool"),
+    ({"rule": "fastest"}, "rule must be")])
+def test_override_rejects_bad_fields(fields, msg):
+    with pytest.raises(ValueError, match=msg):
+        with plan.override(**fields):
+            pass
+    assert plan.overrides() == {}
+
+
+def test_forced_decisions_a_call_cannot_run_raise():
+    lay = _layout(2000, 4000, hub=500)  # split rows at the default chunk
+    with plan.override(two_rows=True):
+        with pytest.raises(ValueError, match="two rows per warp need SMMF and no split rows"):
+            plan.plan_for(lay, F32, 32)
+    with plan.override(mma=True):
+        assert plan.plan_for(lay, BF16, 64).mma  # whole rows: split rows are no obstacle
+        with pytest.raises(ValueError, match="tensor-core forward needs"):
+            plan.plan_for(lay, F32, 64)
+        with pytest.raises(ValueError, match="tensor-core forward needs"):
+            plan.plan_for(lay, BF16, 64, dropout=True)
+    assert all(not p.two_rows for p in lay.derived.plans.values())  # nothing kept that fails
+
+
+def test_override_reaches_the_reference_path_rule():
+    lay = _layout(50, 200)
+    with plan.override(rule="paper"):
+        assert plan.choose_strategy(10 ** 7, "dot", 4, capacity=16) == "pmf"
+    assert plan.choose_strategy(10 ** 7, "dot", 4, capacity=16) == "smmf"
+
+
+# ------------------------------------------------------------------ module boundaries
+def test_no_getenv_or_tuning_switches_in_cuda():
+    for path in sorted((ROOT / "cuda").iterdir()):
+        text = path.read_text()
+        assert "getenv" not in text, path.name
+        assert not re.search(r"PYG_DFGNN_[A-Z_]+", text), path.name
+
+
+def test_no_removed_switch_left_in_the_repository():
+    removed = re.compile(r"PYG_DFGNN_(DENSE_TILES|BWD_LAUNCHES|NO_MMA)|DIRECT_ENTRY|"
+                         r"CHUNK_OVERRIDE|LONG_ITEMS_FIRST|schedule\.RULE")
+    for sub in ("pyg_dfgnn", "cuda", "benchmarks", "docs", "examples"):
+        for path in (ROOT / sub).rglob("*"):
+            if path.suffix in (".py", ".cu", ".cuh", ".cpp", ".h", ".md", ".sh"):
+                assert not removed.search(path.read_text()), path
+    assert not removed.search((ROOT / "README.md").read_text())
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            yield "." * node.level + (node.module or "")
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+@pytest.mark.parametrize("name", ["layout.py", "layout_cache.py", "derived.py",
+                                  "work_items.py"])
+def test_layout_modules_do_not_import_ops(name):
+    for mod in _imports(ROOT / "pyg_dfgnn" / name):
+        assert not re.match(r"(\.|pyg_dfgnn\.)ops\b", mod), (name, mod)
+
+
+def test_layout_imports_without_ops_in_a_fresh_interpreter():
+    """pyg_dfgnn/__init__.py imports ops; here the package is stubbed so that only
+    the layout modules load, and no pyg_dfgnn.ops module may follow."""
+    code = (
+        "import sys, types\n"
+        f"pkg = types.ModuleType('pyg_dfgnn'); pkg.__path__ = [{str(ROOT / 'pyg_dfgnn')!r}]\n"
+        "sys.modules['pyg_dfgnn'] = pkg\n"
+        "import pyg_dfgnn.layout, pyg_dfgnn.work_items, pyg_dfgnn.derived\n"
+        "import torch\n"
+        "lay = pyg_dfgnn.layout.GraphLayout.from_edge_index(torch.tensor([[0, 1], [1, 0]]))\n"
+        "lay.prepare(); lay.work('row', 4)\n"
+        "bad = [m for m in sys.modules if m.startswith('pyg_dfgnn.ops')]\n"
+        "assert not bad, bad\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
