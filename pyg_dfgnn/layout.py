@@ -84,7 +84,8 @@ class GraphLayout:
     # ------------------------------------------------------------------ build
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, size: Optional[Tuple[int, int]] = None,
-                        add_self_loops: bool = False, with_csc: bool = True) -> "GraphLayout":
+                        add_self_loops: bool = False, with_csc: bool = True,
+                        kernel: bool = True) -> "GraphLayout":
         r"""Builds the layout from a ``[2, E]`` COO ``edge_index`` (src, dst).
 
         Edges keep their multiplicity (duplicates are separate edges, as in PyG's
@@ -104,6 +105,9 @@ class GraphLayout:
             with_csc (bool): also build the CSC and the kernels' work items now
                 (needed for the backward; building everything up front keeps
                 ``torch.compile`` regions free of data-dependent sizes).
+            kernel (bool): on a GPU, build with the layout-build kernels
+                (:mod:`pyg_dfgnn.layout_build`) where they apply; ``False`` runs the
+                torch ops (the reference; benchmarks compare the two).
 
         Raises:
             ValueError: for a malformed ``edge_index`` or indices out of range.
@@ -126,7 +130,7 @@ class GraphLayout:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
             size = (n, n)
         layout = _build(edge_index, int(size[0]), int(size[1]), bool(add_self_loops),
-                        with_csc, sorted_by_dst or None)
+                        with_csc, sorted_by_dst or None, kernel)
         BUILD_COUNT += 1
         return layout
 
@@ -349,7 +353,7 @@ def _out_of_range(lo, hi, num_src: int, num_dst: int) -> "LayoutIndexError":
 
 
 def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
-           sorted_by_dst: Optional[bool]) -> GraphLayout:
+           sorted_by_dst: Optional[bool], kernel: bool = True) -> GraphLayout:
     r"""The layout of ``ei`` (``[2, E]`` int32 / int64), its CSC when ``with_csc``,
     and the work items of both, with one host synchronisation.
 
@@ -359,7 +363,17 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     ``tolist()``. Phase 2 (device, sizes known): the CSR (no sort where the input
     is grouped by destination: the CSR position of an edge follows from its rank),
     the CSC (one stable sort by source) and the work items.
+
+    On a GPU (``kernel``) :func:`pyg_dfgnn.layout_build.build` makes the same
+    tensors in a few kernels; these torch ops remain the CPU path, the fallback
+    and the reference. It checks the input's order itself (``sorted_by_dst`` is
+    only a hint here).
     """
+    if kernel and ei.is_cuda:
+        from . import layout_build
+        layout = layout_build.build(ei, num_src, num_dst, loops, with_csc)
+        if layout is not None:
+            return layout
     E0 = ei.size(1)
     dev = ei.device
     n = min(num_src, num_dst) if loops else 0
