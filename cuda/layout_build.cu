@@ -596,7 +596,9 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
     if (std::min(inf[kInfoLoSrc], inf[kInfoLoDst]) < 0 || inf[kInfoHiSrc] >= ns ||
         inf[kInfoHiDst] >= nd) {
       inf[kInfoStatus] = 1;
-      std::vector<at::Tensor> out(11);
+      // Empty, not undefined, tensors: a Tensor[] with undefined entries cannot
+      // pass through Python dispatch (a TorchDispatchMode, the profiler's modes).
+      std::vector<at::Tensor> out(11, at::empty({0}, i32));
       out.push_back(info);
       return out;
     }
@@ -731,8 +733,12 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
         p.csr_row, perm.data_ptr<int>(), E, row.data_ptr<int>());
     check_launch();
   }
-  return {rowptr, col, csr_row, edge_perm, colptr, row, perm,
-          row_items, row_combine, col_items, col_combine, info};
+  // Outputs not built are empty tensors (see the error path above): edge_perm
+  // where it is the identity, the CSC without with_csc.
+  auto or_empty = [&](const at::Tensor& t) { return t.defined() ? t : at::empty({0}, i32); };
+  return {rowptr, col, csr_row, or_empty(edge_perm), or_empty(colptr), or_empty(row),
+          or_empty(perm), row_items, row_combine, or_empty(col_items), or_empty(col_combine),
+          info};
 }
 
 }  // namespace

@@ -84,6 +84,9 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     if info[_STATUS]:
         raise _out_of_range([info[_LO_SRC], info[_LO_DST]], [info[_HI_SRC], info[_HI_DST]],
                             num_src, num_dst)
+    # Outputs not built come back empty: edge_perm where it is the identity (only
+    # ever for E > 0), the CSC without with_csc.
+    edge_perm = edge_perm if edge_perm.numel() else None
     layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, info[_MAX_IN], loops,
                          csr_row=csr_row)
     if with_csc:

@@ -44,7 +44,7 @@ def prepared(layout, dtype: torch.dtype, head_size: int, score: str, strategy: s
     """
     calls = layout.derived.calls
     key = (dtype, head_size, score, strategy, dropout, need_attn, tiles,
-           _plan._OVERRIDES.get(), need_grad)
+           _plan._current(), need_grad)
     hit = calls.get(key)
     if hit is None:
         plan, kept = _plan.kept_plan(layout, key[:-1])

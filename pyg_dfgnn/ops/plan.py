@@ -106,7 +106,8 @@ def override(**fields) -> Iterator[None]:
     Nested blocks add to the outer ones; a field set to ``None`` goes back to the
     default rule. The previous state returns when the block exits, also on an
     exception. Overrides are per thread and asyncio task (:mod:`contextvars`);
-    a backward keeps the decisions of its forward.
+    a backward keeps the decisions of its forward. ``torch.compile`` regions run
+    the default plan (Dynamo cannot read a context variable).
 
     Args:
         rule (str): how ``strategy="auto"`` decides: ``"measured"`` (default,
@@ -145,14 +146,23 @@ def override(**fields) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
+def _current() -> Tuple[Tuple[str, object], ...]:
+    # Dynamo cannot trace ContextVar.get, so compiled regions run the default plan:
+    # overrides are for eager tests and benchmarks.
+    if torch.compiler.is_compiling():
+        return ()
+    return _OVERRIDES.get()
+
+
 def overrides() -> dict:
-    """The overrides in effect (field -> value), empty outside :func:`override`."""
-    return dict(_OVERRIDES.get())
+    """The overrides in effect (field -> value), empty outside :func:`override` and
+    inside ``torch.compile`` regions (which always run the default plan)."""
+    return dict(_current())
 
 
 def _get(name: str, default):
     """One override's value, else ``default`` (no dict on the common path)."""
-    for key, value in _OVERRIDES.get():
+    for key, value in _current():
         if key == name:
             return value
     return default
@@ -283,7 +293,7 @@ def plan_for(layout, dtype: torch.dtype, head_size: int, score: str = "dot",
             forces a decision this call cannot run.
     """
     return kept_plan(layout, (dtype, head_size, score, strategy, bool(dropout),
-                              bool(need_attn), bool(tiles), _OVERRIDES.get()))[0]
+                              bool(need_attn), bool(tiles), _current()))[0]
 
 
 def kept_plan(layout, key: tuple) -> Tuple[Plan, bool]:
