@@ -102,6 +102,17 @@ def rel_err_floor(a: Tensor, b: Tensor, floor: float = 1e-2) -> float:
     return float((a.detach().double() - b.detach().double()).norm()) / scale
 
 
+def layer_grad_floor(grads, floor: float = 1e-2, fraction: float = 1e-2) -> float:
+    r"""The :func:`rel_err_floor` floor for one layer's float64 reference gradients:
+    ``floor``, or ``fraction`` of the largest gradient RMS if that is more. A
+    gradient that is zero in exact arithmetic (the key bias's; the key weights'
+    when every edge of a row is the same) holds the rounding noise of the terms it
+    sums, whose size is the layer's, not its own."""
+    rms = [float(g.detach().double().pow(2).mean().sqrt()) for g in grads
+           if g is not None and g.numel()]
+    return max([floor] + [fraction * r for r in rms])
+
+
 def random_graph(num_src: int, num_dst: Optional[int] = None, num_edges: int = 60,
                  num_isolated: int = 2, num_duplicates: int = 5, num_self_loops: int = 0,
                  generator: Optional[torch.Generator] = None) -> Tensor:

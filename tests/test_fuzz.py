@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
-from conftest import rel_err_floor
+from conftest import layer_grad_floor, rel_err_floor
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -246,14 +246,11 @@ def _error(a: Optional[Tensor], b: Optional[Tensor], floor: float = GRAD_FLOOR) 
 
 
 def _floors(want: dict) -> dict:
-    r"""RMS floor of each result: :data:`GRAD_FLOOR`, and for gradients at least
-    :data:`LAYER_GRAD_FLOOR` times the layer's largest gradient RMS. A gradient that
-    is zero in exact arithmetic (the key weights' when every edge of a row is the
-    same, a one-element sum that cancels) keeps the rounding noise of the terms it
-    sums, whose size is the layer's, not its own."""
-    rms = [float(v.double().pow(2).mean().sqrt()) for k, v in want.items()
-           if k.startswith("grad") and v is not None and v.numel()]
-    grad_floor = max([GRAD_FLOOR] + [LAYER_GRAD_FLOOR * r for r in rms])
+    r"""RMS floor of each result: :data:`GRAD_FLOOR`, and for gradients
+    :func:`conftest.layer_grad_floor` (at least :data:`LAYER_GRAD_FLOOR` of the
+    layer's largest gradient RMS)."""
+    grads = [v for k, v in want.items() if k.startswith("grad")]
+    grad_floor = layer_grad_floor(grads, GRAD_FLOOR, LAYER_GRAD_FLOOR)
     return {k: grad_floor if k.startswith("grad") else GRAD_FLOOR for k in want}
 
 
