@@ -379,6 +379,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     device = torch.device(a.device)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="minibatch_")) / "minibatch.json"
     rows = []
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "steps": a.steps, "warmup": a.warmup}
+    out.parent.mkdir(parents=True, exist_ok=True)
     for name in a.datasets.split(","):
         data = load_dataset(name, a.data)
         gen = torch.Generator().manual_seed(0)
@@ -391,11 +395,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                                          a.variants.split(","), a.steps, a.warmup, device)
                         rows.append(row)
                         print(markdown([row]).splitlines()[-1], flush=True)
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "steps": a.steps, "warmup": a.warmup}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                        # After every row: a run cut short keeps what it measured.
+                        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, Path(a.plot) if a.plot else out.with_suffix(".png"))
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}\n")
     print(markdown(rows))
