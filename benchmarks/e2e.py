@@ -69,6 +69,12 @@ with the other warm-up steps); a compiler failure is recorded as ``{"status":
 ``speedup_vs_compiled`` (compiled native time / fused eager time: step, forward,
 backward). Evaluation runs the module eagerly.
 
+The **projection** impl ``fused_separate`` (eager and cudagraph modes) is the
+fused model with ``FusedTransformerConv(fused_projection=False)``: query, key,
+value and skip as separate GEMMs, not one joined GEMM. Only the ``gt`` model
+differs from ``fused``; rows get ``projection_speedup`` (``fused_separate`` time
+/ ``fused`` time), in ``cudagraph`` too.
+
 TF32 in fp32 matmuls is set explicitly for every impl (``--tf32``; off by default)
 and recorded in ``info`` (``allow_tf32``).
 
@@ -131,7 +137,9 @@ MODELS = ("gt", "gat", "agnn")
 IMPLS = ("native", "fused")
 #: The same models under ``torch.compile`` (whole model; eager mode only).
 COMPILED_IMPLS = ("native_compile", "fused_compile")
-ALL_IMPLS = IMPLS + COMPILED_IMPLS
+#: The fused model with separate projection GEMMs (``fused_projection=False``).
+SEPARATE = "fused_separate"
+ALL_IMPLS = IMPLS + COMPILED_IMPLS + (SEPARATE,)
 PHASES = ("preprocess", "forward", "backward", "optimizer")
 LABELS = {"pattern": "PATTERN", "cluster": "CLUSTER", "cora": "Cora", "citeseer": "CiteSeer",
           "pubmed": "PubMed"}
@@ -162,6 +170,8 @@ def conv_classes(impl: str) -> Dict[str, type]:
 
 def base_impl(impl: str) -> str:
     """``"native"`` / ``"fused"``: the conv classes an impl (compiled or not) uses."""
+    if impl == SEPARATE:
+        return "fused"
     return impl[:-len("_compile")] if impl.endswith("_compile") else impl
 
 
@@ -246,6 +256,8 @@ def build_model(model: str, impl: str, in_channels: int, out_channels: int, args
     cudagraph mode passes ``add_self_loops=False`` to native GAT / AGNN)."""
     conv = conv_classes(impl)[model]
     kw = {"strategy": args.strategy} if base_impl(impl) == "fused" else {}
+    if impl == SEPARATE and model == "gt":
+        kw["fused_projection"] = False
     kw.update(conv_kw or {})
     if model == "gt":
         return GTNet(conv, in_channels, args.hidden, out_channels, args.heads, args.gt_layers,
@@ -636,7 +648,8 @@ def train_impl_cudagraph(ds, model_name: str, impl: str, init_state, args, devic
     n = st.x.size(0)
     _sync(device)
     t0 = time.perf_counter()
-    if impl == "fused":
+    fused = base_impl(impl) == "fused"
+    if fused:
         get_layout(st.edge_index, (n, n), add_self_loops=loops)
         edge_index = st.edge_index
     else:
@@ -658,8 +671,8 @@ def train_impl_cudagraph(ds, model_name: str, impl: str, init_state, args, devic
     res: Dict[str, object] = {
         "captured": bool(capture), "setup_ms": prep_ms, "edges": int(edge_index.size(1)),
         "self_loops": (None if not loops else "fused layout (get_layout, before capture)"
-                       if impl == "fused" else "pre-added to edge_index before capture; "
-                                               "conv built with add_self_loops=False")}
+                       if fused else "pre-added to edge_index before capture; "
+                                     "conv built with add_self_loops=False")}
     static: Dict[str, Tensor] = {}
     graph = None
     if capture:
@@ -830,6 +843,12 @@ def format_tables(report: Dict[str, object]) -> str:
                 lines.append(["Speedup vs compiled native"]
                              + [_f(r.get("speedup_vs_compiled", {}).get("step"), "{:.2f}x")
                                 for r in mrows])
+        if any(SEPARATE in r.get("impls", {}) for r in mrows):
+            lines.append(["Separate projections: step"] + [
+                "-" if d is None else "err" if "error" in d else _f(d.get("step_ms"))
+                for d in (r.get("impls", {}).get(SEPARATE) for r in mrows)])
+            lines.append(["Joined projection speedup"] + [
+                _f(r.get("projection_speedup", {}).get("step"), "{:.2f}x") for r in mrows])
         if any("cudagraph" in r for r in mrows):
             lines.append(["CUDA graph: step (median)"]
                          + [cg_cell(r, lambda d: _f(d.get("step_ms"))) for r in mrows])
@@ -840,6 +859,10 @@ def format_tables(report: Dict[str, object]) -> str:
                     _f(sp, "{:.2f}x")
 
             lines.append(["CUDA graph: speedup"] + [cg_speedup(r) for r in mrows])
+            if any("projection_speedup" in (r.get("cudagraph") or {}) for r in mrows):
+                lines.append(["CUDA graph: joined proj. speedup"] + [_f(
+                    (r.get("cudagraph") or {}).get("projection_speedup", {}).get("step"),
+                    "{:.2f}x") for r in mrows])
             lines.append(["CUDA graph: capture ms"]
                          + [cg_cell(r, lambda d: _f(d.get("capture_ms"), "{:.1f}"))
                             for r in mrows])
@@ -894,6 +917,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                "  python -m benchmarks.e2e --quick                  # CPU smoke run, tiny sizes\n"
                "  python -m benchmarks.e2e --datasets pattern,cora --models gt --epochs 5\n"
                "  python -m benchmarks.e2e --datasets cora,citeseer,pubmed --mode cudagraph\n"
+               "  python -m benchmarks.e2e --models gt --impls fused,fused_separate\n"
                "  python -m benchmarks.plot --e2e e2e.json --out-dir plots",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
@@ -906,7 +930,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="comma-separated subset of gt,gat,agnn (default: all)")
     p.add_argument("--impls", default=None,
                    help=f"comma-separated subset of {','.join(ALL_IMPLS)}; *_compile is the "
-                        "whole model under torch.compile, eager mode only (default: "
+                        "whole model under torch.compile, eager mode only; fused_separate is "
+                        "fused with separate projection GEMMs (default: "
                         "native,fused,native_compile on CUDA; native,fused on CPU)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
@@ -1044,7 +1069,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
     eager = "eager" in args.modes
     graphed = "cudagraph" in args.modes
-    graph_impls = [i for i in args.impls if i in IMPLS]  # captured: the eager models only
+    graph_impls = [i for i in args.impls if i not in COMPILED_IMPLS]  # captured: eager models
     runs = sum(len(args.impls) * eager
                + len(graph_impls) * (graphed and d not in ("pattern", "cluster"))
                for d in args.datasets for _ in args.models)
@@ -1094,6 +1119,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 # fused (eager) against the compiled native model: the yardstick
                 row["speedup_vs_compiled"] = {
                     p: nc[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
+            sep = row["impls"].get(SEPARATE, {})
+            if "step_ms" in sep and "step_ms" in fu:
+                row["projection_speedup"] = {
+                    p: sep[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
             if row.get("cuda_context_lost"):
                 report["rows"].append(row)
                 save()
@@ -1113,6 +1142,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                 gn, gf = cg.get("native", {}), cg.get("fused", {})
                 if "step_ms" in gn and "step_ms" in gf:
                     cg["speedup"] = {"step": gn["step_ms"] / gf["step_ms"]}
+                gs = cg.get(SEPARATE, {})
+                if "step_ms" in gs and "step_ms" in gf:
+                    cg["projection_speedup"] = {"step": gs["step_ms"] / gf["step_ms"]}
                 # how much capture saves each implementation against its eager step
                 cg["vs_eager"] = {impl: row["impls"][impl]["step_ms"] / cg[impl]["step_ms"]
                                   for impl in graph_impls

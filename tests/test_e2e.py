@@ -139,6 +139,25 @@ def test_adam_recorded(e2e, tmp_path):
     assert _finite(row["impls"]["fused"]["losses"])
 
 
+def test_separate_projection_impl(e2e, tmp_path):
+    """``fused_separate``: the fused GT model with ``fused_projection=False``, same
+    weights and function as ``fused``, timed side by side."""
+    report = e2e.main(["--quick", "--datasets", "pattern", "--models", "gt", "--impls",
+                       "fused,fused_separate", "--epochs", "1", "--dropout", "0",
+                       "--device", "cpu", "--no-progress", "--out", str(tmp_path / "e.json")])
+    (row,) = report["rows"]
+    fu, sep = row["impls"]["fused"], row["impls"]["fused_separate"]
+    for a, b in zip(sep["losses"], fu["losses"]):
+        assert a == pytest.approx(b, rel=1e-4)
+    assert set(row["projection_speedup"]) == {"step", "forward", "backward"}
+    assert "Joined projection speedup" in e2e.format_tables(report)
+    args = e2e.parse_args(["--quick", "--device", "cpu"])
+    for impl, joined in (("fused", True), ("fused_separate", False)):
+        model = e2e.build_model("gt", impl, 4, 2, args, 0.0)
+        assert all(layer.attn.fused_projection is joined for layer in model.layers)
+    e2e.build_model("gat", "fused_separate", 4, 2, args, 0.0)  # GAT: nothing to separate
+
+
 def _fake_report():
     def res(step, acc, **kw):
         return {"step_ms": step, "capture_ms": 12.5, "timed_steps": 95, "peak_MB": 90.0,

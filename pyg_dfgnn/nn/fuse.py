@@ -14,8 +14,9 @@ from .gat_conv import FusedGATConv
 from .transformer_conv import FusedTransformerConv
 
 #: Native class -> fused subclass. The fused classes add one attribute
-#: (``strategy``) and override ``forward`` only, so an instance changes class in
-#: place and keeps its parameters, buffers and hooks.
+#: (``strategy``; ``FusedTransformerConv``'s ``fused_projection`` has a class
+#: default) and override ``forward`` only, so an instance changes class in place
+#: and keeps its parameters, buffers and hooks.
 FUSED = {TransformerConv: FusedTransformerConv, GATConv: FusedGATConv,
          AGNNConv: FusedAGNNConv}
 

@@ -2,17 +2,48 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from torch_geometric.typing import Adj, OptTensor, PairTensor
 
 from ..layout import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)
+
+# Forwards that are exactly F.linear(x, weight, bias), so a join of them is too.
+_PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
+
+
+def _plain_linears(lins: Sequence[torch.nn.Module]) -> bool:
+    r"""Whether ``lins`` are plain linear maps without module hooks (a joined call
+    would skip the hooks)."""
+    for lin in lins:
+        if (type(lin).forward not in _PLAIN_FORWARDS or lin._forward_pre_hooks
+                or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks):
+            return False
+    return True
+
+
+def _joined_linear(x: Tensor, weights: List[Tensor],
+                   biases: List[Optional[Tensor]]) -> Sequence[Tensor]:
+    r"""``F.linear(x, w, b)`` for each weight and bias, as one GEMM: they are
+    concatenated in every call, so autograd reaches each layer's own parameters,
+    and the product is split into views of its columns (not contiguous)."""
+    if len(weights) == 1:
+        return [F.linear(x, weights[0], biases[0])]
+    sizes = [w.shape[0] for w in weights]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([w.new_zeros(n) if b is None else b
+                          for w, b, n in zip(weights, biases, sizes)])
+    return F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1)
 
 
 class FusedTransformerConv(TransformerConv):
@@ -51,6 +82,16 @@ class FusedTransformerConv(TransformerConv):
             graph's largest in-degree), ``"smmf"`` (shared-memory maximisation
             fusion, node-parallel) or ``"pmf"`` (parallelism maximisation fusion,
             edge-parallel SDDMM). Ignored on CPU. (default: ``"auto"``)
+        fused_projection (bool, optional): on the fused path, compute the query,
+            key, value and skip projections of the same features as one GEMM
+            over their concatenated weights (a bipartite pair: one for key and
+            value, one for query and skip), split into column views. The
+            parameters and ``state_dict`` stay PyG's; the joined weight is
+            built in every call, so gradients reach each ``lin_*``. Lazy
+            (``in_channels=-1``) weights before their first call, replaced
+            ``lin_*`` modules and ``lin_*`` with hooks run separately. Also
+            an attribute, which may be flipped on a built layer (benchmarks).
+            (default: :obj:`True`)
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
@@ -78,12 +119,38 @@ class FusedTransformerConv(TransformerConv):
     Differences from PyG: the returned attention weights are detached from the
     autograd graph (PyG's carry gradients).
     """
+    #: Default of ``fused_projection``; a layer that :func:`~pyg_dfgnn.nn.fuse`
+    #: switches in place (no ``__init__`` runs) reads this.
+    fused_projection: bool = True
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
-                 *args, strategy: str = "auto", **kwargs):
+                 *args, strategy: str = "auto", fused_projection: bool = True, **kwargs):
         use_own_propagate(type(self))
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
+        self.fused_projection = bool(fused_projection)
+
+    def _project(self, x: Tuple[Tensor, Tensor]):
+        r"""``(query, key, value, x_r)``: the outputs of ``lin_query``, ``lin_key``,
+        ``lin_value`` and ``lin_skip``. ``x_r`` is ``None`` when the skip
+        projection is left to its own call after the attention, where PyG makes
+        it (a lazy ``lin_skip`` then draws its initial weights in PyG's order)."""
+        lins = [self.lin_query, self.lin_key, self.lin_value]
+        if self.root_weight:
+            lins.append(self.lin_skip)
+        if self.fused_projection and _plain_linears(lins):
+            # each weight read once: a module attribute costs host time
+            ws = [lin.weight for lin in lins]
+            # a lazy weight is shaped by its first call (isinstance: Dynamo traces it)
+            if not any(isinstance(w, UninitializedParameter) for w in ws):
+                bs = [lin.bias for lin in lins]
+                if x[0] is x[1]:
+                    query, key, value, *x_r = _joined_linear(x[0], ws, bs)
+                else:
+                    key, value = _joined_linear(x[0], ws[1:3], bs[1:3])
+                    query, *x_r = _joined_linear(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
+                return query, key, value, (x_r[0] if x_r else None)
+        return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
 
     def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
         if edge_attr is not None or self.lin_edge is not None:
@@ -126,9 +193,10 @@ class FusedTransformerConv(TransformerConv):
         if not ok:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 
-        query = self.lin_query(x[1]).view(-1, H, C)
-        key = self.lin_key(x[0]).view(-1, H, C)
-        value = self.lin_value(x[0]).view(-1, H, C)
+        query, key, value, x_r = self._project(x)
+        # Joined projections are column views of one product; gt_attention makes
+        # them contiguous, as the kernels read [N, H, C] rows.
+        query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
 
         layout = get_layout(edge_index, size=size, add_self_loops=False)
         want_alpha = isinstance(return_attention_weights, bool)
@@ -144,7 +212,8 @@ class FusedTransformerConv(TransformerConv):
             out = out.mean(dim=1)
 
         if self.root_weight:
-            x_r = self.lin_skip(x[1])
+            if x_r is None:
+                x_r = self.lin_skip(x[1])
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1))
                 beta = beta.sigmoid()
