@@ -18,7 +18,9 @@ from torch_geometric.nn import TransformerConv
 from conftest import random_graph, rel_err
 from pyg_dfgnn.nn import FusedTransformerConv
 
-_GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+# aten.linear: in inference mode it reaches the dispatcher undecomposed.
+_GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+          torch.ops.aten.linear.default}
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
@@ -34,8 +36,8 @@ class GemmCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def forward_gemms(conv, x, edge_index) -> int:
-    with torch.no_grad(), GemmCount() as count:
+def forward_gemms(conv, x, edge_index, grad: bool = True) -> int:
+    with torch.set_grad_enabled(grad), GemmCount() as count:
         conv(x, edge_index)
     return count.n
 
@@ -126,6 +128,19 @@ def test_same_tensor_pair_is_joined():
     assert forward_gemms(conv, (x, x.clone()), ei) == 2   # equal values, two tensors
     conv.fused_projection = False
     assert forward_gemms(conv, x, ei) == 4
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_runs_separate_projections(mode):
+    # Without a backward the joined GEMM saves nothing and its views cost copies.
+    x, ei, _ = inputs(False, torch.float32)
+    conv = FusedTransformerConv(8, 4, heads=2)
+    want = conv(x, ei)
+    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with ctx, GemmCount() as count:
+        got = conv(x, ei)
+    assert count.n == 4
+    assert rel_err(got, want) < TOL[torch.float32]
 
 
 def test_constructor_switch():
