@@ -141,9 +141,9 @@ class FusedTransformerConv(TransformerConv):
             lins.append(self.lin_skip)
         # Joined only where autograd records: the backward then runs one input and
         # one weight GEMM instead of three or four each, while the forward pays for
-        # copying the column views into the kernels' contiguous rows (H100, 10K-100K
-        # nodes: forward 0.56-0.88x where 3 of 4 shapes were measured, fwd+bwd
-        # 1.02-1.31x in 5 of 6; docs/design.md).
+        # copying the column views into the kernels' contiguous rows. On an H100
+        # (10K-100K nodes, fp32 and bf16) the joined forward alone was 0.56-1.00x in
+        # 5 of 6 shapes, forward + backward 1.02-1.31x in 5 of 6.
         if self.fused_projection and torch.is_grad_enabled() and _plain_linears(lins):
             # each weight read once: a module attribute costs host time
             ws = [lin.weight for lin in lins]
