@@ -168,6 +168,18 @@ def conv_classes(impl: str) -> Dict[str, type]:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
+#: The phases whose times the speed-up ratios of a row compare.
+PHASE_TIMES = ("step", "forward", "backward")
+
+
+def time_ratios(slow: dict, fast: dict, phases: Sequence[str]) -> Optional[Dict[str, float]]:
+    """``{phase: slow time / fast time}`` of two impl results, ``None`` unless both
+    have a step time."""
+    if "step_ms" not in slow or "step_ms" not in fast:
+        return None
+    return {p: slow[f"{p}_ms"] / fast[f"{p}_ms"] for p in phases}
+
+
 def base_impl(impl: str) -> str:
     """``"native"`` / ``"fused"``: the conv classes an impl (compiled or not) uses."""
     if impl == SEPARATE:
@@ -1104,25 +1116,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                     # a fault in generated code leaves the process without a usable GPU
                     row["cuda_context_lost"] = impl
                     break
-            na, fu = row["impls"].get("native", {}), row["impls"].get("fused", {})
-            if "step_ms" in na and "step_ms" in fu:
-                row["speedup"] = {
-                    "step": na["step_ms"] / fu["step_ms"],
-                    "forward": na["forward_ms"] / fu["forward_ms"],
-                    "backward": na["backward_ms"] / fu["backward_ms"],
-                    "sum": na["sum_ms"] / fu["sum_ms"],
-                }
-                if na.get("peak_MB") and fu.get("peak_MB"):
-                    row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
-            nc = row["impls"].get("native_compile", {})
-            if "step_ms" in nc and "step_ms" in fu:
-                # fused (eager) against the compiled native model: the yardstick
-                row["speedup_vs_compiled"] = {
-                    p: nc[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
-            sep = row["impls"].get(SEPARATE, {})
-            if "step_ms" in sep and "step_ms" in fu:
-                row["projection_speedup"] = {
-                    p: sep[f"{p}_ms"] / fu[f"{p}_ms"] for p in ("step", "forward", "backward")}
+            impls = row["impls"]
+            na, fu = impls.get("native", {}), impls.get("fused", {})
+            ratios = {"speedup": ("native", ("step", "forward", "backward", "sum")),
+                      # fused (eager) against the compiled native model: the yardstick
+                      "speedup_vs_compiled": ("native_compile", PHASE_TIMES),
+                      "projection_speedup": (SEPARATE, PHASE_TIMES)}
+            for key, (slow, phases) in ratios.items():
+                r = time_ratios(impls.get(slow, {}), fu, phases)
+                if r:
+                    row[key] = r
+            if "speedup" in row and na.get("peak_MB") and fu.get("peak_MB"):
+                row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
             if row.get("cuda_context_lost"):
                 report["rows"].append(row)
                 save()
@@ -1139,12 +1144,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                     cg[impl] = _guarded(lambda: train_impl_cudagraph(
                         ds, model_name, impl, init_state, args, device, hp), device)
                     progress(cg[impl])
-                gn, gf = cg.get("native", {}), cg.get("fused", {})
-                if "step_ms" in gn and "step_ms" in gf:
-                    cg["speedup"] = {"step": gn["step_ms"] / gf["step_ms"]}
-                gs = cg.get(SEPARATE, {})
-                if "step_ms" in gs and "step_ms" in gf:
-                    cg["projection_speedup"] = {"step": gs["step_ms"] / gf["step_ms"]}
+                for key, slow in (("speedup", "native"), ("projection_speedup", SEPARATE)):
+                    r = time_ratios(cg.get(slow, {}), cg.get("fused", {}), ("step",))
+                    if r:
+                        cg[key] = r
                 # how much capture saves each implementation against its eager step
                 cg["vs_eager"] = {impl: row["impls"][impl]["step_ms"] / cg[impl]["step_ms"]
                                   for impl in graph_impls

@@ -8,7 +8,7 @@ SDDMM -> edge softmax -> SpMM op on a cached :class:`~pyg_dfgnn.layout.GraphLayo
 (``"auto" | "smmf" | "pmf"``), and falls back to the native forward for
 configurations the fused ops do not cover (documented per class).
 :class:`FusedTransformerConv` also takes ``fused_projection`` (its query, key,
-value and skip projections as one GEMM; default ``True``).
+value and skip projections as one GEMM while autograd records; default ``True``).
 
 .. code-block:: python
 
