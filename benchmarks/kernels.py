@@ -579,12 +579,11 @@ def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, comp
             cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32,
                                  (["fused-auto"] if quick else base) + native
                                  + ([] if quick else sp) + dn + cc), kw))
-            if quick:
-                continue
-            cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32, base + native + dn + cc),
-                          kw))
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
-                                 ["fused-auto"] + native + dn + cc), kw))
+            if not quick:
+                cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32,
+                                     base + native + dn + cc), kw))
+                cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
+                                     ["fused-auto"] + native + dn + cc), kw))
         skw = {"fused_only": fused_only, "compiled": compiled}
         if "gat" in models:
             cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32), skw))

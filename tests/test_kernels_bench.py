@@ -168,6 +168,10 @@ def test_quick_cases(kb):
                                                        "gt/power-law-5K/1x128/float32"]
     assert kb.cuda_context_ok("cpu")
     assert all("pyg-compile" in c[1][7] for c in cases)
+    # --quick --models keeps every named family, one 1x128 fp32 case per graph each
+    quick_all = kb.build_cases(graphs, ["gt", "gat", "agnn"], quick=True)
+    assert [(c[0], c[1][0]) for c in quick_all] == [
+        (m, g) for g in ("PATTERN", "power-law-5K") for m in ("gt", "gat", "agnn")]
     full = kb.build_cases(graphs, ["gt", "gat", "agnn"], compiled=False)
     assert len(full) == 2 * (3 + 2 + 1)
     assert not any("pyg-compile" in c[1][7] for c in full if c[0] == "gt")
