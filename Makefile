@@ -44,7 +44,7 @@ DEPS := torch==$(TORCH_VERSION) torch_geometric tqdm pytest hypothesis matplotli
 DEPS_STAMP  := $(VENV)/.deps.stamp
 BUILD_STAMP := $(VENV)/.build.stamp
 EXT_STAMP   := $(VENV)/.cuda_ext.$(CUDA_EXT)
-BUILD_INPUTS := setup.py pyproject.toml $(wildcard cuda/*)
+BUILD_INPUTS := setup.py pyproject.toml $(wildcard cuda/*/*)
 
 .PHONY: venv train test clean distclean help
 

@@ -24,7 +24,10 @@ def _extensions():
     if not (force or (torch.version.cuda and cpp_extension.CUDA_HOME)):
         print("pyg_dfgnn: no CUDA toolkit/torch CUDA build: installing the reference (CPU) path only")
         return [], {}
-    srcs = sorted(glob.glob(os.path.join("cuda", "*.cu"))) + sorted(glob.glob(os.path.join("cuda", "*.cpp")))
+    # cuda/ holds the torch glue (glue/), host code (host/), device building blocks
+    # (device/, headers only) and one file per kernel family (kernels/).
+    srcs = sorted(glob.glob(os.path.join("cuda", "**", "*.cu"), recursive=True)) + \
+        sorted(glob.glob(os.path.join("cuda", "**", "*.cpp"), recursive=True))
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if os.environ.get("PYG_DFGNN_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")

@@ -1,6 +1,6 @@
 r"""Graph layout build time per mini-batch: ``GraphLayout.from_edge_index`` on
 NeighborLoader batches of ogbn-arxiv (about 30K and 300K edges) and on the full
-graph, the GPU build (``dfgnn::layout_build``, cuda/layout_build.cu) next to the
+graph, the GPU build (``dfgnn::layout_build``, cuda/kernels/layout_build.cu) next to the
 torch build it replaces (``kernel=False``).
 
 Median over batches, CUDA events on a GPU (the events bracket what the host

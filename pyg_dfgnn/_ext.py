@@ -1,7 +1,7 @@
 """Loads the compiled extension ``pyg_dfgnn._C`` if it was built.
 
 Importing it registers the ``torch.ops.dfgnn`` operators (``TORCH_LIBRARY`` in
-``cuda/bindings.cpp``). A missing or unloadable extension is not an error: the
+``cuda/glue/bindings.cpp``). A missing or unloadable extension is not an error: the
 package then runs every op through :mod:`pyg_dfgnn.ops.reference`.
 """
 import importlib.util

@@ -1,4 +1,4 @@
-r"""The GraphLayout build on the GPU: ``dfgnn::layout_build`` (``cuda/layout_build.cu``).
+r"""The GraphLayout build on the GPU: ``dfgnn::layout_build`` (``cuda/kernels/layout_build.cu``).
 
 Mini-batch training builds a new layout every step; the torch build
 (:func:`pyg_dfgnn.layout._build`) takes about 80 small operations for it. This op
@@ -24,7 +24,7 @@ from .work_items import Work, chunk_for
 #: Largest work-item chunk the kernels handle (``kLayoutBuildMaxChunk``).
 MAX_CHUNK = 512
 _INT32_MAX = 2**31 - 1
-# Positions in the op's int64 `info` output (LayoutBuildInfo in cuda/layout_build.h).
+# Positions in the op's int64 `info` output (LayoutBuildInfo in cuda/kernels/layout_build.h).
 _STATUS, _LO_SRC, _LO_DST, _HI_SRC, _HI_DST, _KEPT, _UNSORTED, _MAX_IN, _ROW_SLOTS, \
     _COL_SLOTS, _NUM_EDGES = range(11)
 

@@ -28,7 +28,7 @@ SMALL_GRAPH_CHUNK = 32
 
 
 class Work(NamedTuple):
-    r"""Work items over one pointer (the kernels' ``Work``, ``cuda/ops.h``).
+    r"""Work items over one pointer (the kernels' ``Work``, ``cuda/host/params.h``).
 
     Attributes:
         items (Tensor): int32 ``[I, 3]``: (row, first edge, partial slot or -1).
@@ -109,7 +109,7 @@ def split_work(ptr: Tensor, chunk: int, long_first: bool = True) -> Work:
     Every row gets ``max(1, ceil(deg / chunk))`` items of at most ``chunk``
     consecutive edges; rows split over several items write partial results to
     slots, which the kernel itself merges up a tree of slots in a fixed order
-    (``merge_split_row`` in ``cuda/common.cuh``), or a combine kernel
+    (``merge_split_row`` in ``cuda/device/split_merge.cuh``), or a combine kernel
     (``combine``) where it cannot: deterministic either way. One host
     synchronisation (the sizes); :class:`~pyg_dfgnn.layout.GraphLayout` builds
     its items with :func:`work_items` instead, sharing its build's single

@@ -1,4 +1,4 @@
-"""The C++ autograd kernels of the fused ops (``cuda/autograd.cpp``), on ``meta``
+"""The C++ autograd kernels of the fused ops (``cuda/glue/autograd.cpp``), on ``meta``
 tensors: no GPU needed, the ops dispatch to their ``register_fake``
 implementations below autograd. Checks the wiring (which outputs carry a
 gradient, that the backward op is called with the saved arguments and returns a
@@ -134,7 +134,7 @@ def test_agnn_backward_wiring():
 @pytest.mark.parametrize("op,name", [("gt", "dfgnn::GtAttentionBackward"),
                                      ("gat", "dfgnn::GatAttentionBackward")])
 def test_attention_node_name_and_edges(op, name):
-    # The hand-written node (cuda/autograd.cpp, AttentionBackward): its name, and
+    # The hand-written node (cuda/glue/autograd.cpp, AttentionBackward): its name, and
     # one next edge per feature tensor, to that leaf's gradient accumulator.
     leaves, out, _, _ = _attention_call(op)
     assert out.grad_fn.name() == name

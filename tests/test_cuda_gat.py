@@ -67,7 +67,7 @@ def test_half_precision(graph, dtype, H, C, strategy):
 
 @pytest.mark.parametrize("graph", ["bipartite", "super_node"])
 def test_gradients_of_one_call_are_separate_tensors(graph):
-    """The backward keeps its small scratch in dx's allocation (cuda/call_memory.cpp):
+    """The backward keeps its small scratch in dx's allocation (cuda/host/scratch.cpp):
     the gradients still have storages of their own and are right."""
     torch.manual_seed(13)
     lay, a_src, a_dst, x = make(graph, 2, 64, torch.float32)
@@ -177,7 +177,7 @@ def test_two_rows_per_warp_dropout():
 def test_many_split_rows(plan_override, model, H, C):
     """Work items of 4 edges: thousands of split rows (and columns) of a few slots,
     and a super node of 6,000 in-edges, 1,500 slots merged up a 4-level tree
-    (common.cuh, merge_split_row); forward and backward against float64."""
+    (device/split_merge.cuh, merge_split_row); forward and backward against float64."""
     plan_override(chunk=4)
     torch.manual_seed(H * 1000 + C)
     n = 12_000

@@ -274,7 +274,7 @@ def test_backward_deterministic(strategy):
 @pytest.mark.parametrize("graph", ["small", "bipartite", "super_node"])
 def test_outputs_of_one_call_are_separate_tensors(graph, dtype):
     """A call keeps its small fp32 scratch in the allocation of one of its outputs
-    (the forward's lse, the backward's dQ; cuda/call_memory.cpp). The outputs must
+    (the forward's lse, the backward's dQ; cuda/host/scratch.cpp). The outputs must
     still not alias one another, as the schemas promise: distinct storages, each
     output at offset 0 and not a view, and an in-place change of one gradient
     leaves the others as they were."""

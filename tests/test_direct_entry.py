@@ -1,5 +1,5 @@
 """The extension's direct entry to the forward ops (``_C.gt_fwd`` and the like,
-``cuda/python_entry.cpp``) against the ``torch.ops.dfgnn`` path, on ``meta``
+``cuda/glue/python_entry.cpp``) against the ``torch.ops.dfgnn`` path, on ``meta``
 tensors (no GPU needed): the same outputs, autograd node and gradients; clear
 errors for bad arguments; ``NotImplemented`` for tensor subclasses, and the
 ``torch.ops`` path under torch function modes (``ops._call_op``). Values on the

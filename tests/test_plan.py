@@ -167,7 +167,7 @@ def test_override_reaches_the_reference_path_rule():
 
 # ------------------------------------------------------------------ module boundaries
 def test_no_getenv_or_tuning_switches_in_cuda():
-    for path in sorted((ROOT / "cuda").iterdir()):
+    for path in sorted(p for p in (ROOT / "cuda").rglob("*") if p.is_file()):
         text = path.read_text()
         assert "getenv" not in text, path.name
         assert not re.search(r"PYG_DFGNN_[A-Z_]+", text), path.name

@@ -176,7 +176,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         prep = prepared(layout, dtype, C, score, strategy, p > 0, return_attention, need_grad)
         args = gt_args(prep, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
                        _seed() if p > 0 else 0, return_attention)
-        out, _lse, attn = _call_op("gt_fwd", args)  # autograd: cuda/autograd.cpp
+        out, _lse, attn = _call_op("gt_fwd", args)  # autograd: cuda/glue/autograd.cpp
     else:
         choose_strategy(layout.max_in_degree, score, q.element_size(), strategy)  # checks
         out, attn = reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, p,
@@ -233,7 +233,7 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
         prep = agnn_prepared(layout, dtype, C, strategy, return_attention, need_grad)
     if fused_norm and not prep.plan.pmf:
         # Normalisation (k = x / max(||x||, eps), q = beta k) and SMMF attention in
-        # one op call, one autograd node (cuda/autograd.cpp; fp32: cos_fwd).
+        # one op call, one autograd node (cuda/glue/agnn.cpp; fp32: cos_fwd).
         out, attn = _call_op("agnn_fwd", agnn_args(prep, xs.contiguous(), b, _NORMALIZE_EPS,
                                                    return_attention))
         res = (out, layout.to_input_order(attn.to(xs.dtype))) if return_attention else out

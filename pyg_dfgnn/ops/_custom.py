@@ -2,7 +2,7 @@
 
 The fake (meta) implementations let ``torch.compile`` and ``opcheck`` trace
 through the fused ops. Their autograd is registered in C++
-(``cuda/autograd.cpp``, the ``Autograd`` dispatch key): a Python autograd kernel
+(``cuda/glue/autograd.cpp``, the ``Autograd`` dispatch key): a Python autograd kernel
 (``torch.library.register_autograd``) ran Python on every call, also under
 ``no_grad``, and most of a Cora-sized layer's wall time was that host work.
 ``dfgnn::agnn_fwd`` needs no fake: its

@@ -41,7 +41,7 @@ STRATEGIES = ("auto", "smmf", "pmf")
 SCORES = ("dot", "cosine", "additive")
 RULES = ("measured", "paper")
 #: Largest head row (bytes) the vectorised kernels hold in registers
-#: (``dispatch_row_shape`` in ``cuda/common.cuh``).
+#: (``dispatch_row_shape`` in ``cuda/host/dispatch.cuh``).
 MAX_ROW_BYTES = 128 * 16
 #: Largest head size of the scalar (any C) kernels.
 MAX_SCALAR_C = 128

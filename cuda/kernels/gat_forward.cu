@@ -11,8 +11,15 @@
 // PMF: an edge-parallel kernel writes the scores [E, H], then softmax_spmm.
 // With the tiles SMMF measured as fast or faster on every graph, so "auto" picks
 // SMMF, as the paper does (docs/design.md, "SMMF or PMF").
-#include "common.cuh"
-#include "ops.h"
+#include "device/dropout.cuh"
+#include "device/edge_walk.cuh"
+#include "device/lane_group.cuh"
+#include "device/numerics.cuh"
+#include "device/online_softmax.cuh"
+#include "device/work_items.cuh"
+#include "host/dispatch.cuh"
+#include "host/forward_call.h"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {

@@ -1,5 +1,5 @@
 // The GraphLayout build on the GPU (layout_build.cu); registered as
-// dfgnn::layout_build in layout_build_op.cpp.
+// dfgnn::layout_build in glue/layout_build_op.cpp.
 #pragma once
 #include <ATen/ATen.h>
 

@@ -39,8 +39,8 @@
 #include <climits>
 #include <cstdint>
 
-#include "common.cuh"
-#include "layout_build.h"
+#include "host/dispatch.cuh"
+#include "kernels/layout_build.h"
 
 namespace dfgnn {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "ops.h"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {
@@ -321,7 +321,7 @@ TORCH_LIBRARY(dfgnn, m) {
   // (the layout's tile plan, pyg_dfgnn/ops/tiles.py, and the window cells per
   // edge up to which a block runs dense) and bwd_one_launch / one_launch (the GT
   // backward's two walks in one launch).
-  // AGNN in one call (cuda/autograd.cpp): cos_fwd for fp32, else l2norm_fwd then gt_fwd
+  // AGNN in one call (cuda/glue/agnn.cpp): cos_fwd for fp32, else l2norm_fwd then gt_fwd
   // (SMMF, scale 1).
   m.def(
       "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
@@ -333,7 +333,7 @@ TORCH_LIBRARY(dfgnn, m) {
       "cos_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, int chunk, bool need_attn, bool two_rows) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
-  // Work items (row_items / col_items, *_combine, *_slots): see Work in ops.h.
+  // Work items (row_items / col_items, *_combine, *_slots): see Work in host/params.h.
   m.def(
       "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
       "Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, Tensor? row, "

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "layout_build.h"
+#include "kernels/layout_build.h"
 
 namespace dfgnn {
 namespace {

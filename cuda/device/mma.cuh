@@ -3,7 +3,8 @@
 // unit, one warp walking the edges of 8 destination rows 16 at a time.
 // The sparse unit's design is described in gt_forward_mma.cu.
 #pragma once
-#include "common.cuh"
+#include "device/lane_group.cuh"
+#include "device/numerics.cuh"
 
 namespace dfgnn {
 

@@ -7,8 +7,10 @@
 //
 // rnorm [N, H] keeps 1 / max(||x||, eps) with the sign as a flag: negative when the
 // norm was clamped to eps, where the backward is the plain 1 / eps scaling.
-#include "common.cuh"
-#include "ops.h"
+#include "device/fragments.cuh"
+#include "device/lane_group.cuh"
+#include "host/dispatch.cuh"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {

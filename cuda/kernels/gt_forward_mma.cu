@@ -26,14 +26,15 @@
 // Runs where the kernel plan says so (pyg_dfgnn/ops/plan.py: by default calls
 // without split rows; never with dropout or returned attention weights, and C in
 // {32, 64, 128}); the rest runs on the CUDA-core kernel.
-#include "mma.cuh"
-#include "ops.h"
+#include "device/mma.cuh"
+#include "host/dispatch.cuh"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {
 
 // One warp per block. A block holds its SM slot until its slowest warp is done
-// (kNodeBlock, common.cuh); this kernel's warps are independent, so single-warp
+// (kNodeBlock, host/dispatch.cuh); this kernel's warps are independent, so single-warp
 // blocks free each slot as soon as its warp ends: 1.5-3 % faster than 64 threads
 // on the sparse batches (MNIST, CIFAR10, COCO-SP), the same on PATTERN / CLUSTER.
 constexpr int kMmaBlock = 32;
@@ -57,10 +58,8 @@ bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16) {
 }
 
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& rowptr, const at::Tensor& col,
-                    const c10::optional<at::Tensor>& dense_tiles, double dense_cells,
-                    at::Tensor& out, at::Tensor& lse2, double scale) {
-  if (gt_forward_dense(q, k, v, rowptr, col, dense_tiles, dense_cells, out, lse2, scale)) return;
+                    const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
+                    at::Tensor& lse2, double scale) {
   const int64_t N = q.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_units = (N + kMmaRows - 1) / kMmaRows * H;
   if (n_units == 0) return;

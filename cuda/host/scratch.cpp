@@ -1,6 +1,6 @@
-// Scratch (ops.h): a call's small fp32 scratch in the allocation of one of its
+// Scratch (scratch.h): a call's small fp32 scratch in the allocation of one of its
 // outputs, one allocation fewer per call on host-bound small graphs.
-#include "ops.h"
+#include "host/scratch.h"
 
 namespace dfgnn {
 

@@ -33,8 +33,9 @@
 // fewer registers, no spills).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
-#include "mma.cuh"
-#include "ops.h"
+#include "device/mma.cuh"
+#include "host/dispatch.cuh"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {

@@ -20,8 +20,17 @@
 // difference z dP - D keeps). Each output row is owned by one lane
 // group (split rows: fixed-order combine): no atomics, deterministic. Only lse2
 // [N, H] is saved by the forward.
-#include "common.cuh"
-#include "ops.h"
+#include "device/dropout.cuh"
+#include "device/edge_walk.cuh"
+#include "device/fragments.cuh"
+#include "device/lane_group.cuh"
+#include "device/numerics.cuh"
+#include "device/split_merge.cuh"
+#include "device/work_items.cuh"
+#include "host/dispatch.cuh"
+#include "host/ops.h"
+#include "host/scratch.h"
+#include "host/split_merge.h"
 
 namespace dfgnn {
 namespace {
@@ -190,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     int64_t seed) {
   const int64_t N_dst = a_dst.size(0), N_src = x.size(0), H = x.size(1), C = x.size(2);
   // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows, small ones
-  // in da_dst's allocation (ops.h, Scratch). dx and da_src, which only the source
+  // in da_dst's allocation (host/scratch.h). dx and da_src, which only the source
   // walk writes, are allocated after the destination walk's launch: a small
   // graph's backward is host-bound, and their allocations then run while that
   // kernel does.

@@ -16,8 +16,17 @@
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
-#include "common.cuh"
-#include "ops.h"
+#include "device/dropout.cuh"
+#include "device/edge_walk.cuh"
+#include "device/fragments.cuh"
+#include "device/lane_group.cuh"
+#include "device/numerics.cuh"
+#include "device/split_merge.cuh"
+#include "device/work_items.cuh"
+#include "host/dispatch.cuh"
+#include "host/ops.h"
+#include "host/scratch.h"
+#include "host/split_merge.h"
 
 namespace dfgnn {
 namespace {
@@ -348,7 +357,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
   // The split rows' partial dQ, dK, dV rows and, in two launches, the dq kernel's
   // per-edge (P', dS) [E, H, 2] for the dkv kernel; small ones in dQ's allocation
-  // (ops.h, Scratch).
+  // (host/scratch.h).
   Scratch scratch({rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C,
                    one_launch ? 0 : E * H * 2});
   auto dq = scratch.empty_with(q.sizes(), q.options());

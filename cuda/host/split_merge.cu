@@ -1,32 +1,19 @@
-// Sparse-format helpers used when a GraphLayout is built on the GPU, and the
-// combine steps of split (work-item) rows shared by every kernel family.
+// Split rows on the host side (split_merge.h): the per-stream arrival counters
+// of the in-kernel merge, and the merge launches for split rows that their
+// kernels do not merge themselves, shared by every kernel family.
 #include <map>
 #include <mutex>
 #include <utility>
 
-#include "common.cuh"
-#include "ops.h"
+#include "device/numerics.cuh"
+#include "host/dispatch.cuh"
+#include "host/split_merge.h"
 
 namespace dfgnn {
 namespace {
 
-// rowptr[r] = lower_bound(index, r): one thread per row, binary search over the
-// sorted destination indices (no atomics, no histogram pass).
-template <typename I>
-__global__ void csr_rowptr_kernel(const I* __restrict__ index, int64_t n, int64_t num_rows,
-                                  int* __restrict__ rowptr) {
-  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (r > num_rows) return;
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) >> 1;
-    if ((int64_t)index[mid] < r) lo = mid + 1; else hi = mid;
-  }
-  rowptr[r] = (int)lo;
-}
-
 // The merge launch for split rows that their kernels do not merge themselves
-// (merge_split_row, common.cuh: half-precision backward kernels, PMF, CUDA-graph
+// (merge_split_row, device/split_merge.cuh: half-precision backward kernels, PMF, CUDA-graph
 // captures).
 // Sums (plain: combine) or softmax-merges (SOFTMAX) the fp32 partials of split
 // rows. A unit is one (split row, head); its W * P threads form P slot groups of
@@ -179,18 +166,6 @@ __global__ void normalize_attn_kernel(const int* __restrict__ combine,
 }
 
 }  // namespace
-
-at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows) {
-  auto rowptr = at::empty({num_rows + 1}, index.options().dtype(at::kInt));
-  const int64_t n = index.numel();
-  auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "csr_rowptr", [&] {
-    csr_rowptr_kernel<index_t><<<ceil_div(num_rows + 1, 256), 256, 0, stream>>>(
-        index.data_ptr<index_t>(), n, num_rows, rowptr.data_ptr<int>());
-  });
-  check_launch();
-  return rowptr;
-}
 
 // One buffer per (device, stream): kernels on one stream run in order, so each
 // finds the counters zero; kernels of two streams may overlap and get two

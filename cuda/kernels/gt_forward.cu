@@ -13,8 +13,15 @@
 // Scores are kept in base 2 (scale already multiplied by log2(e)) so every
 // exponential is a single exp2f; `lse2` is the per-row log2-sum-exp saved for
 // the backward (O(N H) memory).
-#include "common.cuh"
-#include "ops.h"
+#include "device/edge_walk.cuh"
+#include "device/fragments.cuh"
+#include "device/lane_group.cuh"
+#include "device/numerics.cuh"
+#include "device/online_softmax.cuh"
+#include "device/work_items.cuh"
+#include "host/dispatch.cuh"
+#include "host/forward_call.h"
+#include "host/ops.h"
 
 namespace dfgnn {
 namespace {
@@ -111,7 +118,7 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
 }
 
 // The SMMF launch of gt_forward_cuda and cosine_forward_cuda: the row shape of
-// with_smmf_shape (common.cuh), the EXTRAS variant when p > 0 (never for COS) or
+// with_smmf_shape (host/dispatch.cuh), the EXTRAS variant when p > 0 (never for COS) or
 // the call returns attention weights.
 template <typename T, int VEC, int G, int NV, bool COS>
 void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -156,8 +163,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
   // The plan's tensor-core forward (bindings.cpp checks the call allows it); rows
   // that are not 16-byte aligned run the CUDA-core kernel, which has scalar loads.
+  // The plan's dense tiles run where it passed a tile plan and a bound (none
+  // launch for a graph without edges), else the sparse tensor-core units.
   if (mma && gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
-    gt_forward_mma(q, k, v, rowptr, col, dense_tiles, dense_cells, fc.out, fc.lse2, scale);
+    if (!gt_forward_dense(q, k, v, rowptr, col, dense_tiles, dense_cells, fc.out, fc.lse2,
+                          scale))
+      gt_forward_mma(q, k, v, rowptr, col, fc.out, fc.lse2, scale);
     return {fc.out, fc.lse2, fc.attn};
   }
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,

@@ -1,0 +1,234 @@
+// Autograd kernels of the fused ops (the Autograd dispatch key of dfgnn::gt_fwd,
+// dfgnn::gat_fwd and dfgnn::l2norm_fwd), paper §4.3; dfgnn::agnn_fwd's is in
+// agnn.cpp.
+//
+// Why C++ and not torch.library.register_autograd: the Python autograd kernel
+// runs for every call of the op, also under no_grad, and the backward ran a
+// Python function through the engine: most of a Cora-sized layer's wall time
+// (docs/design.md, "Host path").
+// Here a call with grad costs one C++ Node; the backward never takes the GIL.
+// GT and GAT have a hand-written node (AttentionBackward), AGNN (agnn.cpp) and
+// its normalisation a torch::autograd::Function.
+//
+// The forward and backward call the ops through the dispatcher below autograd,
+// so FakeTensor tracing (torch.compile, opcheck) sees dfgnn::*_bwd with their
+// register_fake implementations (pyg_dfgnn/ops/_custom.py).
+#include <ATen/FuncTorchTLS.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/library.h>
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+#include "glue/autograd_common.h"
+
+namespace dfgnn {
+namespace {
+
+constexpr char kGatFwd[] = "dfgnn::gat_fwd";
+constexpr char kGatBwd[] = "dfgnn::gat_bwd";
+constexpr char kGtNode[] = "dfgnn::GtAttentionBackward";
+constexpr char kGatNode[] = "dfgnn::GatAttentionBackward";
+
+// The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
+// c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
+using torch::autograd::Node;
+using NodePtr = decltype(std::declval<Node&>().getptr());
+
+template <class N>
+auto make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    // deleteNode (found by ADL: N is a torch::autograd::Node) frees a long
+    // chain of nodes without recursion, as PyTorch's own nodes are freed.
+    return std::shared_ptr<N>(new N(), [](N* n) { deleteNode(n); });
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
+
+// The backward node of a GT or GAT call (dfgnn::gt_fwd / gat_fwd with grad): a
+// hand-written Node, as PyTorch's generated ones are, not a
+// torch::autograd::Function (which AGNN below still uses). A small graph's
+// call is host time (docs/design.md, "Host path"), and Function's node paid for
+// generality on every call: a VariableInfo per input and output, the view /
+// dirty / non-differentiable bookkeeping of every output, a context map keyed
+// by strings, and a demangled type name on every backward. Here: the three
+// features and `out` as SavedVariables (version checks, saved-tensor hooks),
+// the rest as plain members, history on `out` only (lse2 and the attention
+// weights carry no gradient). Not supported, each with a clear error: compiled
+// autograd (no compiled_args; PyTorch's error names the node) and forward-mode
+// AD (checked in the forward).
+template <const char* kBwd, const char* kName>
+struct AttentionBackward final : Node {
+  torch::autograd::SavedVariable a_, b_, c_, out_;
+  Tensor lse2_;
+  StoredLayout layout_;
+  double param_ = 0.0, dropout_ = 0.0;
+  int64_t seed_ = 0;
+  bool one_launch_ = false;  // gt_bwd's launches, decided with the forward's plan
+
+  std::string name() const override { return kName; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    a_.reset_data();
+    b_.reset_data();
+    c_.reset_data();
+    out_.reset_data();
+    lse2_.reset();
+  }
+
+  // Gradients of a, b, c (one kernel walk for all three).
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list res(3);
+    if (!grads[0].defined()) return res;  // out unused: nothing flows back
+    const Tensor a = a_.unpack(), b = b_.unpack(), c = c_.unpack(), out = out_.unpack(getptr());
+    if constexpr (kBwd == kGtBwd) {
+      static const auto op = find_op<GtBwdSig>(kBwd);
+      std::tie(res[0], res[1], res[2]) = layout_.backward(
+          kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_,
+          one_launch_);
+    } else {
+      static const auto op = find_op<BwdSig>(kBwd);
+      std::tie(res[0], res[1], res[2]) = layout_.backward(
+          kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_);
+    }
+    return res;
+  }
+};
+
+// The kernel plan's arguments of a forward call after need_attn (gt_fwd: all of
+// them; gat_fwd: two_rows). Refers to the caller's tile plan, for the call.
+struct PlanArgs {
+  const OptTensor& tiles;
+  double dense_cells;
+  bool mma, two_rows, bwd_one_launch;
+};
+
+// The parameters gt_fwd and gat_fwd share (three feature tensors first; `param`
+// is gt's scale or gat's negative slope), for the entry points below.
+#define DFGNN_ATTN_PARAMS                                                                 \
+  const Tensor &a, const Tensor &b, const Tensor &c, const Tensor &rowptr, const Tensor &col, \
+      const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
+      const OptTensor &csr_row, const OptTensor &colptr, const OptTensor &row,              \
+      const OptTensor &perm, const OptTensor &col_items, const OptTensor &col_combine,      \
+      int64_t col_slots, int64_t chunk, double param, double dropout, int64_t seed, bool pmf, \
+      bool need_attn
+#define DFGNN_ATTN_ARGS                                                                    \
+  a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row, perm,      \
+      col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf, need_attn
+
+// The op's CUDA kernel, below autograd; `kFwd` picks gt_fwd or gat_fwd.
+template <const char* kFwd>
+Tensor3 attention_below(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  if constexpr (kFwd == kGtFwd) {
+    static const auto op = find_op<GtFwdSig>(kFwd);
+    return op.call(DFGNN_ATTN_ARGS, plan.tiles, plan.dense_cells, plan.mma, plan.two_rows,
+                   plan.bwd_one_launch);
+  } else {
+    static const auto op = find_op<FwdSig>(kFwd);
+    return op.call(DFGNN_ATTN_ARGS, plan.two_rows);
+  }
+}
+
+// The Autograd kernel of gt_fwd / gat_fwd (through gt_autograd / gat_autograd):
+// outputs (out, lse2, attn); out is differentiable in the three feature tensors
+// (argument positions 0, 1, 2), the row statistics and the attention weights are
+// not.
+template <const char* kFwd, const char* kBwd, const char* kName>
+Tensor3 attention_autograd(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
+  auto forward = [&] { return attention_below<kFwd>(DFGNN_ATTN_ARGS, plan); };
+  // Before the no-node shortcut: a dual tensor need not require a gradient, and
+  // its tangent would be dropped silently.
+  for (const Tensor* t : {&a, &b, &c})
+    TORCH_CHECK(!t->_fw_grad(/*level=*/0).defined(), kFwd,
+                ": forward-mode AD (dual tensors) is not supported");
+  if (!records_grad({a, b, c})) return forward();
+  if (const auto& functorch = at::functorch::functorchTLSAccessor())
+    functorch->checkSupportsCppAutogradFunction();  // functorch transforms: not supported
+  // The kernel is launched before the node is built: a small graph's step is
+  // host-bound, and the node's bookkeeping then runs while the kernel does.
+  auto [out, lse2, attn] = forward();
+  auto node = make_node<AttentionBackward<kBwd, kName>>();
+  node->set_next_edges(torch::autograd::collect_next_edges(a, b, c));
+  torch::autograd::set_history(out, NodePtr(node));
+  node->a_ = torch::autograd::SavedVariable(a, /*is_output=*/false);
+  node->b_ = torch::autograd::SavedVariable(b, /*is_output=*/false);
+  node->c_ = torch::autograd::SavedVariable(c, /*is_output=*/false);
+  node->out_ = torch::autograd::SavedVariable(out, /*is_output=*/true);
+  node->lse2_ = lse2;
+  node->layout_ = StoredLayout(LayoutArgs{rowptr, col, row_items, row_combine, row_slots, colptr,
+                                          row, perm, col_items, col_combine, col_slots, chunk});
+  node->param_ = param;
+  node->dropout_ = dropout;
+  node->seed_ = seed;
+  node->one_launch_ = plan.bwd_one_launch;
+  return {out, lse2, attn};
+}
+
+Tensor3 gt_autograd(DFGNN_ATTN_PARAMS, const OptTensor& tiles, double dense_cells, bool mma,
+                    bool two_rows, bool bwd_one_launch) {
+  return attention_autograd<kGtFwd, kGtBwd, kGtNode>(
+      DFGNN_ATTN_ARGS, PlanArgs{tiles, dense_cells, mma, two_rows, bwd_one_launch});
+}
+
+Tensor3 gat_autograd(DFGNN_ATTN_PARAMS, bool two_rows) {
+  static const OptTensor no_tiles;
+  return attention_autograd<kGatFwd, kGatBwd, kGatNode>(
+      DFGNN_ATTN_ARGS, PlanArgs{no_tiles, 0.0, false, two_rows, false});
+}
+
+#undef DFGNN_ATTN_PARAMS
+#undef DFGNN_ATTN_ARGS
+
+// AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
+// rnorm (not). An unused k or q gets a zero gradient (materialised by autograd).
+struct L2Norm : torch::autograd::Function<L2Norm> {
+  static Tensor3 call_below(const Tensor& x, const Tensor& beta, double eps) {
+    static const auto op =
+        find_op<Tensor3(const Tensor&, const Tensor&, double)>("dfgnn::l2norm_fwd");
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, beta, eps);
+  }
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& beta,
+                               double eps) {
+    auto [k, q, rnorm] = call_below(x, beta, eps);
+    ctx->save_for_backward({k, rnorm, beta});
+    ctx->mark_non_differentiable({rnorm});
+    return {k, q, rnorm};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op =
+        find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&)>("dfgnn::l2norm_bwd");
+    const auto s = ctx->get_saved_variables();
+    auto [dx, dbeta_part] =
+        call_backward_op(op, grads[0].contiguous(), grads[1].contiguous(), s[0], s[1], s[2]);
+    return {dx, dbeta_part.sum().reshape(s[2].sizes()), Tensor()};
+  }
+};
+
+Tensor3 l2norm_autograd(const Tensor& x, const Tensor& beta, double eps) {
+  if (!records_grad({x, beta})) return L2Norm::call_below(x, beta, eps);
+  auto o = L2Norm::apply(x, beta, eps);
+  return {o[0], o[1], o[2]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dfgnn, Autograd, m) {
+  m.impl("gt_fwd", &gt_autograd);
+  m.impl("gat_fwd", &gat_autograd);
+  m.impl("l2norm_fwd", &l2norm_autograd);
+}
+
+}  // namespace dfgnn

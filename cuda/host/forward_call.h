@@ -1,0 +1,32 @@
+// The outputs and scratch of one attention forward call and its split-row
+// finish, shared by the GT, AGNN and GAT forwards.
+#pragma once
+#include <ATen/ATen.h>
+#include "host/params.h"
+#include "host/scratch.h"
+
+namespace dfgnn {
+
+// Outputs and scratch of one forward call, SMMF or PMF (forward_call.cpp):
+// out [N_dst, H, C] (dtype of x), lse2 [N_dst, H] and attn [E, H] (or [0]);
+// scratch: the split rows' partial rows [slots, H, C] (merged in the kernel
+// when `counters` is set), SMMF's partial (max, sum) [slots, H, 2] and PMF's
+// base-2 scores [E, H].
+struct ForwardCall {
+  bool pmf, need_attn;
+  at::Tensor out, lse2, attn;  // lse2 holds small scratch after its elements
+  Scratch scratch;
+  int* counters = nullptr;
+  ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,
+              bool need_attn);
+  float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
+  float* partial() const { return scratch[0]; }
+  float* partial_ml() const { return scratch[1]; }
+  float* score() const { return scratch[2]; }
+  // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
+  // x; SMMF merges the split rows' partials unless the kernel did.
+  void finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
+              const Work& rw, int64_t chunk, double dropout, int64_t seed);
+};
+
+}  // namespace dfgnn

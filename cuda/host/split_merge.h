@@ -1,0 +1,45 @@
+// Split rows on the host side: the arrival counters of the in-kernel merge and
+// the separate merge launches for the calls whose kernels do not merge.
+#pragma once
+#include <ATen/ATen.h>
+#include "host/params.h"
+
+namespace dfgnn {
+
+// Arrival counters for split rows merged by their last item (arrive_last,
+// device/split_merge.cuh): int32 zeros, at least n of them, for the current device and
+// stream, zero again after every kernel that uses them. nullptr when n is 0 or
+// while the stream is captured into a CUDA graph: the caller then merges with
+// the separate kernels below.
+int* split_row_counters(int64_t n);
+
+// Sums the fp32 partial rows of split rows into `out` (dtype of out):
+// combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...]
+// (partial: [num_slots, out.size(1) * ...] floats).
+void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,
+                      at::Tensor& out);
+
+// Split rows of an online-softmax kernel: merges each item's (max, sum,
+// unnormalised acc) partial ([num_slots, H, C] and [num_slots, H, 2] floats) into
+// out [N, H, C] and lse2 [N, H].
+void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
+                            const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2);
+
+// Attention weights of split rows: raw base-2 scores -> softmax once lse2 is final.
+void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
+                          const at::Tensor& lse2, at::Tensor& attn);
+
+// The counters of a backward call's CSR (`csr`) and CSC (`csc`) walks (split_merge.cu).
+// Walks in two launches merge their split rows one after the other and share one
+// buffer; walks in one launch (`concurrent`) merge at the same time and get
+// disjoint regions of it. Only the fp32 backward kernels carry the merge
+// (kMergeInBackward, host/dispatch.cuh), so other dtypes get nullptr and the separate
+// combine launches.
+struct BackwardCounters {
+  int* csr;
+  int* csc;
+};
+BackwardCounters backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw,
+                                         int64_t heads, bool concurrent = false);
+
+}  // namespace dfgnn
