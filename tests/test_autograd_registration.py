@@ -25,7 +25,14 @@ def _layout():
 
 
 def _meta(args):
-    return [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    """The op arguments on ``meta``, also inside the layout lists (csr, csc)."""
+    def meta(a):
+        if isinstance(a, torch.Tensor):
+            return a.to("meta")
+        if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+            return [meta(t) for t in a]
+        return a
+    return [meta(a) for a in args]
 
 
 def _leaf(*shape):

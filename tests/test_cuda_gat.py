@@ -224,7 +224,8 @@ def test_opcheck_and_bad_input(pmf):
         torch.ops.dfgnn.gat_fwd(*bad)
     if pmf:
         bad = list(args)
-        bad[8] = None  # csr_row
+        bad[3] = list(bad[3])
+        bad[3][4] = None  # csr's csr_row
         with pytest.raises(RuntimeError, match="needs csr_row"):
             torch.ops.dfgnn.gat_fwd(*bad)
 

@@ -19,9 +19,22 @@ from pyg_dfgnn.work_items import DEFAULT_CHUNK, chunk_for
 pytestmark = pytest.mark.cuda
 
 DEV = "cuda"
-#: Position of gt_fwd's dense_tiles argument (then dense_cells, mma, two_rows,
-#: bwd_one_launch).
-TILES = -5
+#: Positions of gt_fwd's arguments (cuda/glue/bindings.cpp): the layout lists
+#: csr and sizes, need_attn, the plan list and dense_cells; entries of csr (PMF's
+#: csr_row, the tile plan) and of plan.
+CSR, SIZES, NEED_ATTN, PLAN, CELLS = 3, 5, 9, 10, 11
+CSR_ROW, TILES = 4, 5
+PMF, TWO_ROWS, MMA = 0, 1, 2
+
+
+def set_arg(args, where, val):
+    """Sets args[where[0]], or entry where[1] of that list argument (a copy)."""
+    if len(where) == 1:
+        args[where[0]] = val
+    else:
+        entries = list(args[where[0]])
+        entries[where[1]] = val
+        args[where[0]] = entries
 
 
 def rel_err(a, b):
@@ -546,7 +559,8 @@ def test_bad_inputs_raise_clear_errors(case):
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 32, torch.float32)
     args = list(ops.gt_op_args(lay, q, k, v, 0.1, need_grad=False))
-    pos = {"q": 0, "k": 1, "v": 2, "rowptr": 3, "col": 4, "row_items": 5}
+    pos = {"q": (0,), "k": (1,), "v": (2,), "rowptr": (CSR, 0), "col": (CSR, 1),
+           "row_items": (CSR, 2)}
     bad, msg = {
         "k_dtype": ({"k": k.half()}, "k has dtype"),
         "v_noncontig": ({"v": torch.randn(lay.num_src, 32, 2, device=DEV).transpose(1, 2)},
@@ -556,10 +570,10 @@ def test_bad_inputs_raise_clear_errors(case):
         "col_device": ({"col": lay.col.cpu()}, "col must be a CUDA tensor"),
         "double": ({"q": q.double(), "k": k.double(), "v": v.double()}, "float32, float16 or bfloat16"),
         "k_shape": ({"k": torch.randn(lay.num_src, 2, 16, device=DEV)}, "heads and channels"),
-        "items_dtype": ({"row_items": args[5].long()}, "items must be an int32"),
+        "items_dtype": ({"row_items": args[CSR][2].long()}, "items must be an int32"),
     }[case]
     for name, val in bad.items():
-        args[pos[name]] = val
+        set_arg(args, pos[name], val)
     with pytest.raises(RuntimeError, match=msg):
         torch.ops.dfgnn.gt_fwd(*args)
     torch.cuda.synchronize()
@@ -575,8 +589,9 @@ def test_bad_tile_plan_raises_clear_error(case, plan_override):
     q, k, v = qkv(lay, 1, 64, torch.bfloat16)
     args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
     tp = tiles.tile_plan(lay)
-    assert args[TILES] is tp
-    args[TILES] = {"dtype": tp.long(), "short": tp[:8].clone(), "device": tp.cpu()}[case]
+    assert args[CSR][TILES] is tp
+    set_arg(args, (CSR, TILES),
+            {"dtype": tp.long(), "short": tp[:8].clone(), "device": tp.cpu()}[case])
     with pytest.raises(RuntimeError, match="dense_tiles"):
         torch.ops.dfgnn.gt_fwd(*args)
     torch.cuda.synchronize()
@@ -594,22 +609,25 @@ def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
     lay = GraphLayout.from_edge_index(ei, (n, n))
     q, k, v = qkv(lay, 1, 64, torch.bfloat16)
     args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
-    assert args[TILES] is not None and args[-3] and not args[-2]  # tiles, mma, not two_rows
+    assert args[CSR][TILES] is not None and args[PLAN][MMA] and not args[PLAN][TWO_ROWS]
     with plan.override(chunk=4, dense_tiles="off", mma=False):
         split = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
-    pmf = {19: True, 8: lay.csr_row}  # pmf and its csr_row
+    pmf = {(PLAN, PMF): 1, (CSR, CSR_ROW): lay.csr_row}  # pmf and its csr_row
+    no_tiles = {(CSR, TILES): None}
+    two_rows = {(PLAN, TWO_ROWS): 1, (PLAN, MMA): 0, **no_tiles}
+    split_items = {(CSR, 2): split[CSR][2], (CSR, 3): split[CSR][3],
+                   (SIZES, 0): split[SIZES][0]}  # the split rows' work items
     change, msg = {
-        "mma_fp32": ({0: q.float(), 1: k.float(), 2: v.float(), TILES: None}, "mma=True"),
-        "mma_attn": ({20: True, TILES: None}, "mma=True"),
-        "mma_pmf": ({**pmf, TILES: None}, "mma=True"),
-        "two_rows_split": ({i: split[i] for i in range(5, 8)} | {-2: True, -3: False,
-                                                                 TILES: None}, "two_rows=True"),
-        "two_rows_pmf": ({**pmf, -2: True, -3: False, TILES: None}, "two_rows=True"),
-        "tiles_no_mma": ({-3: False}, "needs mma=True"),
-        "tiles_no_cells": ({TILES + 1: 0.0}, "dense_cells"),
+        "mma_fp32": ({(0,): q.float(), (1,): k.float(), (2,): v.float(), **no_tiles}, "mma=True"),
+        "mma_attn": ({(NEED_ATTN,): True, **no_tiles}, "mma=True"),
+        "mma_pmf": ({**pmf, **no_tiles}, "mma=True"),
+        "two_rows_split": ({**split_items, **two_rows}, "two_rows=True"),
+        "two_rows_pmf": ({**pmf, **two_rows}, "two_rows=True"),
+        "tiles_no_mma": ({(PLAN, MMA): 0}, "needs mma=True"),
+        "tiles_no_cells": ({(CELLS,): 0.0}, "dense_cells"),
     }[case]
-    for i, val in change.items():
-        args[i] = val
+    for where, val in change.items():
+        set_arg(args, where, val)
     with pytest.raises(RuntimeError, match=msg):
         torch.ops.dfgnn.gt_fwd(*args)
     torch.cuda.synchronize()
@@ -659,15 +677,15 @@ def test_garbage_tile_plan_stays_in_bounds(plan_override):
     q, k, v = qkv(lay, 1, 128, torch.bfloat16)
     args = list(ops.gt_op_args(lay, q, k, v, 1 / math.sqrt(128), need_grad=False))
     tp = tiles.tile_plan(lay)
-    assert args[TILES] is tp
+    assert args[CSR][TILES] is tp
     gen = torch.Generator(device=DEV).manual_seed(0)
     for lo_hi in ((0, 2**31 - 1), (-5, n + 600), (0, n)):
         bad = torch.randint(*lo_hi, tp.shape, device=DEV, dtype=torch.int32, generator=gen)
-        args[TILES] = bad
+        set_arg(args, (CSR, TILES), bad)
         out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
         torch.cuda.synchronize()
         assert out.shape == q.shape and lse.shape == (n, 1)
-    args[TILES] = tp  # and the real plan still gives the right answer afterwards
+    set_arg(args, (CSR, TILES), tp)  # and the real plan still gives the right answer afterwards
     out, _, _ = torch.ops.dfgnn.gt_fwd(*args)
     ref = reference.dot_attention(lay.rowptr, lay.col, q.double(), k.double(), v.double(),
                                   1 / math.sqrt(128), 0.0, training=False)[0]

@@ -29,7 +29,9 @@ def _args(op, requires_grad=True):
         args = list(ops.gat_op_args(lay, torch.randn(N, H), torch.randn(N, H),
                                     torch.randn(N, H, C), 0.2))
         shapes = [(N, H), (N, H), (N, H, C)]
-    args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    args = [[t.to("meta") if isinstance(t, torch.Tensor) else t for t in a]
+            if isinstance(a, tuple) and any(isinstance(t, torch.Tensor) for t in a)
+            else a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
     args[:3] = [torch.empty(s, device="meta", requires_grad=requires_grad) for s in shapes]
     return args
 
@@ -51,19 +53,23 @@ def test_direct_entry_matches_torch_ops(op):
 
 def test_direct_entry_rejects_bad_arguments():
     args = _args("gt_fwd")
-    with pytest.raises(TypeError, match="dfgnn::gt_fwd: takes 26 positional arguments, got 25"):
+    with pytest.raises(TypeError, match="dfgnn::gt_fwd: takes 12 positional arguments, got 11"):
         pyg_dfgnn._C.gt_fwd(*args[:-1])
     bad = list(args)
-    bad[15] = "32"  # chunk
-    with pytest.raises(TypeError, match="argument 'chunk' must be an int, got str"):
+    bad[5] = list(bad[5][:2]) + ["32"]  # sizes: row_slots, col_slots, chunk
+    with pytest.raises(TypeError, match="argument 'sizes' must be a list of ints, got str"):
         pyg_dfgnn._C.gt_fwd(*bad)
     bad = list(args)
-    bad[3] = [0, 1]  # rowptr
-    with pytest.raises(TypeError, match="argument 'rowptr' must be a Tensor, got list"):
+    bad[3] = [[0, 1]] + list(bad[3][1:])  # csr: rowptr
+    with pytest.raises(TypeError, match="argument 'csr' must be a list of Tensors, got list"):
         pyg_dfgnn._C.gt_fwd(*bad)
     bad = list(args)
-    bad[19] = 1  # pmf
-    with pytest.raises(TypeError, match="argument 'pmf' must be a bool, got int"):
+    bad[3] = bad[3][0]  # csr: a tensor, not a list
+    with pytest.raises(TypeError, match="argument 'csr' must be a list or tuple, got Tensor"):
+        pyg_dfgnn._C.gt_fwd(*bad)
+    bad = list(args)
+    bad[9] = 1  # need_attn
+    with pytest.raises(TypeError, match="argument 'need_attn' must be a bool, got int"):
         pyg_dfgnn._C.gt_fwd(*bad)
 
 

@@ -67,7 +67,7 @@ template <const char* kBwd, const char* kName>
 struct AttentionBackward final : Node {
   torch::autograd::SavedVariable a_, b_, c_, out_;
   Tensor lse2_;
-  StoredLayout layout_;
+  KeptLayout layout_;
   double param_ = 0.0, dropout_ = 0.0;
   int64_t seed_ = 0;
   bool one_launch_ = false;  // gt_bwd's launches, decided with the forward's plan
@@ -95,7 +95,7 @@ struct AttentionBackward final : Node {
           kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_,
           one_launch_);
     } else {
-      static const auto op = find_op<BwdSig>(kBwd);
+      static const auto op = find_op<GatBwdSig>(kBwd);
       std::tie(res[0], res[1], res[2]) = layout_.backward(
           kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_);
     }
@@ -103,38 +103,33 @@ struct AttentionBackward final : Node {
   }
 };
 
-// The kernel plan's arguments of a forward call after need_attn (gt_fwd: all of
-// them; gat_fwd: two_rows). Refers to the caller's tile plan, for the call.
-struct PlanArgs {
-  const OptTensor& tiles;
+// One gt_fwd / gat_fwd call's arguments after the three features (`param`: gt's
+// scale or gat's negative slope; `dense_cells`: gt's only). Refers to the
+// caller's arguments, for the call.
+struct AttentionCall {
+  const CsrList& csr;
+  const OptTensorList& csc;
+  at::IntArrayRef sizes;
+  double param, dropout;
+  int64_t seed;
+  bool need_attn;
+  at::IntArrayRef plan;
   double dense_cells;
-  bool mma, two_rows, bwd_one_launch;
 };
-
-// The parameters gt_fwd and gat_fwd share (three feature tensors first; `param`
-// is gt's scale or gat's negative slope), for the entry points below.
-#define DFGNN_ATTN_PARAMS                                                                 \
-  const Tensor &a, const Tensor &b, const Tensor &c, const Tensor &rowptr, const Tensor &col, \
-      const Tensor &row_items, const Tensor &row_combine, int64_t row_slots,                \
-      const OptTensor &csr_row, const OptTensor &colptr, const OptTensor &row,              \
-      const OptTensor &perm, const OptTensor &col_items, const OptTensor &col_combine,      \
-      int64_t col_slots, int64_t chunk, double param, double dropout, int64_t seed, bool pmf, \
-      bool need_attn
-#define DFGNN_ATTN_ARGS                                                                    \
-  a, b, c, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row, perm,      \
-      col_items, col_combine, col_slots, chunk, param, dropout, seed, pmf, need_attn
 
 // The op's CUDA kernel, below autograd; `kFwd` picks gt_fwd or gat_fwd.
 template <const char* kFwd>
-Tensor3 attention_below(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
+Tensor3 attention_below(const Tensor& a, const Tensor& b, const Tensor& c,
+                        const AttentionCall& x) {
   at::AutoDispatchBelowADInplaceOrView below;
   if constexpr (kFwd == kGtFwd) {
     static const auto op = find_op<GtFwdSig>(kFwd);
-    return op.call(DFGNN_ATTN_ARGS, plan.tiles, plan.dense_cells, plan.mma, plan.two_rows,
-                   plan.bwd_one_launch);
+    return op.call(a, b, c, x.csr, x.csc, x.sizes, x.param, x.dropout, x.seed, x.need_attn,
+                   x.plan, x.dense_cells);
   } else {
-    static const auto op = find_op<FwdSig>(kFwd);
-    return op.call(DFGNN_ATTN_ARGS, plan.two_rows);
+    static const auto op = find_op<GatFwdSig>(kFwd);
+    return op.call(a, b, c, x.csr, x.csc, x.sizes, x.param, x.dropout, x.seed, x.need_attn,
+                   x.plan);
   }
 }
 
@@ -143,8 +138,9 @@ Tensor3 attention_below(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
 // (argument positions 0, 1, 2), the row statistics and the attention weights are
 // not.
 template <const char* kFwd, const char* kBwd, const char* kName>
-Tensor3 attention_autograd(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
-  auto forward = [&] { return attention_below<kFwd>(DFGNN_ATTN_ARGS, plan); };
+Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
+                           const AttentionCall& x) {
+  auto forward = [&] { return attention_below<kFwd>(a, b, c, x); };
   // Before the no-node shortcut: a dual tensor need not require a gradient, and
   // its tangent would be dropped silently.
   for (const Tensor* t : {&a, &b, &c})
@@ -164,29 +160,30 @@ Tensor3 attention_autograd(DFGNN_ATTN_PARAMS, const PlanArgs& plan) {
   node->c_ = torch::autograd::SavedVariable(c, /*is_output=*/false);
   node->out_ = torch::autograd::SavedVariable(out, /*is_output=*/true);
   node->lse2_ = lse2;
-  node->layout_ = StoredLayout(LayoutArgs{rowptr, col, row_items, row_combine, row_slots, colptr,
-                                          row, perm, col_items, col_combine, col_slots, chunk});
-  node->param_ = param;
-  node->dropout_ = dropout;
-  node->seed_ = seed;
-  node->one_launch_ = plan.bwd_one_launch;
+  node->layout_ = KeptLayout(x.csr, x.csc, x.sizes);
+  node->param_ = x.param;
+  node->dropout_ = x.dropout;
+  node->seed_ = x.seed;
+  node->one_launch_ = plan_flag(x.plan, kPlanBwdOneLaunch);
   return {out, lse2, attn};
 }
 
-Tensor3 gt_autograd(DFGNN_ATTN_PARAMS, const OptTensor& tiles, double dense_cells, bool mma,
-                    bool two_rows, bool bwd_one_launch) {
+Tensor3 gt_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const CsrList& csr,
+                    const OptTensorList& csc, at::IntArrayRef sizes, double scale,
+                    double dropout, int64_t seed, bool need_attn, at::IntArrayRef plan,
+                    double dense_cells) {
   return attention_autograd<kGtFwd, kGtBwd, kGtNode>(
-      DFGNN_ATTN_ARGS, PlanArgs{tiles, dense_cells, mma, two_rows, bwd_one_launch});
+      q, k, v, AttentionCall{csr, csc, sizes, scale, dropout, seed, need_attn, plan, dense_cells});
 }
 
-Tensor3 gat_autograd(DFGNN_ATTN_PARAMS, bool two_rows) {
-  static const OptTensor no_tiles;
+Tensor3 gat_autograd(const Tensor& a_dst, const Tensor& a_src, const Tensor& x,
+                     const CsrList& csr, const OptTensorList& csc, at::IntArrayRef sizes,
+                     double negative_slope, double dropout, int64_t seed, bool need_attn,
+                     at::IntArrayRef plan) {
   return attention_autograd<kGatFwd, kGatBwd, kGatNode>(
-      DFGNN_ATTN_ARGS, PlanArgs{no_tiles, 0.0, false, two_rows, false});
+      a_dst, a_src, x,
+      AttentionCall{csr, csc, sizes, negative_slope, dropout, seed, need_attn, plan, 0.0});
 }
-
-#undef DFGNN_ATTN_PARAMS
-#undef DFGNN_ATTN_ARGS
 
 // AGNN's normalisation: k = x / max(||x||, eps), q = beta k (both differentiable),
 // rnorm (not). An unused k or q gets a zero gradient (materialised by autograd).

@@ -1,13 +1,15 @@
 // Operator schemas (TORCH_LIBRARY(dfgnn)) and the input checks every CUDA entry
 // point runs before a kernel sees the data: bad input raises a RuntimeError that
 // names the argument, never a CUDA fault. The fake (meta) implementations are
-// registered from Python (pyg_dfgnn/ops/_custom.py), autograd in autograd.cpp.
+// registered from Python (pyg_dfgnn/ops/_custom.py), autograd in autograd.cpp
+// and agnn.cpp.
 #include <Python.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <string>
 
+#include "glue/layout_args.h"
 #include "host/ops.h"
 
 namespace dfgnn {
@@ -51,8 +53,7 @@ void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref
               shape(ref.sizes().slice(1)), ", got ", shape(t.sizes().slice(1)));
 }
 
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-               const at::Tensor& rowptr, const at::Tensor& col) {
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.is_cuda(), "dfgnn: q must be a CUDA tensor, got device ", q.device());
   auto st = q.scalar_type();
   TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
@@ -62,10 +63,6 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_features(v, "v", q);
   TORCH_CHECK(k.size(0) == v.size(0), "dfgnn: k and v must have the same number of source "
               "nodes, got ", num(k.size(0)), " and ", num(v.size(0)));
-  check_index(rowptr, "rowptr", q.size(0) + 1, q);
-  check_index(col, "col", -1, q);
-  TORCH_CHECK(q.size(0) < INT32_MAX && k.size(0) < INT32_MAX && col.numel() < INT32_MAX,
-              "dfgnn: graphs with more than 2^31 - 1 nodes or edges need int64 kernels");
 }
 
 at::Tensor csr_rowptr(const at::Tensor& index, int64_t num_rows) {
@@ -94,71 +91,131 @@ Work make_work(const at::Tensor& items, const at::Tensor& combine, int64_t num_s
   return Work{items, combine, num_slots};
 }
 
+// Entry i of an op's `csr` list, undefined where it is None (csr_row, tiles).
+at::Tensor csr_entry(const CsrList& csr, size_t i) {
+  std::optional<at::Tensor> t = csr.get(i);
+  return t.has_value() ? *std::move(t) : at::Tensor();
+}
+
+// The one LayoutView of a call, built and checked from the op's layout arguments
+// (host/params.h says what each holds): `n_dst` / `n_src` (-1: not known from the
+// features) fix the pointers' lengths; `csc` is checked where the call walks it
+// (`need_csc`), else only kept for the backward.
+LayoutView layout_view(const CsrList& csr, const OptTensorList& csc, at::IntArrayRef sizes,
+                       const at::Tensor& ref, const char* op, int64_t n_dst, int64_t n_src,
+                       bool need_csc) {
+  TORCH_CHECK(csr.size() == kCsrEntries, op, ": csr must hold ", num(kCsrEntries),
+              " entries (rowptr, col, row_items, row_combine, csr_row or None, tiles or None), "
+              "got ", num(csr.size()));
+  TORCH_CHECK(sizes.size() == kLayoutSizes, op, ": sizes must be [row_slots, col_slots, "
+              "chunk], got ", num(sizes.size()), " entries");
+  LayoutView L;
+  const char* names[] = {"rowptr", "col", "row_items", "row_combine"};
+  at::Tensor t[4];
+  for (size_t i = 0; i < 4; ++i) {
+    t[i] = csr_entry(csr, i);
+    TORCH_CHECK(t[i].defined(), op, ": csr entry ", num(i), " (", names[i], ") is None");
+  }
+  L.rowptr = t[0];
+  L.col = t[1];
+  check_index(L.rowptr, "rowptr", n_dst < 0 ? -1 : n_dst + 1, ref);
+  TORCH_CHECK(L.rowptr.numel() >= 1, "dfgnn: rowptr must have N_dst + 1 entries");
+  check_index(L.col, "col", -1, ref);
+  TORCH_CHECK(L.rowptr.numel() <= INT32_MAX && n_src < INT32_MAX && L.col.numel() < INT32_MAX,
+              "dfgnn: graphs with more than 2^31 - 1 nodes or edges need int64 kernels");
+  L.chunk = sizes[2];
+  TORCH_CHECK(L.chunk > 0, op, ": chunk must be > 0, got ", num(L.chunk));
+  L.rw = make_work(t[2], t[3], sizes[0], "row", ref);
+  L.csr_row = csr_entry(csr, 4);
+  if (L.csr_row.defined()) check_index(L.csr_row, "csr_row", L.col.numel(), ref);
+  L.tiles = csr_entry(csr, 5);
+  TORCH_CHECK(!need_csc || csc.has_value(), op, ": the CSC layout (csc) is None");
+  if (csc.has_value()) {
+    TORCH_CHECK(csc->size() == kCscEntries, op, ": csc must hold ", num(kCscEntries),
+                " entries (colptr, row, perm, col_items, col_combine), got ",
+                num(csc->size()));
+    L.colptr = (*csc)[0];
+    L.row = (*csc)[1];
+    L.perm = (*csc)[2];
+    if (need_csc) {
+      check_index(L.colptr, "colptr", n_src < 0 ? -1 : n_src + 1, ref);
+      check_index(L.row, "row", L.col.numel(), ref);
+      check_index(L.perm, "perm", L.col.numel(), ref);
+      L.cw = make_work((*csc)[3], (*csc)[4], sizes[1], "col", ref);
+    }
+  }
+  return L;
+}
+
 // The plan's decisions (pyg_dfgnn/ops/plan.py) arrive as arguments; one the call
 // cannot run raises here, before anything is launched. Two rows per warp compile
 // the split-row merge out of the SMMF forward, so they need a call without
 // split rows.
-void check_two_rows(bool two_rows, bool pmf, const Work& rw, const char* op) {
-  TORCH_CHECK(!two_rows || (!pmf && rw.num_slots == 0), op, ": two_rows=True needs SMMF "
-              "(pmf=False) and no split rows (row_slots == 0), got pmf=", pmf ? "True" : "False",
-              ", row_slots=", num(rw.num_slots));
+KernelPlan kernel_plan(at::IntArrayRef plan, double dense_cells, const LayoutView& L,
+                       const char* op) {
+  TORCH_CHECK(plan.size() == kPlanEntries, op, ": plan must be [pmf, two_rows, mma, "
+              "bwd_one_launch], got ", num(plan.size()), " entries");
+  KernelPlan p;
+  p.pmf = plan[kPlanPmf] != 0;
+  p.two_rows = plan[kPlanTwoRows] != 0;
+  p.mma = plan[kPlanMma] != 0;
+  p.bwd_one_launch = plan[kPlanBwdOneLaunch] != 0;
+  p.dense_cells = dense_cells;
+  TORCH_CHECK(!p.pmf || L.csr_row.defined(), op, ": pmf=True needs csr_row (csr entry 4)");
+  TORCH_CHECK(!p.two_rows || (!p.pmf && L.rw.num_slots == 0), op, ": two_rows=True needs SMMF "
+              "(pmf=False) and no split rows (row_slots == 0), got pmf=", p.pmf ? "True" : "False",
+              ", row_slots=", num(L.rw.num_slots));
+  return p;
+}
+
+void check_dropout(double dropout, const char* op) {
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, op, ": dropout must be in [0, 1), got ",
+              std::to_string(dropout));
+}
+
+// The tile plan (csr entry 5) only runs in the tensor-core forward, with a bound.
+void check_tiles(const LayoutView& L, const KernelPlan& p, const at::Tensor& q) {
+  if (!L.tiles.defined()) return;
+  TORCH_CHECK(p.mma, "dfgnn::gt_fwd: dense_tiles runs in the tensor-core forward: it needs "
+              "mma=True");
+  TORCH_CHECK(p.dense_cells > 0.0, "dfgnn::gt_fwd: dense_cells (window cells per edge of a "
+              "dense block) must be > 0 with dense_tiles, got ", std::to_string(p.dense_cells));
+  check_index(L.tiles, "dense_tiles", -1, q);
+  const int64_t n_tiles = (q.size(0) + kTileRows - 1) / kTileRows;
+  TORCH_CHECK(L.tiles.numel() >= kTileMetaInts * n_tiles && L.tiles.numel() < INT32_MAX,
+              "dfgnn::gt_fwd: dense_tiles must hold ", num(kTileMetaInts), " ints per ",
+              num(kTileRows), " destination rows (", num(kTileMetaInts * n_tiles),
+              ") and its masks, got ", num(L.tiles.numel()));
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(L.tiles.data_ptr()) % 16 == 0,
+              "dfgnn::gt_fwd: dense_tiles must be 16-byte aligned (a tensor of its own, "
+              "not a view at an offset)");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
-    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
-    int64_t row_slots, const c10::optional<at::Tensor>& csr_row,
-    const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
-    const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
-    const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
-    double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows,
-    bool /*bwd_one_launch*/) {
-  // The CSC arguments and bwd_one_launch are only kept for the backward (the
-  // autograd node saves them).
-  check_qkv(q, k, v, rowptr, col);
-  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gt_fwd: dropout must be in [0, 1), got ",
-              std::to_string(dropout));
-  TORCH_CHECK(chunk > 0, "dfgnn::gt_fwd: chunk must be > 0, got ", num(chunk));
-  Work rw = make_work(row_items, row_combine, row_slots, "row", q);
-  if (pmf) {
-    TORCH_CHECK(csr_row.has_value(), "dfgnn::gt_fwd: pmf=True needs csr_row");
-    check_index(*csr_row, "csr_row", col.numel(), q);
-  }
-  check_two_rows(two_rows, pmf, rw, "dfgnn::gt_fwd");
-  TORCH_CHECK(!mma || (!pmf && dropout == 0.0 && !need_attn &&
-                       gt_forward_mma_supports(q.scalar_type(), q.size(2), /*aligned16=*/true)),
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CsrList& csr,
+    const OptTensorList& csc, at::IntArrayRef sizes, double scale, double dropout, int64_t seed,
+    bool need_attn, at::IntArrayRef plan, double dense_cells) {
+  // The CSC and bwd_one_launch are only kept for the backward (the autograd node
+  // keeps them).
+  check_qkv(q, k, v);
+  const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_fwd", q.size(0), k.size(0),
+                                   /*need_csc=*/false);
+  check_dropout(dropout, "dfgnn::gt_fwd");
+  const KernelPlan p = kernel_plan(plan, dense_cells, L, "dfgnn::gt_fwd");
+  TORCH_CHECK(!p.mma || (!p.pmf && dropout == 0.0 && !need_attn &&
+                         gt_forward_mma_supports(q.scalar_type(), q.size(2), /*aligned16=*/true)),
               "dfgnn::gt_fwd: mma=True (the tensor-core forward) needs float16 / bfloat16, C in "
               "{32, 64, 128}, pmf=False, dropout 0 and need_attn=False");
-  if (dense_tiles.has_value()) {
-    TORCH_CHECK(mma, "dfgnn::gt_fwd: dense_tiles runs in the tensor-core forward: it needs "
-                "mma=True");
-    TORCH_CHECK(dense_cells > 0.0, "dfgnn::gt_fwd: dense_cells (window cells per edge of a "
-                "dense block) must be > 0 with dense_tiles, got ", std::to_string(dense_cells));
-    check_index(*dense_tiles, "dense_tiles", -1, q);
-    const int64_t n_tiles = (q.size(0) + kTileRows - 1) / kTileRows;
-    TORCH_CHECK(dense_tiles->numel() >= kTileMetaInts * n_tiles &&
-                    dense_tiles->numel() < INT32_MAX,
-                "dfgnn::gt_fwd: dense_tiles must hold ", num(kTileMetaInts), " ints per ",
-                num(kTileRows), " destination rows (", num(kTileMetaInts * n_tiles),
-                ") and its masks, got ", num(dense_tiles->numel()));
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(dense_tiles->data_ptr()) % 16 == 0,
-                "dfgnn::gt_fwd: dense_tiles must be 16-byte aligned (a tensor of its own, "
-                "not a view at an offset)");
-  }
+  check_tiles(L, p, q);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
-  return gt_forward_cuda(q, k, v, rowptr, col, rw, csr_row, chunk, scale, dropout, seed, pmf,
-                         need_attn, dense_tiles, dense_cells, mma, two_rows);
+  return gt_forward_cuda(q, k, v, L, scale, dropout, seed, need_attn, p);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& rowptr, const at::Tensor& col,
-    const at::Tensor& row_items, const at::Tensor& row_combine, int64_t row_slots,
-    const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const at::Tensor& col_items, const at::Tensor& col_combine, int64_t col_slots, int64_t chunk,
-    double scale, double dropout, int64_t seed, bool one_launch) {
-  check_qkv(q, k, v, rowptr, col);
+    const at::Tensor& out, const at::Tensor& lse, const CsrList& csr, at::TensorList csc,
+    at::IntArrayRef sizes, double scale, double dropout, int64_t seed, bool one_launch) {
+  check_qkv(q, k, v);
   check_features(out, "out", q);
   check_features(grad_out, "grad_out", q);
   TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0),
@@ -167,26 +224,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
                   lse.size(1) == q.size(1),
               "dfgnn::gt_bwd: lse must be float32 [N_dst, H]");
-  check_index(colptr, "colptr", k.size(0) + 1, q);
-  check_index(row, "row", col.numel(), q);
-  check_index(perm, "perm", col.numel(), q);
-  TORCH_CHECK(chunk > 0, "dfgnn::gt_bwd: chunk must be > 0, got ", num(chunk));
-  Work rw = make_work(row_items, row_combine, row_slots, "row", q);
-  Work cw = make_work(col_items, col_combine, col_slots, "col", q);
+  const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_bwd", q.size(0), k.size(0),
+                                   /*need_csc=*/true);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
-  return gt_backward_cuda(grad_out, q, k, v, out, lse, rowptr, col, rw, colptr, row, perm, cw,
-                          chunk, scale, dropout, seed, one_launch);
+  return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch);
 }
 
 void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
-               const at::Tensor& rowptr, const at::Tensor& col) {
-  TORCH_CHECK(x.is_cuda(), "dfgnn: x must be a CUDA tensor, got device ", x.device());
+               const LayoutView& L) {
   auto st = x.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
-              "dfgnn: x must be float32, float16 or bfloat16, got ", st);
-  check_cuda(x, "x", x);
-  TORCH_CHECK(x.dim() == 3, "dfgnn: x must be [N_src, H, C], got shape ", shape(x.sizes()));
-  for (auto [t, name, n] : {std::make_tuple(&a_dst, "a_dst", rowptr.numel() - 1),
+  for (auto [t, name, n] : {std::make_tuple(&a_dst, "a_dst", L.rowptr.numel() - 1),
                             std::make_tuple(&a_src, "a_src", x.size(0))}) {
     check_cuda(*t, name, x);
     TORCH_CHECK(t->scalar_type() == st, "dfgnn: ", name, " has dtype ", t->scalar_type(),
@@ -194,43 +241,42 @@ void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tenso
     TORCH_CHECK(t->dim() == 2 && t->size(0) == n && t->size(1) == x.size(1), "dfgnn: ", name,
                 " must be [", num(n), ", ", num(x.size(1)), "], got ", shape(t->sizes()));
   }
-  check_index(rowptr, "rowptr", -1, x);
-  check_index(col, "col", -1, x);
-  TORCH_CHECK(rowptr.numel() >= 1, "dfgnn: rowptr must have N_dst + 1 entries");
+}
+
+void check_x(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda(), "dfgnn: x must be a CUDA tensor, got device ", x.device());
+  auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+              "dfgnn: x must be float32, float16 or bfloat16, got ", st);
+  check_cuda(x, "x", x);
+  TORCH_CHECK(x.dim() == 3, "dfgnn: x must be [N_src, H, C], got shape ", shape(x.sizes()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
-    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& row_items,
-    const at::Tensor& row_combine, int64_t row_slots, const c10::optional<at::Tensor>& csr_row,
-    const c10::optional<at::Tensor>& /*colptr*/, const c10::optional<at::Tensor>& /*row*/,
-    const c10::optional<at::Tensor>& /*perm*/, const c10::optional<at::Tensor>& /*col_items*/,
-    const c10::optional<at::Tensor>& /*col_combine*/, int64_t /*col_slots*/, int64_t chunk,
-    double negative_slope, double dropout, int64_t seed, bool pmf, bool need_attn,
-    bool two_rows) {
-  check_gat(a_dst, a_src, x, rowptr, col);
-  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "dfgnn::gat_fwd: dropout must be in [0, 1), got ",
-              std::to_string(dropout));
-  TORCH_CHECK(chunk > 0, "dfgnn::gat_fwd: chunk must be > 0, got ", num(chunk));
-  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
-  if (pmf) {
-    TORCH_CHECK(csr_row.has_value(), "dfgnn::gat_fwd: pmf=True needs csr_row");
-    check_index(*csr_row, "csr_row", col.numel(), x);
-  }
-  check_two_rows(two_rows, pmf, rw, "dfgnn::gat_fwd");
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const CsrList& csr,
+    const OptTensorList& csc, at::IntArrayRef sizes, double negative_slope, double dropout,
+    int64_t seed, bool need_attn, at::IntArrayRef plan) {
+  check_x(x);
+  const LayoutView L = layout_view(csr, csc, sizes, x, "dfgnn::gat_fwd", -1, x.size(0),
+                                   /*need_csc=*/false);
+  check_gat(a_dst, a_src, x, L);
+  check_dropout(dropout, "dfgnn::gat_fwd");
+  const KernelPlan p = kernel_plan(plan, 0.0, L, "dfgnn::gat_fwd");
+  TORCH_CHECK(!p.mma && !L.tiles.defined(), "dfgnn::gat_fwd: the tensor-core and dense-tile "
+              "forwards are GT's: mma must be 0 and tiles None");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return gat_forward_cuda(a_dst, a_src, x, rowptr, col, rw, csr_row, chunk, negative_slope,
-                          dropout, seed, pmf, need_attn, two_rows);
+  return gat_forward_cuda(a_dst, a_src, x, L, negative_slope, dropout, seed, need_attn, p);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
-    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& rowptr,
-    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
-    int64_t row_slots, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const at::Tensor& col_items, const at::Tensor& col_combine, int64_t col_slots, int64_t chunk,
-    double negative_slope, double dropout, int64_t seed) {
-  check_gat(a_dst, a_src, x, rowptr, col);
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse, const CsrList& csr,
+    at::TensorList csc, at::IntArrayRef sizes, double negative_slope, double dropout,
+    int64_t seed) {
+  check_x(x);
+  const LayoutView L = layout_view(csr, csc, sizes, x, "dfgnn::gat_bwd", -1, x.size(0),
+                                   /*need_csc=*/true);
+  check_gat(a_dst, a_src, x, L);
   for (auto [t, name] : {std::make_pair(&out, "out"), std::make_pair(&grad_out, "grad_out")}) {
     check_cuda(*t, name, x);
     TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->dim() == 3 &&
@@ -242,15 +288,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
   check_cuda(lse, "lse", x);
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == a_dst.size(0),
               "dfgnn::gat_bwd: lse must be float32 [N_dst, H]");
-  check_index(colptr, "colptr", x.size(0) + 1, x);
-  check_index(row, "row", col.numel(), x);
-  check_index(perm, "perm", col.numel(), x);
-  TORCH_CHECK(chunk > 0, "dfgnn::gat_bwd: chunk must be > 0, got ", num(chunk));
-  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
-  Work cw = make_work(col_items, col_combine, col_slots, "col", x);
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return gat_backward_cuda(grad_out, a_dst, a_src, x, out, lse, rowptr, col, rw, colptr, row, perm,
-                           cw, chunk, negative_slope, dropout, seed);
+  return gat_backward_cuda(grad_out, a_dst, a_src, x, out, lse, L, negative_slope, dropout,
+                           seed);
 }
 
 void check_beta(const at::Tensor& beta, const at::Tensor& x) {
@@ -274,20 +314,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
-    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
-    const at::Tensor& col, const at::Tensor& row_items, const at::Tensor& row_combine,
-    int64_t row_slots, int64_t chunk, bool need_attn, bool two_rows) {
+    const at::Tensor& x, const at::Tensor& beta, double eps, const CsrList& csr,
+    at::IntArrayRef sizes, bool need_attn, at::IntArrayRef plan) {
   TORCH_CHECK(x.is_cuda(), "dfgnn::cos_fwd: x must be a CUDA tensor, got device ", x.device());
   TORCH_CHECK(x.scalar_type() == at::kFloat, "dfgnn::cos_fwd: x must be float32, got ",
               x.scalar_type(), " (fp16 / bf16 AGNN runs l2norm_fwd then gt_fwd)");
-  check_qkv(x, x, x, rowptr, col);
+  check_qkv(x, x, x);
+  const LayoutView L = layout_view(csr, c10::nullopt, sizes, x, "dfgnn::cos_fwd", x.size(0),
+                                   x.size(0), /*need_csc=*/false);
   check_beta(beta, x);
   TORCH_CHECK(eps > 0.0, "dfgnn::cos_fwd: eps must be > 0, got ", std::to_string(eps));
-  TORCH_CHECK(chunk > 0, "dfgnn::cos_fwd: chunk must be > 0, got ", num(chunk));
-  Work rw = make_work(row_items, row_combine, row_slots, "row", x);
-  check_two_rows(two_rows, false, rw, "dfgnn::cos_fwd");
+  const KernelPlan p = kernel_plan(plan, 0.0, L, "dfgnn::cos_fwd");
+  TORCH_CHECK(!p.pmf && !L.tiles.defined(), "dfgnn::cos_fwd: runs SMMF only: pmf must be 0 "
+              "and tiles None");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return cosine_forward_cuda(x, beta, eps, rowptr, col, rw, chunk, need_attn, two_rows);
+  return cosine_forward_cuda(x, beta, eps, L, need_attn, p.two_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Tensor& dq,
@@ -314,51 +355,44 @@ TORCH_LIBRARY(dfgnn, m) {
   m.def("csr_rowptr(Tensor index, int num_rows) -> Tensor");
   m.def("l2norm_fwd(Tensor x, Tensor beta, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("l2norm_bwd(Tensor dk, Tensor dq, Tensor k, Tensor rnorm, Tensor beta) -> (Tensor, Tensor)");
-  // The kernel plan's decisions (pyg_dfgnn/ops/plan.py) are arguments: pmf,
-  // chunk, two_rows (two rows per warp in the SMMF forward, where the head shape
+  // The graph layout of a call is three arguments, one LayoutView in C++
+  // (host/params.h): csr = [rowptr, col, row_items, row_combine, csr_row (PMF) or
+  // None, the tile plan (dense tiles, pyg_dfgnn/ops/tiles.py) or None]; csc =
+  // [colptr, row, perm, col_items, col_combine], None where the call records no
+  // backward; sizes = [row_slots, col_slots, chunk] (work items: Work in
+  // host/params.h).
+  // The kernel plan's decisions (pyg_dfgnn/ops/plan.py) are arguments: plan =
+  // [pmf, two_rows (two rows per warp in the SMMF forward, where the head shape
   // has that variant), mma (the fp16 / bf16 tensor-core GT forward; rows that are
-  // not 16-byte aligned run the CUDA-core kernel), dense_tiles with dense_cells
-  // (the layout's tile plan, pyg_dfgnn/ops/tiles.py, and the window cells per
-  // edge up to which a block runs dense) and bwd_one_launch / one_launch (the GT
-  // backward's two walks in one launch).
-  // AGNN in one call (cuda/glue/agnn.cpp): cos_fwd for fp32, else l2norm_fwd then gt_fwd
-  // (SMMF, scale 1).
+  // not 16-byte aligned run the CUDA-core kernel), bwd_one_launch (the GT
+  // backward's two walks in one launch)], and gt_fwd's dense_cells (the window
+  // cells per edge up to which a block of the tile plan runs dense); gt_bwd takes
+  // the forward's bwd_one_launch as one_launch.
+  // AGNN in one call (cuda/glue/agnn.cpp): cos_fwd for fp32, else l2norm_fwd then
+  // gt_fwd (SMMF, scale 1).
   m.def(
-      "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
-      "Tensor row_combine, int row_slots, Tensor? colptr, Tensor? row, Tensor? perm, "
-      "Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, bool need_attn, "
-      "bool mma, bool two_rows, bool bwd_one_launch) -> (Tensor, Tensor)");
+      "agnn_fwd(Tensor x, Tensor beta, float eps, Tensor?[] csr, Tensor[]? csc, int[] sizes, "
+      "bool need_attn, int[] plan) -> (Tensor, Tensor)");
   // AGNN's attention over unnormalised x (fp32): (out, lse, attn, rnorm).
   m.def(
-      "cos_fwd(Tensor x, Tensor beta, float eps, Tensor rowptr, Tensor col, Tensor row_items, "
-      "Tensor row_combine, int row_slots, int chunk, bool need_attn, bool two_rows) "
-      "-> (Tensor, Tensor, Tensor, Tensor)");
-  // Work items (row_items / col_items, *_combine, *_slots): see Work in host/params.h.
+      "cos_fwd(Tensor x, Tensor beta, float eps, Tensor?[] csr, int[] sizes, bool need_attn, "
+      "int[] plan) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor rowptr, Tensor col, Tensor row_items, "
-      "Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, Tensor? row, "
-      "Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, int chunk, "
-      "float scale, float dropout, int seed, bool pmf, bool need_attn, Tensor? dense_tiles, "
-      "float dense_cells, bool mma, bool two_rows, bool bwd_one_launch) "
+      "gt_fwd(Tensor q, Tensor k, Tensor v, Tensor?[] csr, Tensor[]? csc, int[] sizes, "
+      "float scale, float dropout, int seed, bool need_attn, int[] plan, float dense_cells) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-      "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "
-      "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
-      "int col_slots, int chunk, float scale, float dropout, int seed, bool one_launch) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor?[] csr, Tensor[] csc, int[] sizes, float scale, float dropout, int seed, "
+      "bool one_launch) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor rowptr, Tensor col, "
-      "Tensor row_items, Tensor row_combine, int row_slots, Tensor? csr_row, Tensor? colptr, "
-      "Tensor? row, Tensor? perm, Tensor? col_items, Tensor? col_combine, int col_slots, "
-      "int chunk, float negative_slope, float dropout, int seed, bool pmf, bool need_attn, "
-      "bool two_rows) -> (Tensor, Tensor, Tensor)");
+      "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor?[] csr, Tensor[]? csc, int[] sizes, "
+      "float negative_slope, float dropout, int seed, bool need_attn, int[] plan) "
+      "-> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_bwd(Tensor grad_out, Tensor a_dst, Tensor a_src, Tensor x, Tensor out, Tensor lse, "
-      "Tensor rowptr, Tensor col, Tensor row_items, Tensor row_combine, int row_slots, "
-      "Tensor colptr, Tensor row, Tensor perm, Tensor col_items, Tensor col_combine, "
-      "int col_slots, int chunk, float negative_slope, float dropout, int seed) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor?[] csr, Tensor[] csc, int[] sizes, float negative_slope, float dropout, "
+      "int seed) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {

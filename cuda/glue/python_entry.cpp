@@ -3,7 +3,7 @@
 // forward ops for the eager host path.
 //
 // A small graph's training step is host-bound (docs/design.md, "Host path"), and
-// torch.ops.dfgnn.gt_fwd(*args) parses its 22 arguments against the
+// torch.ops.dfgnn.gt_fwd(*args) parses its arguments against the
 // schema in Python's op wrapper (torch function checks, JIT type matching per
 // argument) before the dispatcher sees them. _C.gt_fwd(*args) takes the same
 // positional arguments, converts them by the schema's argument kinds and calls the
@@ -18,7 +18,9 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace dfgnn {
 namespace {
@@ -39,6 +41,60 @@ Pushed type_error(const char* op, const c10::Argument& arg, const char* want, Py
   PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be %s, got %s", op, arg.name().c_str(),
                want, Py_TYPE(o)->tp_name);
   return Pushed::kError;
+}
+
+// Converts a list or tuple `o` for a list argument of element type `elem`
+// (Tensor, Tensor? or int: the layout and plan arguments) into `stack`.
+Pushed push_list(PyObject* o, const c10::Argument& arg, const c10::TypePtr& elem, const char* op,
+                 torch::jit::Stack& stack) {
+  if (!PyList_Check(o) && !PyTuple_Check(o)) return type_error(op, arg, "a list or tuple", o);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  const bool optional = elem->kind() == c10::TypeKind::OptionalType;
+  const c10::TypePtr inner = optional ? elem->castRaw<c10::OptionalType>()->getElementType() : elem;
+  if (inner->kind() == c10::TypeKind::IntType && !optional) {
+    c10::List<int64_t> list;
+    list.reserve(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i]))
+        return type_error(op, arg, "a list of ints", items[i]);
+      const long long v = PyLong_AsLongLong(items[i]);
+      if (v == -1 && PyErr_Occurred()) return Pushed::kError;
+      list.push_back(static_cast<int64_t>(v));
+    }
+    stack.emplace_back(std::move(list));
+    return Pushed::kOk;
+  }
+  if (inner->kind() != c10::TypeKind::TensorType) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s: argument '%s' has a type the direct entry does not convert: %s", op,
+                 arg.name().c_str(), arg.type()->str().c_str());
+    return Pushed::kError;
+  }
+  std::vector<std::optional<at::Tensor>> tensors;
+  tensors.reserve(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* t = items[i];
+    if (optional && t == Py_None) {
+      tensors.emplace_back();
+      continue;
+    }
+    if (!THPVariable_Check(t)) return type_error(op, arg, "a list of Tensors", t);
+    if (!THPVariable_CheckExact(t)) return Pushed::kSubclass;
+    tensors.emplace_back(THPVariable_Unpack(t));
+  }
+  if (optional) {
+    c10::List<std::optional<at::Tensor>> list;
+    list.reserve(n);
+    for (auto& t : tensors) list.push_back(std::move(t));
+    stack.emplace_back(std::move(list));
+  } else {
+    c10::List<at::Tensor> list;
+    list.reserve(n);
+    for (auto& t : tensors) list.push_back(std::move(*t));
+    stack.emplace_back(std::move(list));
+  }
+  return Pushed::kOk;
 }
 
 // Converts args[i] for the schema's argument `arg`; kSubclass: a tensor subclass
@@ -72,6 +128,8 @@ Pushed push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::ji
       stack.emplace_back(v);
       return Pushed::kOk;
     }
+    case c10::TypeKind::ListType:
+      return push_list(o, arg, type->castRaw<c10::ListType>()->getElementType(), op, stack);
     case c10::TypeKind::BoolType:
       if (!PyBool_Check(o)) return type_error(op, arg, "a bool", o);
       stack.emplace_back(o == Py_True);

@@ -17,7 +17,7 @@ struct ForwardCall {
   at::Tensor out, lse2, attn;  // lse2 holds small scratch after its elements
   Scratch scratch;
   int* counters = nullptr;
-  ForwardCall(const at::Tensor& x, int64_t n_dst, int64_t n_edges, const Work& rw, bool pmf,
+  ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L, bool pmf,
               bool need_attn);
   float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
   float* partial() const { return scratch[0]; }
@@ -25,8 +25,7 @@ struct ForwardCall {
   float* score() const { return scratch[2]; }
   // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
   // x; SMMF merges the split rows' partials unless the kernel did.
-  void finish(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
-              const Work& rw, int64_t chunk, double dropout, int64_t seed);
+  void finish(const at::Tensor& x, const LayoutView& L, double dropout, int64_t seed);
 };
 
 }  // namespace dfgnn

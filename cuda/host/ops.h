@@ -13,16 +13,15 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
 // receives the softmax weights.
-// `partial`: [rw.num_slots, H, C] floats of scratch for the split rows.
-void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
-                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
+// `partial`: [L.rw.num_slots, H, C] floats of scratch for the split rows.
+void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
                   at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed);
 
+// The GT forward (gt_forward.cu): (out, lse2, attn) of dot-product attention over
+// L's CSR, with the kernels `plan` names.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const LayoutView& L,
+    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan);
 
 // The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
@@ -31,40 +30,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
 // is gt_forward_dense; gt_forward_cuda picks between them.
 bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
-                    at::Tensor& lse2, double scale);
+                    const LayoutView& L, at::Tensor& out, at::Tensor& lse2, double scale);
 // The tile plan's layout (pyg_dfgnn/ops/tiles.py): kTileRows destination rows per
 // tile, kTileMetaInts ints per tile before the edge masks.
 constexpr int kTileRows = 64;
 constexpr int kTileMetaInts = 8;
 // The same call over dense tiles (gt_forward_dense.cu): blocks of 64 rows whose
-// key window the layout's tile plan (`plan`, pyg_dfgnn/ops/tiles.py) has, and
+// key window the layout's tile plan (L.tiles, pyg_dfgnn/ops/tiles.py) has, and
 // holds at most `cells_per_edge` window cells per edge, run dense, the others
-// on the sparse units; false (nothing launched) without a plan, with
+// on the sparse units; false (nothing launched) without a tile plan, with
 // cells_per_edge <= 0 or when the graph has no edges.
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& rowptr, const at::Tensor& col,
-                      const c10::optional<at::Tensor>& plan, double cells_per_edge,
-                      at::Tensor& out, at::Tensor& lse2, double scale);
+                      const LayoutView& L, double cells_per_edge, at::Tensor& out,
+                      at::Tensor& lse2, double scale);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
-    const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed, bool one_launch);
+    const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
+    double dropout, int64_t seed, bool one_launch);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
-    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double negative_slope, double dropout, int64_t seed, bool pmf,
-    bool need_attn, bool two_rows);
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed, bool need_attn,
+    const KernelPlan& plan);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
-    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const at::Tensor& colptr, const at::Tensor& row,
-    const at::Tensor& perm, const Work& cw, int64_t chunk, double negative_slope, double dropout,
-    int64_t seed);
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed);
 
 // AGNN's row normalisation (normalize.cu): k = x / max(||x||, eps), q = beta k,
 // rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element
@@ -80,8 +73,8 @@ at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps);
 // (out, lse2, attn, rnorm), lse2 as gt_forward_cuda's for q = beta k,
 // k = x / max(||x||, eps), scale 1.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
-    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn, bool two_rows);
+    const at::Tensor& x, const at::Tensor& beta, double eps, const LayoutView& L,
+    bool need_attn, bool two_rows);
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
                                                         const at::Tensor& k,

@@ -1,4 +1,6 @@
-// What the host code of the kernel families takes of a graph layout.
+// What the host code of the kernel families takes of a call: the graph layout
+// (one LayoutView, built and checked once from the op's layout arguments in
+// glue/bindings.cpp) and the kernel plan's decisions.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -10,7 +12,32 @@ namespace dfgnn {
 struct Work {
   at::Tensor items;
   at::Tensor combine;
-  int64_t num_slots;
+  int64_t num_slots = 0;
+};
+
+// One call's graph layout: the CSR by destination with its work items, what the
+// plan adds to it (PMF's per-edge destinations, the dense-tile plan), and the CSC
+// by source with its work items where the call walks it (undefined otherwise).
+struct LayoutView {
+  at::Tensor rowptr;   // [N_dst + 1]
+  at::Tensor col;      // [E] source of each CSR edge
+  Work rw;             // the CSR's work items
+  at::Tensor csr_row;  // [E] destination of each CSR edge (PMF), or undefined
+  at::Tensor tiles;    // the dense-tile plan (pyg_dfgnn/ops/tiles.py), or undefined
+  at::Tensor colptr;   // [N_src + 1]
+  at::Tensor row;      // [E] destination of each CSC edge
+  at::Tensor perm;     // [E] CSR position of each CSC edge
+  Work cw;             // the CSC's work items
+  int64_t chunk = 0;   // edges per work item, both walks
+};
+
+// The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan).
+struct KernelPlan {
+  bool pmf = false;             // edge-parallel scores, then softmax + SpMM
+  bool two_rows = false;        // two rows per warp in the SMMF forward
+  bool mma = false;             // the fp16 / bf16 tensor-core GT forward
+  bool bwd_one_launch = false;  // the GT backward's two walks in one launch
+  double dense_cells = 0.0;     // > 0: the tile plan's blocks run dense up to this bound
 };
 
 }  // namespace dfgnn

@@ -193,10 +193,12 @@ gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
-    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const at::Tensor& colptr, const at::Tensor& row,
-    const at::Tensor& perm, const Work& cw, int64_t chunk, double negative_slope, double dropout,
-    int64_t seed) {
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed) {
+  const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
+                   &perm = L.perm;
+  const Work &rw = L.rw, &cw = L.cw;
+  const int64_t chunk = L.chunk;
   const int64_t N_dst = a_dst.size(0), N_src = x.size(0), H = x.size(1), C = x.size(2);
   // D [N_dst, H] and the split rows' partial da_dst, da_src, dx rows, small ones
   // in da_dst's allocation (host/scratch.h). dx and da_src, which only the source
@@ -213,9 +215,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   at::Tensor dsum_in;
   if (x.scalar_type() != at::kFloat && rw.num_slots > 0) {  // split rows, half inputs
     const at::Tensor out32 = std::get<0>(gat_forward_cuda(
-        a_dst.to(at::kFloat), a_src.to(at::kFloat), x.to(at::kFloat), rowptr, col, rw,
-        c10::nullopt, chunk, negative_slope, dropout, seed, /*pmf=*/false, /*need_attn=*/false,
-        /*two_rows=*/false));
+        a_dst.to(at::kFloat), a_src.to(at::kFloat), x.to(at::kFloat), L, negative_slope,
+        dropout, seed, /*need_attn=*/false, KernelPlan{}));
     dsum_in = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
   }
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;

@@ -90,12 +90,13 @@ gat_score_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
-    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double negative_slope, double dropout, int64_t seed, bool pmf,
-    bool need_attn, bool two_rows) {
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed, bool need_attn,
+    const KernelPlan& plan) {
+  const at::Tensor &rowptr = L.rowptr, &col = L.col;
+  const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2), E = col.size(0);
-  ForwardCall fc(x, a_dst.size(0), E, rw, pmf, need_attn);
+  ForwardCall fc(x, a_dst.size(0), L, plan.pmf, need_attn);
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
   const int64_t n_units = rw.items.size(0) * H;
@@ -105,10 +106,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
                                                                     auto NV_) {
     using T = typename decltype(T_)::type;
     constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-    if (pmf) {  // scores here, softmax + SpMM in fc.finish
+    if (plan.pmf) {  // scores here, softmax + SpMM in fc.finish
       if (E * H == 0) return;
       gat_score_kernel<T><<<ceil_div(E * H, kThreads), kThreads, 0, stream>>>(
-          cptr<T>(a_dst), cptr<T>(a_src), csr_row->data_ptr<int>(), col.data_ptr<int>(),
+          cptr<T>(a_dst), cptr<T>(a_src), L.csr_row.data_ptr<int>(), col.data_ptr<int>(),
           fc.score(), E * H, H, slope);
       check_launch();
       return;
@@ -117,12 +118,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     auto launch = [&](auto kern, int lanes) {
       kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0, stream>>>(
           cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
+          rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
           fc.attn_ptr(), fc.partial(), fc.partial_ml(), n_units,
           H, C, slope, p, (uint64_t)seed, (int)E, fc.counters);
       check_launch();
     };
-    with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto) {
+    with_smmf_shape<T, VEC, G, NV>(plan.two_rows, [&](auto g, auto nv, auto) {
       constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value;
       with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
         constexpr bool M = decltype(merge)::value;
@@ -131,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
       });
     });
   });
-  fc.finish(x, rowptr, col, rw, chunk, dropout, seed);
+  fc.finish(x, L, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
 }
 

@@ -335,9 +335,12 @@ gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& rowptr, const at::Tensor& col,
-    const Work& rw, const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
-    const Work& cw, int64_t chunk, double scale, double dropout, int64_t seed, bool one_launch) {
+    const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
+    double dropout, int64_t seed, bool one_launch) {
+  const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
+                   &perm = L.perm;
+  const Work &rw = L.rw, &cw = L.cw;
+  const int64_t chunk = L.chunk;
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
   // D_i = dO_i . O_i is the term the softmax backward subtracts from each dP_ij, and
   // where the dP_ij of a row are close (duplicate or similar neighbours) dS keeps
@@ -348,10 +351,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   // of q, k, v (same layout, dropout seed and thus mask).
   at::Tensor dsum_t;
   if (q.scalar_type() != at::kFloat && rowptr.size(0) > 1) {
+    // (KernelPlan{}: SMMF, one row per lane group, CUDA cores.)
     const at::Tensor out32 = std::get<0>(gt_forward_cuda(
-        q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), rowptr, col, rw, c10::nullopt,
-        chunk, scale, dropout, seed, /*pmf=*/false, /*need_attn=*/false,
-        /*dense_tiles=*/c10::nullopt, /*dense_cells=*/0.0, /*mma=*/false, /*two_rows=*/false));
+        q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), L, scale, dropout, seed,
+        /*need_attn=*/false, KernelPlan{}));
     dsum_t = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
   }
   const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;

@@ -122,16 +122,16 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
 // the call returns attention weights.
 template <typename T, int VEC, int G, int NV, bool COS>
 void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
-                 ForwardCall& fc, int H, int C, float scale2, float p, int64_t seed,
-                 const float* rnorm, const float* beta, bool two_rows) {
+                 const LayoutView& L, ForwardCall& fc, int H, int C, float scale2, float p,
+                 int64_t seed, const float* rnorm, const float* beta, bool two_rows) {
+  const Work& rw = L.rw;
   const int64_t n_units = rw.items.size(0) * H;
   if (n_units == 0) return;
   auto launch = [&](auto kern, int lanes) {
     kern<<<ceil_div(n_units * lanes, kNodeBlock), kNodeBlock, 0,
            at::cuda::getCurrentCUDAStream()>>>(
-        cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
+        cptr<T>(q), cptr<T>(k), cptr<T>(v), L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(),
+        rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(),
         fc.attn_ptr(), fc.partial(), fc.partial_ml(), n_units, H,
         C, scale2, p, (uint64_t)seed, rnorm, beta, fc.counters);
     check_launch();
@@ -150,12 +150,10 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, const c10::optional<at::Tensor>& csr_row,
-    int64_t chunk, double scale, double dropout, int64_t seed, bool pmf, bool need_attn,
-    const c10::optional<at::Tensor>& dense_tiles, double dense_cells, bool mma, bool two_rows) {
-  const int64_t H = q.size(1), C = q.size(2), E = col.size(0);
-  ForwardCall fc(q, q.size(0), E, rw, pmf, need_attn);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const LayoutView& L,
+    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan) {
+  const int64_t H = q.size(1), C = q.size(2), E = L.col.size(0);
+  ForwardCall fc(q, q.size(0), L, plan.pmf, need_attn);
   const float scale2 = (float)(scale * kLog2e);
   const float p = (float)dropout;
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(fc.out);
@@ -165,49 +163,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
   // that are not 16-byte aligned run the CUDA-core kernel, which has scalar loads.
   // The plan's dense tiles run where it passed a tile plan and a bound (none
   // launch for a graph without edges), else the sparse tensor-core units.
-  if (mma && gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
-    if (!gt_forward_dense(q, k, v, rowptr, col, dense_tiles, dense_cells, fc.out, fc.lse2,
-                          scale))
-      gt_forward_mma(q, k, v, rowptr, col, fc.out, fc.lse2, scale);
+  if (plan.mma && gt_forward_mma_supports(q.scalar_type(), C, aligned)) {
+    if (!gt_forward_dense(q, k, v, L, plan.dense_cells, fc.out, fc.lse2, scale))
+      gt_forward_mma(q, k, v, L, fc.out, fc.lse2, scale);
     return {fc.out, fc.lse2, fc.attn};
   }
   dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                  auto NV_) {
     using T = typename decltype(T_)::type;
     constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
-    if (pmf) {
+    if (plan.pmf) {
       const int64_t n_edge_units = E * H;
       if (n_edge_units == 0) return;
       gt_sddmm_kernel<T, VEC, G, NV><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
-          cptr<T>(q), cptr<T>(k), csr_row->data_ptr<int>(), col.data_ptr<int>(),
+          cptr<T>(q), cptr<T>(k), L.csr_row.data_ptr<int>(), L.col.data_ptr<int>(),
           fc.score(), n_edge_units, H, C, scale2);
       check_launch();
       return;
     }
-    launch_smmf<T, VEC, G, NV, false>(q, k, v, rowptr, col, rw, chunk, fc, (int)H, (int)C, scale2,
-                                      p, seed, nullptr, nullptr, two_rows);
+    launch_smmf<T, VEC, G, NV, false>(q, k, v, L, fc, (int)H, (int)C, scale2, p, seed, nullptr,
+                                      nullptr, plan.two_rows);
   });
-  fc.finish(v, rowptr, col, rw, chunk, dropout, seed);
+  fc.finish(v, L, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
-    const at::Tensor& x, const at::Tensor& beta, double eps, const at::Tensor& rowptr,
-    const at::Tensor& col, const Work& rw, int64_t chunk, bool need_attn, bool two_rows) {
-  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), E = col.size(0);
+    const at::Tensor& x, const at::Tensor& beta, double eps, const LayoutView& L,
+    bool need_attn, bool two_rows) {
+  const int64_t N = x.size(0), H = x.size(1), C = x.size(2);
   auto rnorm = l2norm_rnorm_cuda(x, eps);
-  ForwardCall fc(x, N, E, rw, false, need_attn);
+  ForwardCall fc(x, N, L, false, need_attn);
   const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
   dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::cos_fwd", [&](auto T_, auto VEC_, auto G_,
                                                                   auto NV_) {
     using T = typename decltype(T_)::type;
     constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
     if constexpr (std::is_same_v<T, float>)  // bindings.cpp admits fp32 only
-      launch_smmf<T, VEC, G, NV, true>(x, x, x, rowptr, col, rw, chunk, fc, (int)H, (int)C, 0.f,
-                                       0.f, 0, rnorm.data_ptr<float>(), beta.data_ptr<float>(),
-                                       two_rows);
+      launch_smmf<T, VEC, G, NV, true>(x, x, x, L, fc, (int)H, (int)C, 0.f, 0.f, 0,
+                                       rnorm.data_ptr<float>(), beta.data_ptr<float>(), two_rows);
   });
-  fc.finish(x, rowptr, col, rw, chunk, 0.0, 0);
+  fc.finish(x, L, 0.0, 0);
   return {fc.out, fc.lse2, fc.attn, rnorm};
 }
 

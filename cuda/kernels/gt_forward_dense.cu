@@ -328,19 +328,19 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }  // namespace
 
 bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& rowptr, const at::Tensor& col,
-                      const c10::optional<at::Tensor>& plan, double cells_per_edge,
-                      at::Tensor& out, at::Tensor& lse2, double scale) {
-  if (!plan.has_value()) return false;
+                      const LayoutView& L, double cells_per_edge, at::Tensor& out,
+                      at::Tensor& lse2, double scale) {
+  if (!L.tiles.defined()) return false;
+  const at::Tensor &rowptr = L.rowptr, &col = L.col, &plan = L.tiles;
   const float cells = (float)cells_per_edge;
   const int64_t N = q.size(0), C = q.size(2), E = col.size(0);
   if (!(cells > 0.f) || N == 0 || E == 0) return false;
   const float scale2 = (float)(scale * kLog2e);
   auto by_shape = [&](auto T_) {
     using T = typename decltype(T_)::type;
-    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
-    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
-    else launch_dense<T, 32>(q, k, v, rowptr, col, *plan, out, lse2, scale2, cells);
+    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
+    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
+    else launch_dense<T, 32>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
   };
   if (q.scalar_type() == at::kBFloat16) by_shape(TypeTag<__nv_bfloat16>{});
   else by_shape(TypeTag<__half>{});

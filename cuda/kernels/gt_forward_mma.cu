@@ -58,8 +58,8 @@ bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16) {
 }
 
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& rowptr, const at::Tensor& col, at::Tensor& out,
-                    at::Tensor& lse2, double scale) {
+                    const LayoutView& L, at::Tensor& out, at::Tensor& lse2, double scale) {
+  const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const int64_t N = q.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_units = (N + kMmaRows - 1) / kMmaRows * H;
   if (n_units == 0) return;

@@ -82,9 +82,10 @@ softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
 
 }  // namespace
 
-void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
-                  const at::Tensor& rowptr, const at::Tensor& col, const Work& rw, int64_t chunk,
+void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
                   at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed) {
+  const at::Tensor &rowptr = L.rowptr, &col = L.col;
+  const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2);
   const int64_t n_units = rw.items.size(0) * H;
   const float p = (float)dropout;
@@ -102,7 +103,7 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial,
                         : softmax_spmm_kernel<T, VEC, G, NV, false>;
     kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), score, rowptr.data_ptr<int>(), col.data_ptr<int>(),
-        rw.items.data_ptr<int>(), (int)chunk, mptr<T>(out), partial,
+        rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(out), partial,
         lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed, (int)col.size(0));
     check_launch();
   });

@@ -146,12 +146,12 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     .. note::
         In float16 / bfloat16 with ``C`` in {32, 64, 128}, no dropout, no returned
         attention and no row longer than a work item (the batch graphs), the SMMF
-        forward runs on tensor cores (``cuda/gt_forward_mma.cu``); the softmax
+        forward runs on tensor cores (``cuda/kernels/gt_forward_mma.cu``); the softmax
         weights then enter the aggregation rounded to the input dtype, as in flash
         attention. Blocks of 64 rows whose in-neighbours lie in a window of at most
         512 consecutive source rows, with at most 24 window cells per edge and no
         duplicate edge, run the window as one dense tile masked by the edges
-        (``cuda/gt_forward_dense.cu``), on graphs whose median block has at most
+        (``cuda/kernels/gt_forward_dense.cu``), on graphs whose median block has at most
         20 cells per edge (the PATTERN, CLUSTER and MNIST-like batches;
         ``docs/design.md``, "Tensor cores and dense tiles"). The windows and edge
         masks (the tile plan, :mod:`pyg_dfgnn.ops.tiles`) are built on the first

@@ -3,7 +3,9 @@ kernel plan (:mod:`pyg_dfgnn.ops.plan`).
 
 A small graph's call is host-bound, so what one call needs of the layout (the
 plan, the CSR and CSC with their work items, the tile plan) is looked up by one
-key in ``layout.derived.calls``, prepared on the first call.
+key in ``layout.derived.calls``, prepared on the first call. The ops take the
+layout as three arguments, ``csr``, ``csc`` and ``sizes`` (one ``LayoutView`` in
+C++), and the plan's decisions as ``plan`` (and ``gt_fwd``'s ``dense_cells``).
 """
 from __future__ import annotations
 
@@ -17,21 +19,26 @@ from .tiles import tile_plan
 
 
 class Prepared(NamedTuple):
-    """What the forward ops take of a layout for one kind of call.
+    """What the forward ops take of a layout for one kind of call: the layout and
+    plan arguments of their schemas (``cuda/glue/bindings.cpp``).
 
     Attributes:
         plan (Plan): the kernel plan.
-        graph (tuple): ``rowptr, col``, the CSR work items (3), ``csr_row``
-            (PMF, else ``None``), ``colptr, row, perm`` and the CSC work items
-            (3; ``None`` and 0 without ``need_grad``), ``chunk``: the arguments of
-            ``gt_fwd`` / ``gat_fwd`` between the features and the scalars.
-        gt_tail (tuple): ``gt_fwd``'s plan arguments after ``need_attn``: the tile
-            plan (where ``plan.dense_cells > 0``), ``dense_cells``, ``mma``,
-            ``two_rows``, ``bwd_one_launch``.
+        csr (tuple): ``rowptr, col``, the CSR work items (``items, combine``),
+            ``csr_row`` (PMF, else ``None``) and the tile plan (where
+            ``plan.dense_cells > 0``, else ``None``): the ops' ``csr``.
+        csc (tuple, optional): ``colptr, row, perm`` and the CSC work items
+            (``items, combine``); ``None`` without ``need_grad``: the ops' ``csc``.
+        sizes (tuple): ``row_slots, col_slots`` (0 without ``need_grad``),
+            ``chunk``: the ops' ``sizes``.
+        flags (tuple): ``pmf, two_rows, mma, bwd_one_launch`` as ints: the ops'
+            ``plan``.
     """
     plan: _plan.Plan
-    graph: tuple
-    gt_tail: tuple
+    csr: tuple
+    csc: Optional[tuple]
+    sizes: tuple
+    flags: tuple
 
 
 def prepared(layout, dtype: torch.dtype, head_size: int, score: str, strategy: str,
@@ -48,24 +55,25 @@ def prepared(layout, dtype: torch.dtype, head_size: int, score: str, strategy: s
     hit = calls.get(key)
     if hit is None:
         plan, kept = _plan.kept_plan(layout, key[:-1])
-        tp = tile_plan(layout) if plan.dense_cells > 0 else None
-        hit = Prepared(plan, _graph_args(layout, plan, need_grad),
-                       (tp, float(plan.dense_cells), plan.mma, plan.two_rows,
-                        plan.bwd_one_launch))
+        hit = _prepare(layout, plan, need_grad)
         if kept:
             calls[key] = hit
     return hit
 
 
-def _graph_args(layout, plan: _plan.Plan, need_grad: bool) -> tuple:
+def _prepare(layout, plan: _plan.Plan, need_grad: bool) -> Prepared:
     chunk, first = plan.chunk, plan.long_items_first
     rw = layout.work("row", chunk, first)
+    tp = tile_plan(layout) if plan.dense_cells > 0 else None
+    csr = (layout.rowptr, layout.col, rw.items, rw.combine,
+           layout.csr_row if plan.pmf else None, tp)
+    csc, col_slots = None, 0
     if need_grad:
         cw = layout.work("col", chunk, first)
-        csc = (layout.colptr, layout.row, layout.perm, *cw)
-    else:
-        csc = (None, None, None, None, None, 0)
-    return (layout.rowptr, layout.col, *rw, layout.csr_row if plan.pmf else None, *csc, chunk)
+        csc, col_slots = (layout.colptr, layout.row, layout.perm, cw.items, cw.combine), \
+            cw.num_slots
+    flags = (int(plan.pmf), int(plan.two_rows), int(plan.mma), int(plan.bwd_one_launch))
+    return Prepared(plan, csr, csc, (rw.num_slots, col_slots, chunk), flags)
 
 
 def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float = 0.0,
@@ -87,8 +95,8 @@ def gt_op_args(layout, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: f
 def gt_args(p: Prepared, q: Tensor, k: Tensor, v: Tensor, scale: float, dropout: float,
             seed: int, need_attn: bool) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gt_fwd`` from a :class:`Prepared`."""
-    return (q, k, v, *p.graph, float(scale), float(dropout), int(seed), p.plan.pmf,
-            bool(need_attn), *p.gt_tail)
+    return (q, k, v, p.csr, p.csc, p.sizes, float(scale), float(dropout), int(seed),
+            bool(need_attn), p.flags, float(p.plan.dense_cells))
 
 
 def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
@@ -105,8 +113,8 @@ def gat_op_args(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope:
 def gat_args(p: Prepared, a_dst: Tensor, a_src: Tensor, x: Tensor, negative_slope: float,
              dropout: float, seed: int, need_attn: bool) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.gat_fwd`` from a :class:`Prepared`."""
-    return (a_dst, a_src, x, *p.graph, float(negative_slope), float(dropout), int(seed),
-            p.plan.pmf, bool(need_attn), p.plan.two_rows)
+    return (a_dst, a_src, x, p.csr, p.csc, p.sizes, float(negative_slope), float(dropout),
+            int(seed), bool(need_attn), p.flags)
 
 
 def agnn_prepared(layout, dtype: torch.dtype, head_size: int, strategy: str, need_attn: bool,
@@ -118,9 +126,7 @@ def agnn_prepared(layout, dtype: torch.dtype, head_size: int, strategy: str, nee
 
 def agnn_args(p: Prepared, x: Tensor, beta: Tensor, eps: float, need_attn: bool) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.agnn_fwd`` from an SMMF plan."""
-    pl = p.plan
-    return (x, beta, float(eps), *p.graph[:5], *p.graph[6:], bool(need_attn), pl.mma,
-            pl.two_rows, pl.bwd_one_launch)
+    return (x, beta, float(eps), p.csr, p.csc, p.sizes, bool(need_attn), p.flags)
 
 
 def agnn_op_args(layout, x: Tensor, beta: Tensor, eps: float, need_attn: bool = False,
@@ -133,4 +139,4 @@ def agnn_op_args(layout, x: Tensor, beta: Tensor, eps: float, need_attn: bool = 
 def cos_op_args(layout, x: Tensor, beta: Tensor, eps: float, need_attn: bool = False) -> tuple:
     """The argument tuple of ``torch.ops.dfgnn.cos_fwd`` (fp32 AGNN attention)."""
     p = agnn_prepared(layout, x.dtype, x.size(-1), "smmf", need_attn, False)
-    return (x, beta, float(eps), *p.graph[:5], p.plan.chunk, bool(need_attn), p.plan.two_rows)
+    return (x, beta, float(eps), p.csr, p.sizes, bool(need_attn), p.flags)

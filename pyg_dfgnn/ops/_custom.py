@@ -23,37 +23,32 @@ def _csr_rowptr_fake(index, num_rows):
 
 # ------------------------------------------------------------------------------ GT
 @torch.library.register_fake("dfgnn::gt_fwd")
-def _gt_fwd_fake(q, k, v, rowptr, col, row_items, row_combine, row_slots, csr_row, colptr, row,
-                 perm, col_items, col_combine, col_slots, chunk, scale, dropout, seed, pmf,
-                 need_attn, dense_tiles, dense_cells, mma, two_rows, bwd_one_launch):
+def _gt_fwd_fake(q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn, plan, dense_cells):
     out = torch.empty_like(q)
     lse = q.new_empty((q.size(0), q.size(1)), dtype=_FLOAT)
-    attn = q.new_empty((col.size(0), q.size(1)) if need_attn else (0,), dtype=_FLOAT)
+    attn = q.new_empty((csr[1].size(0), q.size(1)) if need_attn else (0,), dtype=_FLOAT)
     return out, lse, attn
 
 
 @torch.library.register_fake("dfgnn::gt_bwd")
-def _gt_bwd_fake(grad_out, q, k, v, out, lse, rowptr, col, row_items, row_combine, row_slots,
-                 colptr, row, perm, col_items, col_combine, col_slots, chunk, scale, dropout,
-                 seed, one_launch):
+def _gt_bwd_fake(grad_out, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed,
+                 one_launch):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 # ----------------------------------------------------------------------------- GAT
 @torch.library.register_fake("dfgnn::gat_fwd")
-def _gat_fwd_fake(a_dst, a_src, x, rowptr, col, row_items, row_combine, row_slots, csr_row,
-                  colptr, row, perm, col_items, col_combine, col_slots, chunk, negative_slope,
-                  dropout, seed, pmf, need_attn, two_rows):
+def _gat_fwd_fake(a_dst, a_src, x, csr, csc, sizes, negative_slope, dropout, seed, need_attn,
+                  plan):
     out = x.new_empty((a_dst.size(0), x.size(1), x.size(2)))
     lse = x.new_empty((a_dst.size(0), x.size(1)), dtype=_FLOAT)
-    attn = x.new_empty((col.size(0), x.size(1)) if need_attn else (0,), dtype=_FLOAT)
+    attn = x.new_empty((csr[1].size(0), x.size(1)) if need_attn else (0,), dtype=_FLOAT)
     return out, lse, attn
 
 
 @torch.library.register_fake("dfgnn::gat_bwd")
-def _gat_bwd_fake(grad_out, a_dst, a_src, x, out, lse, rowptr, col, row_items, row_combine,
-                  row_slots, colptr, row, perm, col_items, col_combine, col_slots, chunk,
-                  negative_slope, dropout, seed):
+def _gat_bwd_fake(grad_out, a_dst, a_src, x, out, lse, csr, csc, sizes, negative_slope, dropout,
+                  seed):
     return torch.empty_like(a_dst), torch.empty_like(a_src), torch.empty_like(x)
 
 
@@ -65,11 +60,10 @@ def _l2norm_fwd_fake(x, beta, eps):
 
 
 @torch.library.register_fake("dfgnn::cos_fwd")
-def _cos_fwd_fake(x, beta, eps, rowptr, col, row_items, row_combine, row_slots, chunk, need_attn,
-                  two_rows):
+def _cos_fwd_fake(x, beta, eps, csr, sizes, need_attn, plan):
     n, h = x.size(0), x.size(1)
     return (torch.empty_like(x), x.new_empty((n, h), dtype=_FLOAT),
-            x.new_empty((col.size(0), h) if need_attn else (0,), dtype=_FLOAT),
+            x.new_empty((csr[1].size(0), h) if need_attn else (0,), dtype=_FLOAT),
             x.new_empty((n, h), dtype=_FLOAT))
 
 
