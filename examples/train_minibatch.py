@@ -121,7 +121,7 @@ def main():
     limit = 20 if a.quick else 1 << 30
     fanouts = [int(f) for f in a.fanouts.split(",")]
 
-    data = ogbn_arxiv(None if a.data is None else os.path.join(a.data, "ogbn-arxiv"))
+    data = ogbn_arxiv(a.data)  # the data folder holding ogbn-arxiv/
     data.n_id = torch.arange(data.num_nodes)
     num_classes = int(data.y.max()) + 1
     if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
