@@ -221,3 +221,27 @@ def test_case_cuda_compiled_and_dense(kb):
     fn = lambda: conv.propagate(ei, query=q, key=k, value=v, edge_attr=None)  # noqa: E731
     torch._dynamo.reset()
     assert rel_err(torch.compile(fn, dynamic=False)(), fn()) < 1e-5
+
+
+def test_phases_time_every_compile_after_the_eager_methods(kb):
+    ei, batch = tiny_batch()
+    graphs = {"PATTERN": (ei, 12, "batch", batch), "power-law-5K": (ei, 12, "super", None)}
+    cases = kb.build_cases(graphs, ["gt", "gat", "agnn"], quick=True)
+    steps = kb.phases(cases)
+    kinds = [p for p, *_ in steps]
+    assert kinds == ["eager"] * len(cases) + ["compiled"] * len(cases)
+    for phase, model, args, kw in steps:
+        if model == "gt":
+            methods = args[7]
+            assert (set(methods) <= set(kb.COMPILED)) == (phase == "compiled"), methods
+            assert not (phase == "eager" and set(methods) & set(kb.COMPILED))
+        elif phase == "eager":
+            assert kw["compiled"] is False
+        else:
+            assert kw["only"] == tuple(kb.COMPILED)
+    # the same cases, keyed alike, in both phases
+    keys = [kb.case_key(m, a) for _, m, a, _ in steps]
+    assert keys[:len(cases)] == keys[len(cases):]
+    assert kb.phases(kb.build_cases(graphs, ["gt", "gat"], quick=True, fused_only=True)) == [
+        ("eager", m, a, dict(kw, compiled=False) if m != "gt" else kw)
+        for m, a, kw in kb.build_cases(graphs, ["gt", "gat"], quick=True, fused_only=True)]
