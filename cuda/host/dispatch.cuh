@@ -10,6 +10,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include "device/numerics.cuh"
+#include "device/row_shape.cuh"
 
 namespace dfgnn {
 
@@ -66,16 +67,17 @@ bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
 template <typename T> struct TypeTag { using type = T; };
 
 // The one dtype x row-shape dispatch of every kernel family's host code: calls
-// f(TypeTag<T>, IntC<VEC>, IntC<G>, IntC<NV>) for `st` (fp32 / fp16 / bf16 as the
-// kernels' CUDA type T) and head size C, and raises the same error, naming the op,
-// when C has no kernel.
+// f(RowShape<T, VEC, G, NV>{}) for `st` (fp32 / fp16 / bf16 as the kernels' CUDA
+// type T) and head size C, and raises the same error, naming the op, when C has
+// no kernel.
 template <typename F>
 void dispatch_rows(at::ScalarType st, int64_t C, bool aligned, const char* op, F&& f) {
   bool ok = false;
   DFGNN_DISPATCH_FLOAT_TYPES(st, "dfgnn", [&] {
     using T = typename cuda_type<scalar_t>::type;
-    ok = dispatch_row_shape<T>(C, aligned,
-                               [&](auto VEC, auto G, auto NV) { f(TypeTag<T>{}, VEC, G, NV); });
+    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC, auto G, auto NV) {
+      f(RowShape<T, decltype(VEC)::value, decltype(G)::value, decltype(NV)::value>{});
+    });
   });
   TORCH_CHECK(ok, op, ": head size C=", std::to_string(C), " is not supported by the fused "
               "kernels (pyg_dfgnn.ops.plan.kernel_supports says which sizes are)");
@@ -97,18 +99,19 @@ template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.da
 // twice as long per lane). Which calls run it is the kernel plan's decision
 // (pyg_dfgnn/ops/plan.py, the ops' `two_rows` argument); these shapes compile the
 // split-row merge out, so bindings.cpp admits `two_rows` only without split rows.
-template <typename T, int VEC, int G, int NV>
-constexpr bool kHasTwoRowsShape = std::is_same_v<T, float> && VEC == 4 && G >= 8 && NV == 1;
+template <typename S>
+constexpr bool kHasTwoRowsShape =
+    std::is_same_v<typename S::T, float> && S::VEC == 4 && S::G >= 8 && S::NV == 1;
 
-// Calls f(IntC<G'>, IntC<NV'>, IntC<U'>) with an SMMF forward's row shape: two rows
-// per warp (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds
-// and the shape has that variant, else (G, NV) with the default edges in flight (0).
-template <typename T, int VEC, int G, int NV, typename F>
+// Calls f(S', IntC<U'>) with an SMMF forward's row shape S': two rows per warp
+// (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds and
+// the shape S has that variant, else S with the default edges in flight (0).
+template <typename S, typename F>
 void with_smmf_shape(bool two_rows, F&& f) {
-  if constexpr (kHasTwoRowsShape<T, VEC, G, NV>) {
-    if (two_rows) return f(IntC<G / 2>{}, IntC<2>{}, IntC<2>{});
+  if constexpr (kHasTwoRowsShape<S>) {
+    if (two_rows) return f(RowShape<typename S::T, S::VEC, S::G / 2, 2>{}, IntC<2>{});
   }
-  f(IntC<G>{}, IntC<NV>{}, IntC<0>{});
+  f(S{}, IntC<0>{});
 }
 
 // Which kernels carry the merge code. Compiled in, it made the fp16 / bf16

@@ -36,15 +36,18 @@ namespace dfgnn {
 namespace {
 
 // CSR walk over destinations: D_i (for the CSC walk) and d a_dst_i.
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
-gat_bwd_dst_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
-                   const T* __restrict__ a_src, const T* __restrict__ x, const T* __restrict__ out,
-                   const float* __restrict__ lse2, const float* __restrict__ dsum_in,
-                   const int* __restrict__ rowptr, const int* __restrict__ col,
-                   const int* __restrict__ items, int chunk, float* __restrict__ da_dst, float* __restrict__ partial,
+gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
+                   const typename S::T* __restrict__ a_src, const typename S::T* __restrict__ x,
+                   const typename S::T* __restrict__ out, const float* __restrict__ lse2,
+                   const float* __restrict__ dsum_in, const int* __restrict__ rowptr,
+                   const int* __restrict__ col, const int* __restrict__ items, int chunk,
+                   float* __restrict__ da_dst, float* __restrict__ partial,
                    float* __restrict__ dsum, int64_t n_units, int H, int C, float slope, float p,
                    uint64_t seed, int n_edges, int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
@@ -115,16 +118,19 @@ struct DstTerms {
 };
 
 // CSC walk over sources: dx_j and d a_src_j.
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
-gat_bwd_src_kernel(const T* __restrict__ dout, const T* __restrict__ a_dst,
-                   const T* __restrict__ a_src, const T* __restrict__ x,
+gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
+                   const typename S::T* __restrict__ a_src, const typename S::T* __restrict__ x,
                    const float* __restrict__ lse2, const float* __restrict__ dsum,
                    const int* __restrict__ colptr, const int* __restrict__ row,
                    const int* __restrict__ perm, const int* __restrict__ items, int chunk,
-                   float* __restrict__ da_src, T* __restrict__ dx, float* __restrict__ partial_a,
-                   float* __restrict__ partial_x, int64_t n_units, int H, int C, float slope,
-                   float p, uint64_t seed, int n_edges, int* __restrict__ counters) {
+                   float* __restrict__ da_src, typename S::T* __restrict__ dx,
+                   float* __restrict__ partial_a, float* __restrict__ partial_x, int64_t n_units,
+                   int H, int C, float slope, float p, uint64_t seed, int n_edges,
+                   int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, colptr, chunk, n_units, H, g)) return;
@@ -223,13 +229,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
   int* counters = backward_split_counters(x.scalar_type(), rw, cw, H).csr;  // both walks
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto T_, auto VEC_, auto G_,
-                                                                  auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     if (n_dst_units > 0) {  // before the source walk: it writes D
-      auto kern = p > 0.f ? gat_bwd_dst_kernel<T, VEC, G, NV, true>
-                          : gat_bwd_dst_kernel<T, VEC, G, NV, false>;
+      auto kern = p > 0.f ? gat_bwd_dst_kernel<S, true>
+                          : gat_bwd_dst_kernel<S, false>;
       kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
           lse2.data_ptr<float>(), dsum_in.defined() ? dsum_in.data_ptr<float>() : nullptr,
@@ -241,8 +247,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     dx = at::empty_like(x);
     da_src = at::empty({N_src, H}, f32);
     if (n_src_units > 0) {
-      auto kern = p > 0.f ? gat_bwd_src_kernel<T, VEC, G, NV, true>
-                          : gat_bwd_src_kernel<T, VEC, G, NV, false>;
+      auto kern = p > 0.f ? gat_bwd_src_kernel<S, true>
+                          : gat_bwd_src_kernel<S, false>;
       kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), lse2.data_ptr<float>(),
           dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),

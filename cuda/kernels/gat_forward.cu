@@ -27,14 +27,17 @@ namespace {
 // G < 32 with NV = 2 is the two-rows-per-warp shape (host code below), held to
 // 3 blocks per SM.
 // MERGE: the variant that merges split rows in the kernel (with_merge_variant).
-template <typename T, int VEC, int G, int NV, bool DROPOUT, bool MERGE = true>
-__global__ void __launch_bounds__(256, (G < 32 && NV == 2) ? 3 : 0)
-gat_fwd_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src, const T* __restrict__ x,
-               const int* __restrict__ rowptr, const int* __restrict__ col,
-               const int* __restrict__ items, int chunk, T* __restrict__ out,
-               float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
-               float* __restrict__ partial_ml, int64_t n_units, int H, int C, float slope,
-               float p, uint64_t seed, int n_edges, int* __restrict__ counters) {
+template <typename S, bool DROPOUT, bool MERGE = true>
+__global__ void __launch_bounds__(256, (S::G < 32 && S::NV == 2) ? 3 : 0)
+gat_fwd_kernel(const typename S::T* __restrict__ a_dst, const typename S::T* __restrict__ a_src,
+               const typename S::T* __restrict__ x, const int* __restrict__ rowptr,
+               const int* __restrict__ col, const int* __restrict__ items, int chunk,
+               typename S::T* __restrict__ out, float* __restrict__ lse2, float* __restrict__ attn,
+               float* __restrict__ partial, float* __restrict__ partial_ml, int64_t n_units, int H,
+               int C, float slope, float p, uint64_t seed, int n_edges,
+               int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   // The GT kernel's edges in flight, although GAT loads one row per edge, not
   // two: twice as many measured 10-20 % slower (registers, fewer resident warps).
   constexpr int U = edges_in_flight<VEC, NV>();
@@ -102,10 +105,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
   auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto T_, auto VEC_, auto G_,
-                                                                    auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
     if (plan.pmf) {  // scores here, softmax + SpMM in fc.finish
       if (E * H == 0) return;
       gat_score_kernel<T><<<ceil_div(E * H, kThreads), kThreads, 0, stream>>>(
@@ -123,12 +125,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           H, C, slope, p, (uint64_t)seed, (int)E, fc.counters);
       check_launch();
     };
-    with_smmf_shape<T, VEC, G, NV>(plan.two_rows, [&](auto g, auto nv, auto) {
-      constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value;
+    with_smmf_shape<S>(plan.two_rows, [&](auto shape2, auto) {
+      using S2 = decltype(shape2);
       with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
         constexpr bool M = decltype(merge)::value;
-        launch(p > 0.f ? gat_fwd_kernel<T, VEC, G_, NV_, true, M>
-                       : gat_fwd_kernel<T, VEC, G_, NV_, false, M>, G_);
+        launch(p > 0.f ? gat_fwd_kernel<S2, true, M> : gat_fwd_kernel<S2, false, M>, S2::G);
       });
     });
   });

@@ -217,15 +217,17 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
 // permutation, one tile ahead, and the steps take them by shuffle). Against
 // recomputing them here (gt_bwd_dkv_recompute): no q.k and dO.v dot products and their
 // group reductions, no lse / D gathers, no dropout mask.
-template <typename T, int VEC, int G, int NV>
+template <typename S>
 __global__ void __launch_bounds__(256)
-gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q,
+gt_bwd_dkv_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ q,
                   const float2* __restrict__ pds, const int* __restrict__ colptr,
                   const int* __restrict__ row, const int* __restrict__ perm,
-                  const int* __restrict__ items, int chunk, T* __restrict__ dk,
-                  T* __restrict__ dv, float* __restrict__ partial_dk,
+                  const int* __restrict__ items, int chunk, typename S::T* __restrict__ dk,
+                  typename S::T* __restrict__ dv, float* __restrict__ partial_dk,
                   float* __restrict__ partial_dv, int64_t n_units, int H, int C, float scale,
                   int n_edges, int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   constexpr int U = edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -283,16 +285,18 @@ gt_bwd_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ q,
   }
 }
 
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
-gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                 const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
+gt_bwd_dq_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ q,
+                 const typename S::T* __restrict__ k, const typename S::T* __restrict__ v,
+                 const typename S::T* __restrict__ out, const float* __restrict__ lse2,
                  const float* __restrict__ dsum, const int* __restrict__ rowptr,
                  const int* __restrict__ col, const int* __restrict__ items, int chunk,
-                 T* __restrict__ dq, float* __restrict__ partial, float2* __restrict__ pds,
-                 int64_t n_units, int H,
-                 int C, float scale, float scale2, float p, uint64_t seed,
-                 int* __restrict__ counters) {
+                 typename S::T* __restrict__ dq, float* __restrict__ partial,
+                 float2* __restrict__ pds, int64_t n_units, int H, int C, float scale, float scale2,
+                 float p, uint64_t seed, int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   gt_bwd_dq<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, dsum, rowptr, col, items, chunk,
                                           dq, partial, pds, n_units, H, C, scale, scale2, p,
                                           seed, counters, blockIdx.x);
@@ -305,21 +309,24 @@ gt_bwd_dq_kernel(const T* __restrict__ dout, const T* __restrict__ q, const T* _
 // less on the host, and the two walks run side by side instead of one after the
 // other. The split rows of the two walks merge with separate counters
 // (counters_kv).
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
-gt_bwd_one_launch_kernel(const T* __restrict__ dout, const T* __restrict__ q,
-                         const T* __restrict__ k, const T* __restrict__ v,
-                         const T* __restrict__ out, const float* __restrict__ lse2,
-                         const float* __restrict__ dsum, const int* __restrict__ rowptr,
-                         const int* __restrict__ col, const int* __restrict__ row_items,
-                         const int* __restrict__ colptr,
+gt_bwd_one_launch_kernel(const typename S::T* __restrict__ dout,
+                         const typename S::T* __restrict__ q, const typename S::T* __restrict__ k,
+                         const typename S::T* __restrict__ v, const typename S::T* __restrict__ out,
+                         const float* __restrict__ lse2, const float* __restrict__ dsum,
+                         const int* __restrict__ rowptr, const int* __restrict__ col,
+                         const int* __restrict__ row_items, const int* __restrict__ colptr,
                          const int* __restrict__ row, const int* __restrict__ perm,
-                         const int* __restrict__ col_items, int chunk, T* __restrict__ dq,
-                         T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ partial_q,
+                         const int* __restrict__ col_items, int chunk,
+                         typename S::T* __restrict__ dq, typename S::T* __restrict__ dk,
+                         typename S::T* __restrict__ dv, float* __restrict__ partial_q,
                          float* __restrict__ partial_k, float* __restrict__ partial_v,
                          int64_t n_dst_units, int64_t n_src_units, int H, int C, float scale,
                          float scale2, float p, uint64_t seed, int* __restrict__ counters,
                          int* __restrict__ counters_kv, unsigned dq_blocks) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   if (blockIdx.x < dq_blocks)
     gt_bwd_dq<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, out, lse2, dsum, rowptr, col, row_items,
                                              chunk, dq, partial_q, nullptr, n_dst_units, H, C,
@@ -383,17 +390,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   const BackwardCounters cnt = backward_split_counters(q.scalar_type(), rw, cw, H, one_launch);
   int *counters = cnt.csr, *counters_kv = cnt.csc;
-  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto T_, auto VEC_, auto G_,
-                                                                 auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_bwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     const int64_t dq_blocks = ceil_div(n_dst_units * G, kThreads);
     const int64_t dkv_blocks = ceil_div(n_src_units * G, kThreads);
     if (one_launch) {
       alloc_dkv();
       if (dq_blocks + dkv_blocks > 0) {
-        auto kern = drop ? gt_bwd_one_launch_kernel<T, VEC, G, NV, true>
-                         : gt_bwd_one_launch_kernel<T, VEC, G, NV, false>;
+        auto kern = drop ? gt_bwd_one_launch_kernel<S, true> : gt_bwd_one_launch_kernel<S, false>;
         kern<<<dq_blocks + dkv_blocks, kThreads, 0, stream>>>(
             cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
             lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
@@ -406,7 +412,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       return;
     }
     if (dq_blocks > 0) {  // before dkv: it writes (P', dS)
-      auto kern = drop ? gt_bwd_dq_kernel<T, VEC, G, NV, true> : gt_bwd_dq_kernel<T, VEC, G, NV, false>;
+      auto kern = drop ? gt_bwd_dq_kernel<S, true> : gt_bwd_dq_kernel<S, false>;
       kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
           lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
@@ -416,7 +422,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     }
     alloc_dkv();
     if (dkv_blocks > 0) {
-      gt_bwd_dkv_kernel<T, VEC, G, NV><<<dkv_blocks, kThreads, 0, stream>>>(
+      gt_bwd_dkv_kernel<S><<<dkv_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), pds, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
           part_k, part_v, n_src_units, H, C, sc, (int)E, counters_kv);

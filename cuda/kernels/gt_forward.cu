@@ -36,16 +36,19 @@ namespace {
 // MERGE: the variant that merges split rows in the kernel (with_merge_variant).
 // EXTRAS: the variant with attention dropout and attention weights
 // (OnlineSoftmax), for calls that ask for either.
-template <typename T, int VEC, int G, int NV, bool EXTRAS, int UF = 0, bool COS = false,
+template <typename S, bool EXTRAS, int UF = 0, bool COS = false,
           bool MERGE = true>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
-gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const int* __restrict__ rowptr, const int* __restrict__ col,
-                   const int* __restrict__ items, int chunk, T* __restrict__ out,
-                   float* __restrict__ lse2, float* __restrict__ attn, float* __restrict__ partial,
+gt_fwd_smmf_kernel(const typename S::T* __restrict__ q, const typename S::T* __restrict__ k,
+                   const typename S::T* __restrict__ v, const int* __restrict__ rowptr,
+                   const int* __restrict__ col, const int* __restrict__ items, int chunk,
+                   typename S::T* __restrict__ out, float* __restrict__ lse2,
+                   float* __restrict__ attn, float* __restrict__ partial,
                    float* __restrict__ partial_ml, int64_t n_units, int H, int C, float scale2,
                    float p, uint64_t seed, const float* __restrict__ rnorm,
                    const float* __restrict__ beta, int* __restrict__ counters) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   constexpr int U = UF ? UF : edges_in_flight<VEC, NV>();
   using P = typename Packed<T, VEC>::type;
   GroupItem g;
@@ -97,11 +100,13 @@ gt_fwd_smmf_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __
 }
 
 // PMF step 1: edge-parallel SDDMM, one group per (edge, head), CSR order.
-template <typename T, int VEC, int G, int NV>
+template <typename S>
 __global__ void __launch_bounds__(256)
-gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __restrict__ csr_row,
-                const int* __restrict__ col, float* __restrict__ score, int64_t n_units, int H, int C,
-                float scale2) {
+gt_sddmm_kernel(const typename S::T* __restrict__ q, const typename S::T* __restrict__ k,
+                const int* __restrict__ csr_row, const int* __restrict__ col,
+                float* __restrict__ score, int64_t n_units, int H, int C, float scale2) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -120,10 +125,11 @@ gt_sddmm_kernel(const T* __restrict__ q, const T* __restrict__ k, const int* __r
 // The SMMF launch of gt_forward_cuda and cosine_forward_cuda: the row shape of
 // with_smmf_shape (host/dispatch.cuh), the EXTRAS variant when p > 0 (never for COS) or
 // the call returns attention weights.
-template <typename T, int VEC, int G, int NV, bool COS>
+template <typename S, bool COS>
 void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const LayoutView& L, ForwardCall& fc, int H, int C, float scale2, float p,
                  int64_t seed, const float* rnorm, const float* beta, bool two_rows) {
+  using T = typename S::T;
   const Work& rw = L.rw;
   const int64_t n_units = rw.items.size(0) * H;
   if (n_units == 0) return;
@@ -136,13 +142,14 @@ void launch_smmf(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         C, scale2, p, (uint64_t)seed, rnorm, beta, fc.counters);
     check_launch();
   };
-  with_smmf_shape<T, VEC, G, NV>(two_rows, [&](auto g, auto nv, auto uf) {
-    constexpr int G_ = decltype(g)::value, NV_ = decltype(nv)::value, UF = decltype(uf)::value;
+  with_smmf_shape<S>(two_rows, [&](auto shape2, auto uf) {
+    using S2 = decltype(shape2);
+    constexpr int UF = decltype(uf)::value;
     with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
       constexpr bool M = decltype(merge)::value;
       const bool extras = p > 0.f || fc.need_attn;
-      launch(extras ? gt_fwd_smmf_kernel<T, VEC, G_, NV_, true, UF, COS, M>
-                    : gt_fwd_smmf_kernel<T, VEC, G_, NV_, false, UF, COS, M>, G_);
+      launch(extras ? gt_fwd_smmf_kernel<S2, true, UF, COS, M>
+                    : gt_fwd_smmf_kernel<S2, false, UF, COS, M>, S2::G);
     });
   });
 }
@@ -168,21 +175,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
       gt_forward_mma(q, k, v, L, fc.out, fc.lse2, scale);
     return {fc.out, fc.lse2, fc.attn};
   }
-  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto T_, auto VEC_, auto G_,
-                                                                 auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(q.scalar_type(), C, aligned, "dfgnn::gt_fwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     if (plan.pmf) {
       const int64_t n_edge_units = E * H;
       if (n_edge_units == 0) return;
-      gt_sddmm_kernel<T, VEC, G, NV><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
+      gt_sddmm_kernel<S><<<ceil_div(n_edge_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(q), cptr<T>(k), L.csr_row.data_ptr<int>(), L.col.data_ptr<int>(),
           fc.score(), n_edge_units, H, C, scale2);
       check_launch();
       return;
     }
-    launch_smmf<T, VEC, G, NV, false>(q, k, v, L, fc, (int)H, (int)C, scale2, p, seed, nullptr,
-                                      nullptr, plan.two_rows);
+    launch_smmf<S, false>(q, k, v, L, fc, (int)H, (int)C, scale2, p, seed, nullptr, nullptr,
+                          plan.two_rows);
   });
   fc.finish(v, L, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
@@ -195,13 +202,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
   auto rnorm = l2norm_rnorm_cuda(x, eps);
   ForwardCall fc(x, N, L, false, need_attn);
   const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::cos_fwd", [&](auto T_, auto VEC_, auto G_,
-                                                                  auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::cos_fwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
     if constexpr (std::is_same_v<T, float>)  // bindings.cpp admits fp32 only
-      launch_smmf<T, VEC, G, NV, true>(x, x, x, L, fc, (int)H, (int)C, 0.f, 0.f, 0,
-                                       rnorm.data_ptr<float>(), beta.data_ptr<float>(), two_rows);
+      launch_smmf<S, true>(x, x, x, L, fc, (int)H, (int)C, 0.f, 0.f, 0, rnorm.data_ptr<float>(),
+                           beta.data_ptr<float>(), two_rows);
   });
   fc.finish(x, L, 0.0, 0);
   return {fc.out, fc.lse2, fc.attn, rnorm};

@@ -15,11 +15,13 @@
 namespace dfgnn {
 namespace {
 
-template <typename T, int VEC, int G, int NV>
+template <typename S>
 __global__ void __launch_bounds__(256)
-l2norm_fwd_kernel(const T* __restrict__ x, const float* __restrict__ beta, T* __restrict__ k,
-                  T* __restrict__ q, float* __restrict__ rnorm, int64_t n_units, int C,
-                  float eps) {
+l2norm_fwd_kernel(const typename S::T* __restrict__ x, const float* __restrict__ beta,
+                  typename S::T* __restrict__ k, typename S::T* __restrict__ q,
+                  float* __restrict__ rnorm, int64_t n_units, int C, float eps) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;  // (node, head)
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -39,11 +41,14 @@ l2norm_fwd_kernel(const T* __restrict__ x, const float* __restrict__ beta, T* __
 
 // dk_hat = dk + beta dq;  dx = r (dk_hat - k (k . dk_hat)), or r dk_hat if clamped;
 // dbeta_part[unit] = dq . k (summed over units by the caller, fixed order).
-template <typename T, int VEC, int G, int NV>
+template <typename S>
 __global__ void __launch_bounds__(256)
-l2norm_bwd_kernel(const T* __restrict__ dk, const T* __restrict__ dq, const T* __restrict__ k,
-                  const float* __restrict__ rnorm, const float* __restrict__ beta,
-                  T* __restrict__ dx, float* __restrict__ dbeta_part, int64_t n_units, int C) {
+l2norm_bwd_kernel(const typename S::T* __restrict__ dk, const typename S::T* __restrict__ dq,
+                  const typename S::T* __restrict__ k, const float* __restrict__ rnorm,
+                  const float* __restrict__ beta, typename S::T* __restrict__ dx,
+                  float* __restrict__ dbeta_part, int64_t n_units, int C) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return;
   const int gl = threadIdx.x & (G - 1);
@@ -85,11 +90,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
   const bool aligned = is_aligned16(x) && (!with_kq || (is_aligned16(k) && is_aligned16(q)));
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, aligned, op, [&](auto T_, auto VEC_, auto G_, auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(x.scalar_type(), C, aligned, op, [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     if (n_units == 0) return;
-    l2norm_fwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+    l2norm_fwd_kernel<S><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), beta, with_kq ? mptr<T>(k) : nullptr, with_kq ? mptr<T>(q) : nullptr,
         rnorm.data_ptr<float>(), n_units, C, (float)eps);
     check_launch();
@@ -119,12 +125,12 @@ std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, co
   const bool aligned = is_aligned16(k) && is_aligned16(dk) && is_aligned16(dq) && is_aligned16(dx);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(k.scalar_type(), C, aligned, "dfgnn::l2norm_bwd", [&](auto T_, auto VEC_,
-                                                                       auto G_, auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(k.scalar_type(), C, aligned, "dfgnn::l2norm_bwd", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     if (n_units == 0) return;
-    l2norm_bwd_kernel<T, VEC, G, NV><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+    l2norm_bwd_kernel<S><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(dk), cptr<T>(dq), cptr<T>(k), rnorm.data_ptr<float>(), beta.data_ptr<float>(),
         mptr<T>(dx), dbeta_part.data_ptr<float>(), n_units, C);
     check_launch();

@@ -22,14 +22,15 @@ namespace {
 // Row statistics are taken over the whole row (redundancy-free: lanes are
 // spread over edges, not features); the item's partial sum goes to `out` when
 // the row is a single item (slot < 0), else to `partial[slot]`.
-template <typename T, int VEC, int G, int NV, bool DROPOUT>
+template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
-softmax_spmm_kernel(const T* __restrict__ x, const float* __restrict__ score,
-                       const int* __restrict__ rowptr, const int* __restrict__ col,
-                       const int* __restrict__ items, int chunk, T* __restrict__ out,
-                       float* __restrict__ partial, float* __restrict__ lse2,
-                       float* __restrict__ attn, int64_t n_units, int H, int C, float p,
-                       uint64_t seed, int n_edges) {
+softmax_spmm_kernel(const typename S::T* __restrict__ x, const float* __restrict__ score,
+                    const int* __restrict__ rowptr, const int* __restrict__ col,
+                    const int* __restrict__ items, int chunk, typename S::T* __restrict__ out,
+                    float* __restrict__ partial, float* __restrict__ lse2, float* __restrict__ attn,
+                    int64_t n_units, int H, int C, float p, uint64_t seed, int n_edges) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   constexpr int U = edges_in_flight<VEC, NV>();
   GroupItem g;
   if (!group_item<G>(items, rowptr, chunk, n_units, H, g)) return;
@@ -92,15 +93,15 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const
   const bool aligned = is_aligned16(x) && is_aligned16(out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn (softmax + SpMM)", [&](auto T_, auto VEC_,
-                                                                           auto G_, auto NV_) {
-    using T = typename decltype(T_)::type;
-    constexpr int VEC = decltype(VEC_)::value, G = decltype(G_)::value, NV = decltype(NV_)::value;
+  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn (softmax + SpMM)", [&](auto shape) {
+    using S = decltype(shape);
+    using T = typename S::T;
+    constexpr int G = S::G;
     if (n_units == 0) return;
     // Every row owns at least one item (an empty row's item writes zeros and
     // lse = -inf); rows longer than `chunk` own several, summed by combine.
-    auto kern = p > 0.f ? softmax_spmm_kernel<T, VEC, G, NV, true>
-                        : softmax_spmm_kernel<T, VEC, G, NV, false>;
+    auto kern = p > 0.f ? softmax_spmm_kernel<S, true>
+                        : softmax_spmm_kernel<S, false>;
     kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), score, rowptr.data_ptr<int>(), col.data_ptr<int>(),
         rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(out), partial,
