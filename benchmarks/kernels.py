@@ -60,8 +60,8 @@ from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 
 DEV = "cuda"
-#: fwd+bwd steps accumulate into the leaves' ``.grad`` (the tables before v11) instead
-#: of starting from ``None``; ``--accumulate-grads``.
+#: fwd+bwd steps accumulate into the leaves' ``.grad`` instead of starting from
+#: ``None`` (as after ``optimizer.zero_grad()``); ``--accumulate-grads``.
 ACCUMULATE_GRADS = False
 
 

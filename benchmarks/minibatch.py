@@ -13,6 +13,12 @@ count, fan-out and dtype (fp32, bf16 autocast) it reports the median over steps
   the same model; the layout is built in the step, from a fresh ``edge_index``
   every step) and ``fused_compile``; with peak memory per variant.
 
+``--profile`` adds, per variant, the GPU time of a few more steps by kernel
+category (:func:`kernel_categories`: GEMMs, the fused attention and layout
+kernels, compiler-generated kernels, gathers and scatters, the optimizer, other
+elementwise) next to the step's wall time, so a row says whether attention,
+the dense layers or the host bound the step.
+
 Batches are sampled first, moved to the device, then each variant runs over
 them; a compiler failure is recorded in the results, not raised.
 
@@ -35,7 +41,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +61,7 @@ FEATURES = 128
 def load_dataset(name: str, root: Optional[str] = None) -> Data:
     """``"arxiv"`` (ogbn-arxiv, undirected) or ``"github"`` (MUSAE GitHub)."""
     from benchmarks.datasets import musae_github, ogbn_arxiv
-    data = ogbn_arxiv(root) if name == "arxiv" else musae_github()
+    data = ogbn_arxiv(root) if name == "arxiv" else musae_github(root)
     data.name = name
     return data
 
@@ -227,8 +233,48 @@ def time_layout(batches: List[dict], loops: bool, warmup: int, device) -> float:
     return statistics.median(times)
 
 
+#: Kernel categories of :func:`kernel_categories`, first match wins (lower-case
+#: substrings of the kernel name).
+CATEGORIES = (
+    ("attention", ("dfgnn", "gt_fwd", "gt_bwd", "gat_fwd", "gat_bwd", "softmax_spmm", "l2norm",
+                   "layout", "split_merge", "csr_rowptr")),
+    ("gemm", ("gemm", "cutlass", "xmma", "cublas", "gemv", "sm90_", "splitk")),
+    ("compiled", ("triton",)),
+    ("gather_scatter", ("scatter", "gather", "index", "segment", "radix", "sort")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+)
+
+
+def kernel_category(name: str) -> str:
+    """The :data:`CATEGORIES` entry of a kernel name, else ``"other"``."""
+    low = name.lower()
+    return next((cat for cat, keys in CATEGORIES if any(k in low for k in keys)), "other")
+
+
+def kernel_categories(step: Callable[[int], object], steps: Sequence[int]) -> dict:
+    """GPU milliseconds per step by kernel category over ``steps`` (torch.profiler),
+    with the heaviest kernels by name."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in steps:
+            step(i)
+        torch.cuda.synchronize()
+    cats = {name: 0.0 for name, _ in CATEGORIES}
+    cats["other"] = 0.0
+    kernels = {}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if us <= 0 or e.key.startswith("ProfilerStep"):
+            continue
+        cats[kernel_category(e.key)] += us / 1e3 / len(steps)
+        kernels[e.key[:120]] = us / 1e3 / len(steps)
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    return {"gpu_ms": sum(cats.values()), "by_category_ms": cats, "top_kernels_ms": dict(top)}
+
+
 def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype: str,
-                warmup: int, device: torch.device) -> dict:
+                warmup: int, device: torch.device, profile_steps: int = 0) -> dict:
     model = copy.deepcopy(base).to(device)
     fused = variant.startswith("fused")
     if fused:
@@ -247,29 +293,39 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    def step(i: int, ei: Optional[Tensor] = None) -> Tensor:
+        b = batches[i]
+        ei = b["edge_index"].clone() if ei is None else ei
+        if fused and variant.endswith("compile"):
+            for lp in loops:  # built eagerly: a compiled region reads the cached layout
+                get_layout(ei, (b["n"], b["n"]), add_self_loops=lp)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            out = step_model(b["x"], ei)[:b["batch_size"]]
+            loss = F.cross_entropy(out.float(), b["y"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
     times = []
-    for i, (b, ei) in enumerate(zip(batches, graphs)):
+    for i, ei in enumerate(graphs):
         with Timer(device) as t:
-            if fused and variant.endswith("compile"):
-                for lp in loops:  # built eagerly: a compiled region reads the cached layout
-                    get_layout(ei, (b["n"], b["n"]), add_self_loops=lp)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
-                out = step_model(b["x"], ei)[:b["batch_size"]]
-                loss = F.cross_entropy(out.float(), b["y"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss = step(i, ei)
         if i >= warmup:
             times.append(t.elapsed())
     res = {"step_ms": statistics.median(times), "loss": float(loss)}
     if device.type == "cuda":
         res["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        if profile_steps:
+            # Batches past the warm-up again, each with a fresh edge_index.
+            res["profile"] = kernel_categories(
+                step, [warmup + i % max(1, len(batches) - warmup) for i in range(profile_steps)])
     return res
 
 
 def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequence[int],
                dtype: str, variants: Sequence[str], steps: int, warmup: int,
-               device: torch.device) -> dict:
+               device: torch.device, profile_steps: int = 0) -> dict:
     num_classes = int(data.y.max()) + 1
     raw, t_sample, sampler = sample_batches(data, num_seeds, fanouts, steps + warmup)
     batches = [{"x": emb[b.n_id.to(emb.device)], "edge_index": b.edge_index.to(device),
@@ -285,7 +341,8 @@ def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequ
                         for lp in loop_variants(base)}
     for v in variants:
         try:
-            row["variants"][v] = run_variant(v, base, batches, dtype, warmup, device)
+            row["variants"][v] = run_variant(v, base, batches, dtype, warmup, device,
+                                             profile_steps)
         except Exception as e:  # a compiler failure is a result, not a crash
             row["variants"][v] = {"error": f"{type(e).__name__}: {str(e)[:300]}",
                                   "trace": traceback.format_exc(limit=3)[-800:]}
@@ -369,6 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true",
                    help="arxiv, GAT and GT, 1024 seeds, [25, 10], fp32, 10 steps")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="profile STEPS more steps per variant: GPU time by kernel category")
     p.add_argument("--out", default=None, help="JSON results (default: a new temporary file)")
     p.add_argument("--plot", default=None, help="PNG speed-up plot (default: next to --out)")
     a = p.parse_args(argv)
@@ -392,7 +451,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                 for fan in a.fanouts.split(";"):
                     for dtype in a.dtypes.split(","):
                         row = run_config(data, emb, kind, seeds, _ints(fan), dtype,
-                                         a.variants.split(","), a.steps, a.warmup, device)
+                                         a.variants.split(","), a.steps, a.warmup, device,
+                                         a.profile)
                         rows.append(row)
                         print(markdown([row]).splitlines()[-1], flush=True)
                         # After every row: a run cut short keeps what it measured.

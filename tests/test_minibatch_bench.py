@@ -1,0 +1,53 @@
+"""benchmarks.minibatch on CPU: the table and JSON of a tiny grid, and the kernel
+categories of ``--profile``."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import minibatch
+
+
+@pytest.mark.parametrize("name, category", [
+    ("void dfgnn::gt_fwd_smmf<dfgnn::RowShape<float, 4, 32, 1>>(...)", "attention"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", "gemm"),
+    ("ampere_sgemm_128x64_nn", "gemm"),
+    ("triton_poi_fused_add_elu_0", "compiled"),
+    ("void at::native::_scatter_gather_elementwise_kernel<128, 4>(...)", "gather_scatter"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...Adam...>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::elu_kernel>", "other"),
+])
+def test_kernel_category(name, category):
+    assert minibatch.kernel_category(name) == category
+
+
+def test_tiny_grid_writes_rows(tmp_path):
+    """Two variants on a small graph in ogbn-arxiv's files: a row per
+    configuration with a step time, a speed-up and the layout build."""
+    n = 400
+    g = torch.Generator().manual_seed(0)
+    folder = tmp_path / "ogbn-arxiv"
+    folder.mkdir()
+    src = torch.randint(0, n, (3000,), generator=g)
+    dst = torch.randint(0, n, (3000,), generator=g)
+    np.savez(folder / "edges.npz", edge_index=torch.stack([src, dst]).int().numpy())
+    np.save(folder / "labels.npy", torch.randint(0, 5, (n,), generator=g).numpy())
+    np.save(folder / "split.npy", torch.randint(0, 3, (n,), generator=g).numpy())
+    out = tmp_path / "mb.json"
+    rows = minibatch.main(["--datasets", "arxiv", "--models", "gat", "--seeds", "16",
+                           "--fanouts", "4,3", "--dtypes", "fp32", "--variants", "native,fused",
+                           "--steps", "2", "--warmup", "1", "--data", str(tmp_path),
+                           "--device", "cpu", "--out", str(out), "--profile", "2"])
+    saved = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(saved) == 1
+    row = saved[0]
+    assert row["edges"] > 0 and row["layout_ms"]
+    for v in ("native", "fused"):
+        r = row["variants"][v]
+        assert "error" not in r, r
+        assert r["step_ms"] > 0 and np.isfinite(r["loss"])
+        assert "profile" not in r  # a CPU run has no GPU kernels to categorise
+    assert row["variants"]["fused"]["speedup"] > 0
