@@ -47,7 +47,7 @@ model; its conversions and the D product are unmodelled kernels.
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension;
 graphs from ``--data``, by default ``$PYG_DFGNN_DATA``, else ``.devdata/``, else
-``../shared/data``)::
+``shared/data`` or ``../shared/data``)::
 
     python -m benchmarks.profile_backward --out DIR [--ncu] [--graphs GitHub,...]
 
@@ -453,10 +453,10 @@ def run_ncu(args, out_dir: Path, phases_by_model: dict) -> dict:
 # ------------------------------------------------------------------- graphs
 def default_data() -> str | None:
     """``$PYG_DFGNN_DATA``, else ``.devdata`` (the device runs' copy), else
-    ``../shared/data``, else ``None``."""
+    ``shared/data`` or ``../shared/data``, else ``None``."""
     if os.environ.get("PYG_DFGNN_DATA"):
         return os.environ["PYG_DFGNN_DATA"]
-    for cand in (".devdata", "../shared/data"):
+    for cand in (".devdata", "shared/data", "../shared/data"):
         if os.path.isdir(cand):
             return os.path.abspath(cand)
     return None
@@ -696,7 +696,7 @@ def parse_args(argv=None):
                          "gat:float32)")
     ap.add_argument("--data", default=None,
                     help="data folder (default: $PYG_DFGNN_DATA, else .devdata/, else "
-                         "../shared/data)")
+                         "shared/data or ../shared/data)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true",
                     help="a 300-node generated graph in place of each graph (a check of "
