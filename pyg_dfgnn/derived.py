@@ -32,9 +32,12 @@ class TilePlan(NamedTuple):
     median_cells: float
 
 
-#: Key of :attr:`Derived.work`: ``(kind, chunk, long_first)``, ``kind`` ``"row"``
-#: (the CSR, by destination) or ``"col"`` (the CSC, by source).
-WorkKey = Tuple[str, int, bool]
+#: Key of :attr:`Derived.work`: ``(kind, chunk, long_first, order)``, ``kind``
+#: ``"row"`` (the CSR, by destination) or ``"col"`` (the CSC, by source), ``order``
+#: one of :data:`pyg_dfgnn.node_order.ITEM_ORDERS`.
+WorkKey = Tuple[str, int, bool, str]
+#: Key of :attr:`Derived.node_rank`: ``(order, kind)``.
+RankKey = Tuple[str, str]
 
 
 class Derived:
@@ -42,16 +45,19 @@ class Derived:
 
     Attributes:
         work (dict): :class:`~pyg_dfgnn.work_items.Work` per :data:`WorkKey`.
+        node_rank (dict): int64 node ranks of the work-item orders
+            (:mod:`pyg_dfgnn.node_order`) per :data:`RankKey`.
         tile_plan (TilePlan, optional): the dense-tile plan once built.
         max_out_degree (int, optional): largest out-degree once computed.
         plans (dict): kernel plans (:class:`pyg_dfgnn.ops.plan.Plan`) by their key.
         calls (dict): the fused ops' prepared layout arguments by their key
             (tuples of this layout's tensors; rebuilt rather than moved).
     """
-    __slots__ = ("work", "tile_plan", "max_out_degree", "plans", "calls")
+    __slots__ = ("work", "node_rank", "tile_plan", "max_out_degree", "plans", "calls")
 
     def __init__(self):
         self.work: Dict[WorkKey, Work] = {}
+        self.node_rank: Dict[RankKey, Tensor] = {}
         self.tile_plan: Optional[TilePlan] = None
         self.max_out_degree: Optional[int] = None
         self.plans: Dict[Hashable, object] = {}
@@ -64,6 +70,7 @@ class Derived:
         new = Derived()
         new.work = {key: Work(w.items.to(device), w.combine.to(device), w.num_slots)
                     for key, w in self.work.items()}
+        new.node_rank = {key: r.to(device) for key, r in self.node_rank.items()}
         if self.tile_plan is not None:
             tp = self.tile_plan
             new.tile_plan = tp._replace(tiles=None if tp.tiles is None else tp.tiles.to(device))
@@ -75,5 +82,6 @@ class Derived:
         for w in self.work.values():
             yield w.items
             yield w.combine
+        yield from self.node_rank.values()
         if self.tile_plan is not None and self.tile_plan.tiles is not None:
             yield self.tile_plan.tiles

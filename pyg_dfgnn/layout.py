@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from .derived import Derived
-from .work_items import Work, chunk_for, split_work, work_items, work_stats
+from .node_order import ITEM_ORDERS, degree_rank, rcm_rank
+from .work_items import Work, chunk_for, order_items, split_work, work_items, work_stats
 
 
 #: Number of GraphLayout builds (:meth:`~GraphLayout.narrow` included) in this
@@ -206,23 +207,58 @@ class GraphLayout:
             self.work("col", chunk)
         return self
 
-    def work(self, kind: str, chunk: int, long_first: bool = True) -> Work:
+    def work(self, kind: str, chunk: int, long_first: bool = True, order: str = "row") -> Work:
         r"""Work items of the CSR (``kind="row"``, by destination) or the CSC
         (``"col"``, by source, for dK / dV) at ``chunk`` edges per item
-        (:func:`~pyg_dfgnn.work_items.split_work`), built on first use and kept
-        in :attr:`derived`.
+        (:func:`~pyg_dfgnn.work_items.split_work`), scheduled in ``order``
+        (:data:`~pyg_dfgnn.node_order.ITEM_ORDERS`; other than ``"row"``: the
+        ``"row"`` items permuted by :func:`~pyg_dfgnn.work_items.order_items`
+        with :meth:`node_rank`), built on first use and kept in :attr:`derived`.
 
         Raises:
-            ValueError: ``kind`` is neither ``"row"`` nor ``"col"``.
+            ValueError: ``kind`` is neither ``"row"`` nor ``"col"``, or an
+                unknown ``order``.
         """
-        key = (kind, chunk, long_first)
+        key = (kind, chunk, long_first, order)
         w = self.derived.work.get(key)
         if w is None:
             if kind not in ("row", "col"):
                 raise ValueError(f"kind must be 'row' or 'col', got {kind!r}")
+            if order not in ITEM_ORDERS:
+                raise ValueError(f"order must be one of {ITEM_ORDERS}, got {order!r}")
             ptr = self.rowptr if kind == "row" else self.colptr
-            w = self.derived.work[key] = split_work(ptr, chunk, long_first)
+            if order == "row":
+                w = split_work(ptr, chunk, long_first)
+            else:
+                w = order_items(self.work(kind, chunk, long_first), ptr,
+                                self.node_rank(order, kind), chunk, long_first)
+            self.derived.work[key] = w
         return w
+
+    def node_rank(self, order: str, kind: str) -> Tensor:
+        r"""int64 ``[N]`` rank of each destination (``kind="row"``) or source
+        (``"col"``) node in ``order`` (``"rcm"`` or ``"degree"``,
+        :mod:`pyg_dfgnn.node_order`), computed once and kept in :attr:`derived`.
+        ``"rcm"`` runs on the host (one copy of the CSR there).
+
+        Raises:
+            ValueError: an unknown ``order`` or ``kind``.
+        """
+        ranks = self.derived.node_rank
+        key = (order, kind)
+        r = ranks.get(key)
+        if r is not None:
+            return r
+        if kind not in ("row", "col"):
+            raise ValueError(f"kind must be 'row' or 'col', got {kind!r}")
+        if order == "rcm":
+            ranks[("rcm", "row")], ranks[("rcm", "col")] = rcm_rank(
+                self.rowptr, self.col, self.num_src, self.num_dst)
+        elif order == "degree":
+            ranks[key] = degree_rank(self.rowptr if kind == "row" else self.colptr)
+        else:
+            raise ValueError(f"order must be 'rcm' or 'degree', got {order!r}")
+        return ranks[key]
 
     @property
     def device(self) -> torch.device:
@@ -471,16 +507,16 @@ def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chun
     same_chunk = chunk_for(layout.num_edges) == chunk
     work = layout.derived.work
     if same_chunk:
-        work[("row", chunk, True)] = work_items(layout.rowptr, extra[:nd], nd + ex_in, sp_in,
-                                                chunk)
+        work[("row", chunk, True, "row")] = work_items(layout.rowptr, extra[:nd], nd + ex_in,
+                                                       sp_in, chunk)
     if with_csc:
         col = layout.col
         colptr = torch.zeros(ns + 1, dtype=col.dtype, device=col.device)
         torch.cumsum(dout, 0, dtype=col.dtype, out=colptr[1:])
         layout._csc = _csc(col, layout.csr_row, colptr)
         if same_chunk:
-            work[("col", chunk, True)] = work_items(colptr, extra[nd:], ns + ex_all - ex_in,
-                                                    sp_all - sp_in, chunk)
+            work[("col", chunk, True, "row")] = work_items(
+                colptr, extra[nd:], ns + ex_all - ex_in, sp_all - sp_in, chunk)
     if not same_chunk:  # removed self-loops moved E across the chunk threshold
         layout.prepare(with_csc)
     return layout

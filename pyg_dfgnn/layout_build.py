@@ -93,9 +93,9 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         layout._csc = (colptr, row, perm)
     if not default or chunk_for(info[_NUM_EDGES]) == chunk:
         work = layout.derived.work
-        work[("row", chunk, long_first)] = Work(row_items, row_combine, info[_ROW_SLOTS])
+        work[("row", chunk, long_first, "row")] = Work(row_items, row_combine, info[_ROW_SLOTS])
         if with_csc:
-            work[("col", chunk, long_first)] = Work(col_items, col_combine, info[_COL_SLOTS])
+            work[("col", chunk, long_first, "row")] = Work(col_items, col_combine, info[_COL_SLOTS])
     else:  # removed self-loops moved E across the chunk threshold (as _finish does)
         layout.prepare(with_csc)
     return layout

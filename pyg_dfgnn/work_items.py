@@ -10,7 +10,8 @@ This module sits below :mod:`pyg_dfgnn.layout`: the layout build computes the
 items with its single host synchronisation (:func:`work_stats`, :func:`work_items`).
 Which chunk and item order a call uses is the kernel plan's decision
 (:mod:`pyg_dfgnn.ops.plan`); :func:`chunk_for` is its default chunk, here because
-the layout build needs it.
+the layout build needs it. :func:`order_items` schedules the items in a node order
+(:mod:`pyg_dfgnn.node_order`).
 """
 from __future__ import annotations
 
@@ -128,3 +129,34 @@ def split_work(ptr: Tensor, chunk: int, long_first: bool = True) -> Work:
     extra = work_stats(ptr[1:] - ptr[:-1], chunk)
     total, num_split = torch.stack([extra.long().sum(), (extra > 0).sum()]).tolist()
     return work_items(ptr, extra, extra.numel() + total, num_split, chunk, long_first)
+
+
+def order_items(work: Work, ptr: Tensor, rank: Tensor, chunk: int, long_first: bool = True) -> Work:
+    r"""``work`` with its items scheduled by the rank of their row
+    (:mod:`pyg_dfgnn.node_order`): a permutation of the item rows, on the device.
+
+    Items run in increasing ``rank[row]``, a row's items in edge order; with
+    ``long_first`` on a pointer with split rows, longest first as in
+    :func:`work_items`, then by rank. Each item keeps its row, first edge and
+    slot, and ``combine`` is unchanged, so a split row's partials still merge in
+    slot order: the kernels' results do not depend on the order. The result
+    depends only on the items, not on their order in ``work`` (the GPU layout
+    build and :func:`work_items` give the same).
+
+    Args:
+        work (Work): items over ``ptr`` at ``chunk`` edges per item.
+        ptr (Tensor): ``[N + 1]`` row pointer of the items.
+        rank (Tensor): ``[N]`` integer rank of each row.
+        chunk (int): edges per item.
+        long_first (bool): as in :func:`work_items`.
+    """
+    items = work.items
+    row = items[:, 0].long()
+    start = items[:, 1]
+    # Stable sorts from the least significant key: (length, rank, first edge).
+    perm = torch.sort(start, stable=True).indices
+    perm = perm[torch.sort(rank[row[perm]], stable=True).indices]
+    if long_first and work.num_slots > 0:
+        n_edges = (ptr[1:][row[perm]] - start[perm]).clamp_(max=chunk)
+        perm = perm[torch.sort(n_edges, descending=True, stable=True).indices]
+    return Work(items[perm].contiguous(), work.combine, work.num_slots)

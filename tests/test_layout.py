@@ -362,7 +362,7 @@ def test_build_matches_the_definition(loops, order, ns, nd, hub, dtype):
     assert lay.self_loops == loops
     chunk = chunk_for(lay.num_edges)
     for kind, ptr in (("row", ref["rowptr"]), ("col", ref["colptr"])):
-        cached = lay.derived.work[(kind, chunk, True)]  # built with the layout
+        cached = lay.derived.work[(kind, chunk, True, "row")]  # built with the layout
         expect = _reference_split_work(ptr, chunk)
         for got, want in zip(cached, expect):
             assert (torch.equal(got, want) and got.dtype == want.dtype
@@ -370,7 +370,7 @@ def test_build_matches_the_definition(loops, order, ns, nd, hub, dtype):
         assert all(torch.equal(a, b) if isinstance(a, Tensor) else a == b
                    for a, b in zip(split_work(ptr, chunk), expect)), kind
     if hub:
-        assert lay.derived.work[("row", chunk, True)][1].size(0) > 0
+        assert lay.derived.work[("row", chunk, True, "row")][1].size(0) > 0
 
 
 def test_build_without_csc_builds_it_on_use():
@@ -458,7 +458,7 @@ def test_cuda_build_matches_the_definition(loops, grouped, hub):
         assert torch.equal(getattr(lay, name).cpu().long(), ref[name]), name
     chunk = chunk_for(lay.num_edges)
     for kind, ptr in (("row", ref["rowptr"]), ("col", ref["colptr"])):
-        got = lay.derived.work[(kind, chunk, True)]
+        got = lay.derived.work[(kind, chunk, True, "row")]
         want = _reference_split_work(ptr, chunk)
         assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
         assert got[2] == want[2]

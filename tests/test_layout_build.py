@@ -187,7 +187,7 @@ def test_split_rows(chunk, long_first, loops, grouped):
                     torch.stack([torch.randint(0, n, (129,)), torch.full((129,), 2050)])], 1)
     ei = _grouped(ei) if grouped else ei[:, torch.randperm(ei.size(1))]
     lay = check(ei, n, n, loops, chunk=chunk, long_first=long_first)
-    assert lay.derived.work[("row", chunk, long_first)].combine.size(0) > 0  # split rows
+    assert lay.derived.work[("row", chunk, long_first, "row")].combine.size(0) > 0  # split rows
 
 
 @pytest.mark.cuda
@@ -198,7 +198,7 @@ def test_large_batch_with_chunk_128(loops):
     ei = _grouped(random_graph(n, num_edges=300000, num_self_loops=100))
     ei = torch.cat([ei, torch.stack([torch.randint(0, n, (2000,)), torch.full((2000,), n - 1)])], 1)
     lay = check(ei, n, n, loops)
-    assert ("row", 128, True) in lay.derived.work
+    assert ("row", 128, True, "row") in lay.derived.work
 
 
 @pytest.mark.cuda
@@ -212,7 +212,7 @@ def test_removed_loops_cross_the_chunk_threshold():
     ei[:, :300] = torch.stack([idx, idx])
     ei[0, 300:] = torch.where(ei[0, 300:] == ei[1, 300:], (ei[1, 300:] + 1) % n, ei[0, 300:])
     lay = check(ei, n, n, True)
-    assert ("row", SMALL_GRAPH_CHUNK, True) in lay.derived.work
+    assert ("row", SMALL_GRAPH_CHUNK, True, "row") in lay.derived.work
 
 
 @pytest.mark.cuda

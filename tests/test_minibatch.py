@@ -388,8 +388,8 @@ def _same_layout(a: GraphLayout, b: GraphLayout):
         assert torch.equal(x, y) and x.dtype == y.dtype and x.is_contiguous(), name
     chunk = chunk_for(b.num_edges)
     for kind in ("row", "col"):
-        wa = a.derived.work[(kind, chunk, True)]
-        wb = b.derived.work[(kind, chunk, True)]
+        wa = a.derived.work[(kind, chunk, True, "row")]
+        wb = b.derived.work[(kind, chunk, True, "row")]
         assert torch.equal(wa[0], wb[0]) and torch.equal(wa[1], wb[1]) and wa[2] == wb[2], kind
 
 

@@ -62,14 +62,14 @@ def prepared(layout, dtype: torch.dtype, head_size: int, score: str, strategy: s
 
 
 def _prepare(layout, plan: _plan.Plan, need_grad: bool) -> Prepared:
-    chunk, first = plan.chunk, plan.long_items_first
-    rw = layout.work("row", chunk, first)
+    chunk, first, order = plan.chunk, plan.long_items_first, plan.item_order
+    rw = layout.work("row", chunk, first, order)
     tp = tile_plan(layout) if plan.dense_cells > 0 else None
     csr = (layout.rowptr, layout.col, rw.items, rw.combine,
            layout.csr_row if plan.pmf else None, tp)
     csc, col_slots = None, 0
     if need_grad:
-        cw = layout.work("col", chunk, first)
+        cw = layout.work("col", chunk, first, order)
         csc, col_slots = (layout.colptr, layout.row, layout.perm, cw.items, cw.combine), \
             cw.num_slots
     flags = (int(plan.pmf), int(plan.two_rows), int(plan.mma), int(plan.bwd_one_launch))

@@ -34,6 +34,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
+from ..node_order import ITEM_ORDERS
 from ..work_items import chunk_for
 from .tiles import layout_tiles
 
@@ -76,6 +77,7 @@ _FIELDS = {
     "rule": "'measured' (SMMF for every score) or 'paper' (paper §4.2)",
     "chunk": "a positive int (edges per work item)",
     "long_items_first": "a bool (split-row graphs' items longest first)",
+    "item_order": f"one of {ITEM_ORDERS} (the node order the work items run in)",
     "two_rows": "a bool (two rows per warp in the fp32 SMMF forward)",
     "mma": "a bool (the fp16 / bf16 tensor-core GT forward)",
     "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
@@ -96,6 +98,8 @@ def _valid(name: str, value) -> bool:
             isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
     if name == "bwd_launches":
         return value in (1, 2) and not isinstance(value, bool)
+    if name == "item_order":
+        return value in ITEM_ORDERS
     return isinstance(value, bool)
 
 
@@ -116,6 +120,11 @@ def override(**fields) -> Iterator[None]:
         chunk (int): edges per work item.
         long_items_first (bool): order the work items of graphs with split rows
             longest first (default) or by row.
+        item_order (str): the node order the work items run in (within the
+            length order where ``long_items_first`` applies): ``"row"``
+            (default, node ids), ``"rcm"`` (reverse Cuthill-McKee) or
+            ``"degree"`` (:mod:`pyg_dfgnn.node_order`); results are bitwise the
+            same for every order.
         two_rows (bool): two rows per warp in the fp32 SMMF forward (where the
             head shape has that variant).
         mma (bool): the fp16 / bf16 tensor-core GT forward.
@@ -249,6 +258,8 @@ class Plan:
             (edge-parallel scores, then softmax + SpMM).
         chunk (int): edges per work item.
         long_items_first (bool): work items of split rows ordered longest first.
+        item_order (str): node order of the work items of both walks
+            (:data:`~pyg_dfgnn.node_order.ITEM_ORDERS`).
         two_rows (bool): two rows per warp in the SMMF forward (fp32 head shapes
             with that variant; needs SMMF and no split rows).
         mma (bool): the tensor-core GT forward (fp16 / bf16, ``C`` in
@@ -261,6 +272,7 @@ class Plan:
     method: str
     chunk: int
     long_items_first: bool
+    item_order: str
     two_rows: bool
     mma: bool
     dense_cells: float
@@ -323,6 +335,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                              rule=o.get("rule"))
     chunk = o.get("chunk") or chunk_for(layout.num_edges)
     long_first = o.get("long_items_first", True)
+    # Node ids by default (docs/design.md, "Item order").
+    item_order = o.get("item_order", "row")
     smmf = method == "smmf"
     split = layout.work("row", chunk, long_first).num_slots > 0
     two_rows = _forced(o, "two_rows", smmf and not split and layout.num_edges >= TWO_ROWS_MIN_EDGES,
@@ -340,7 +354,7 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     else:
         bwd_one_launch = o.get("bwd_launches", 1 if layout.num_edges <
                                ONE_LAUNCH_BWD_MAX_EDGES else 2) == 1
-    return Plan(method, chunk, long_first, bool(two_rows), bool(mma), dense_cells,
+    return Plan(method, chunk, long_first, item_order, bool(two_rows), bool(mma), dense_cells,
                 bwd_one_launch), final
 
 
