@@ -4,7 +4,7 @@
 // synchronisation and a handful of launches.
 //
 // Phase 1 (sizes unknown):
-//   memset         degrees and statistics to zero;
+//   memset         degrees, statistics and the CSC column counters to zero;
 //   count_edges    one pass over the edges: index bounds, self-loops kept, whether
 //                  the input is grouped by destination, in- and out-degrees
 //                  (warp-aggregated integer atomics: the counts do not depend on
@@ -26,16 +26,24 @@
 //                  items (closed-form positions, see tile_task); other blocks:
 //                  the CSR edges (their positions follow from their rank, no sort
 //                  where the input is grouped);
-//   CSC            a stable cub radix sort of (col, CSR position) over the bits
-//                  of N_src - 1, then gather_rows (row = csr_row[perm]).
-// Every output element has exactly one writer; nothing depends on the order of
-// atomics. Indices are clamped before any scatter, so out-of-range input is
-// reported from the one read of the statistics, never as a fault.
+//   CSC            the stable order by column is each column's CSR positions in
+//                  ascending order: csc_scatter puts them in their column's
+//                  region (atomic order; a one-edge column is final there), then
+//                  csc_order sorts each column (warp shuffles up to kSmallCol
+//                  edges, else a block) and gathers row = csr_row[perm]. With a
+//                  column beyond kBigCol edges: a stable cub radix sort of
+//                  (col, CSR position) over the bits of N_src - 1, then
+//                  gather_rows.
+// Every output element has exactly one writer; no output depends on the order of
+// atomics (csc_scatter's order is sorted away: CSR positions are distinct).
+// Indices are clamped before any scatter, so out-of-range input is reported from
+// the one read of the statistics, never as a fault.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -65,10 +73,19 @@ constexpr unsigned kFull = 0xffffffffu;
 enum EdgeStat : int {
   kNotLoSrc = 0, kNotLoDst, kHiSrc, kHiDst, kKept, kUnsorted,
   kDone,            // tile_totals blocks finished (not read by the host)
+  kBigCols,         // source columns of more than kSmallCol edges (with_csc)
   kEdgeStats = 8
 };
 constexpr int kSegStats = 8;                 // per pointer: kSums totals, max degree
 constexpr int kStatWords = kEdgeStats + 2 * kSegStats;
+
+// The CSC order by columns (csc_order_kernel): a warp ranks a column of up to
+// kSmallCol edges with shuffles; a block takes a larger one, by rank counting in
+// shared memory up to kBlock edges, else by a block radix sort of up to kBigCol.
+// Columns beyond that go to a device-wide cub radix sort.
+constexpr int kSmallCol = 32;
+constexpr int kBigItems = 16;
+constexpr int kBigCol = kBlock * kBigItems;
 
 __device__ __forceinline__ unsigned long long order_key(long long v) {
   return static_cast<unsigned long long>(v) ^ (1ull << 63);
@@ -236,12 +253,15 @@ __global__ void __launch_bounds__(kBlock)
 tile_totals_kernel(const int* __restrict__ din, const int* __restrict__ dout, int nd, int ns,
                    int n_loops, int chunk, int tiles_d, int V, int* __restrict__ tile_vals,
                    int* __restrict__ tile_off, int* __restrict__ bucket_base,
-                   long long* __restrict__ seg_stats, unsigned* __restrict__ done) {
+                   long long* __restrict__ seg_stats, unsigned* __restrict__ done,
+                   unsigned long long* __restrict__ big_cols) {
   __shared__ int s_hist[kMaxChunk];
   __shared__ int s_red[kWarps][kSums + 1];
+  __shared__ int s_big;
   __shared__ bool s_last;
   const TileRows tr = tile_rows(blockIdx.x, tiles_d, nd, ns, din, dout);
   for (int b = threadIdx.x; b < chunk; b += kBlock) s_hist[b] = 0;
+  if (threadIdx.x == 0) s_big = 0;
   __syncthreads();
   int sum[kSums] = {0, 0, 0, 0, 0};
   int mx = 0;
@@ -256,6 +276,7 @@ tile_totals_kernel(const int* __restrict__ din, const int* __restrict__ dout, in
       sum[4] += w.full;
       mx = max(mx, w.deg);
       if (w.partial) atomicAdd(s_hist + w.bucket, 1);  // shared, integer: order-free
+      if (tr.seg && w.deg > kSmallCol) atomicAdd(&s_big, 1);
     }
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -278,6 +299,7 @@ tile_totals_kernel(const int* __restrict__ din, const int* __restrict__ dout, in
     out[threadIdx.x] = acc;
   }
   for (int b = threadIdx.x; b < chunk; b += kBlock) out[kHist + b] = s_hist[b];
+  if (threadIdx.x == 0 && s_big) atomicAdd(big_cols, (unsigned long long)s_big);
   // Each writer's fence orders its tile_vals before the block's arrival.
   __threadfence();
   __syncthreads();
@@ -326,7 +348,7 @@ struct BuildParams {
   int ns, nd, n_loops, chunk, tiles_d, tiles, V, mode;
   int kept;                  // edges kept; the loops' ids follow them
   int E;                     // CSR edges (kept + n_loops)
-  bool long_first, with_csc;
+  bool long_first;
   const int* din;
   const int* dout;
   const int* tile_off;       // [tiles][V]
@@ -341,7 +363,9 @@ struct BuildParams {
   int* col;
   int* csr_row;
   int64_t* edge_perm;        // nullptr in kCopy
-  int* csc_id;               // [E] 0 .. E - 1, the values of the CSC sort (with_csc)
+  int* csc_id;               // [E] 0 .. E - 1, the values of the CSC radix sort, or nullptr
+  int* big_list;             // columns of more than kSmallCol edges (csc_order_kernel), or nullptr
+  int* big_count;            // their number (zeroed)
   int* items[2];
   int* combine[2];
 };
@@ -444,6 +468,8 @@ __device__ void tile_task(const BuildParams<I>& p) {
     const int full_before = base[4] + ex[it][4];
     ptr[r] = start;
     if (r == tr.n - 1) ptr[tr.n] = start + rw.deg;
+    if (seg == 1 && rw.deg > kSmallCol && p.big_list != nullptr)
+      p.big_list[atomicAdd(p.big_count, 1)] = r;  // a work list: its order does not matter
     if (seg == 0 && r < p.n_loops) {  // the row's self-loop closes the row
       const int e = start + rw.deg - 1;
       p.col[e] = r;
@@ -479,7 +505,7 @@ __device__ void edge_task(const BuildParams<I>& p) {
   const int64_t total = max(p.E0, (int64_t)p.E);
   for (int64_t i = (int64_t)(blockIdx.x - p.tiles) * kBlock + threadIdx.x; i < total;
        i += stride) {
-    if (p.with_csc && i < p.E) p.csc_id[i] = (int)i;
+    if (p.csc_id != nullptr && i < p.E) p.csc_id[i] = (int)i;
     if (p.mode == kCopy) {
       if (i < p.E0) {
         p.col[i] = (int)p.src[i];
@@ -517,6 +543,103 @@ gather_rows_kernel(const int* __restrict__ csr_row, const int* __restrict__ perm
                    int* __restrict__ row) {
   const int stride = gridDim.x * kBlock;
   for (int i = blockIdx.x * kBlock + threadIdx.x; i < E; i += stride) row[i] = csr_row[perm[i]];
+}
+
+// The CSC without a device-wide sort: CSR position e goes to its column's region
+// of perm; a column of one edge is done here (row included), a longer one gets
+// its CSR positions in atomic order in tmp, which csc_order_kernel sorts. The
+// stable order by column is the ascending order of CSR positions within each
+// column, unique, so the result does not depend on the atomics' order.
+__global__ void __launch_bounds__(kBlock)
+csc_scatter_kernel(const int* __restrict__ col, const int* __restrict__ csr_row,
+                   const int* __restrict__ colptr, int E, int* __restrict__ fill,
+                   int* __restrict__ tmp, int* __restrict__ perm, int* __restrict__ row) {
+  const int64_t stride = (int64_t)gridDim.x * kBlock;
+  for (int64_t e = (int64_t)blockIdx.x * kBlock + threadIdx.x; e < E; e += stride) {
+    const int c = col[e];
+    const int start = colptr[c];
+    if (colptr[c + 1] - start == 1) {
+      perm[start] = (int)e;
+      row[start] = csr_row[e];
+    } else {
+      tmp[start + atomicAdd(fill + c, 1)] = (int)e;
+    }
+  }
+}
+
+// Sorts each column's CSR positions in tmp into perm and gathers row. Blocks
+// below big_blocks take the listed columns of more than kSmallCol (at most
+// kBigCol) edges, one at a time; the others walk all columns a warp of 32 at a
+// time and sort those of 2 .. kSmallCol edges, one column per step of the warp.
+__global__ void __launch_bounds__(kBlock)
+csc_order_kernel(const int* __restrict__ tmp, const int* __restrict__ csr_row,
+                 const int* __restrict__ colptr, int ns, const int* __restrict__ big_list,
+                 int n_big, int big_blocks, int bits, int* __restrict__ perm,
+                 int* __restrict__ row) {
+  using BlockSort = cub::BlockRadixSort<unsigned, kBlock, kBigItems>;
+  __shared__ typename BlockSort::TempStorage s_sort;
+  __shared__ int s_v[kBlock];
+  if ((int)blockIdx.x < big_blocks) {
+    const unsigned pad = (1u << bits) - 1u;  // above every CSR position (key_bits(E))
+    for (int i = blockIdx.x; i < n_big; i += big_blocks) {
+      const int c = big_list[i];
+      const int start = colptr[c], d = colptr[c + 1] - start;  // block-uniform
+      if (d <= kBlock) {
+        const int v = (int)threadIdx.x < d ? tmp[start + threadIdx.x] : INT_MAX;
+        s_v[threadIdx.x] = v;
+        __syncthreads();
+        if ((int)threadIdx.x < d) {
+          int rank = 0;
+          for (int j = 0; j < d; ++j) rank += s_v[j] < v;
+          perm[start + rank] = v;
+          row[start + rank] = csr_row[v];
+        }
+      } else {
+        unsigned keys[kBigItems];
+#pragma unroll
+        for (int k = 0; k < kBigItems; ++k) {
+          const int at = threadIdx.x * kBigItems + k;
+          keys[k] = at < d ? (unsigned)tmp[start + at] : pad;
+        }
+        BlockSort(s_sort).Sort(keys, 0, bits);  // blocked: thread t holds ranks t * kBigItems + k
+#pragma unroll
+        for (int k = 0; k < kBigItems; ++k) {
+          const int at = threadIdx.x * kBigItems + k;
+          if (at < d) {
+            perm[start + at] = (int)keys[k];
+            row[start + at] = csr_row[keys[k]];
+          }
+        }
+      }
+      __syncthreads();  // s_v / s_sort are reused by the next column
+    }
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = (int64_t)(gridDim.x - big_blocks) * kBlock;
+  // `base` is warp-uniform: every lane reaches the shuffles.
+  for (int64_t base = (int64_t)(blockIdx.x - big_blocks) * kBlock + (threadIdx.x & ~31);
+       base < ns; base += stride) {
+    const int64_t c = base + lane;
+    int start = 0, d = 0;
+    if (c < ns) {
+      start = colptr[c];
+      d = colptr[c + 1] - start;
+    }
+    unsigned todo = __ballot_sync(kFull, d >= 2 && d <= kSmallCol);
+    while (todo) {
+      const int l = __ffs(todo) - 1;
+      todo &= todo - 1;
+      const int s = __shfl_sync(kFull, start, l), n = __shfl_sync(kFull, d, l);
+      const int v = lane < n ? tmp[s + lane] : INT_MAX;
+      int rank = 0;
+      for (int j = 0; j < n; ++j) rank += __shfl_sync(kFull, v, j) < v;
+      if (lane < n) {
+        perm[s + rank] = v;
+        row[s + rank] = csr_row[v];
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------ host
@@ -586,7 +709,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   const int ns = (int)ns64, nd = (int)nd64, chunk = (int)chunk64;
   const int64_t E0 = ei.size(1);
   const int n_loops = loops ? std::min(ns, nd) : 0;
-  const int64_t E_max = E0 + n_loops;  // E once removed self-loops are known
+  const int64_t E_max = E0 + n_loops;  // E before removed self-loops are counted
   const I* src = ei.data_ptr<I>();
   const I* dst = src + ei.stride(0);
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -597,6 +720,8 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   // ---- scratch of both phases: one allocation, sized before the synchronisation
   // for what phase 2 may need (whether the input is grouped or has self-loops to
   // remove, and E, are known only after it); it lives until the build returns.
+  // Only the CSC's radix sort (a column beyond kBigCol edges) may need more
+  // temporary storage, allocated then.
   const int tiles_d = (int)ceil_div64(nd, kTile);
   const int tiles_s = with_csc ? (int)ceil_div64(ns, kTile) : 0;
   const int tiles = tiles_d + tiles_s;
@@ -608,12 +733,12 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
     C10_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, (const int*)nullptr,
                                                  (int*)nullptr, (int)E0, stream));
   const size_t sort_bytes = may_sort ? sort_bytes_for(E0, nd_bits, stream) : 0;
-  const size_t csc_bytes = with_csc ? sort_bytes_for(E_max, ns_bits, stream) : 0;
-  const size_t temp_bytes = std::max({scan_bytes, sort_bytes, csc_bytes, size_t(1)});
+  const size_t temp_bytes = std::max({scan_bytes, sort_bytes, size_t(1)});
   Arena a;
   const int64_t o_stats = a.take(kStatWords * 8);
   const int64_t o_din = a.take((int64_t)nd * 4);
   const int64_t o_dout = a.take(with_csc ? (int64_t)ns * 4 : 0);
+  const int64_t o_fill = a.take(with_csc ? ((int64_t)ns + 1) * 4 : 0);  // + big_count
   const int64_t zero_bytes = a.bytes;
   const int64_t o_vals = a.take((int64_t)tiles * V * 4);
   const int64_t o_off = a.take((int64_t)tiles * V * 4);
@@ -625,6 +750,8 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   const int64_t o_sid = a.take(may_sort ? E0 * 4 : 0);
   const int64_t o_flag = a.take(may_remove ? E0 * 4 : 0);
   const int64_t o_rank = a.take(may_remove ? E0 * 4 : 0);
+  // The CSC radix sort's values and keys, or csc_scatter's tmp and the big-column
+  // list (fewer than E / kSmallCol entries).
   const int64_t o_cscid = a.take(with_csc ? E_max * 4 : 0);
   const int64_t o_csckey = a.take(with_csc ? E_max * 4 : 0);
   at::Tensor scratch = at::empty({a.bytes}, u8);
@@ -633,6 +760,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   auto* stats = reinterpret_cast<unsigned long long*>(sb + o_stats);
   int* din = region(o_din);
   int* dout = with_csc ? region(o_dout) : nullptr;
+  int* fill = with_csc ? region(o_fill) : nullptr;
   int* tile_vals = region(o_vals);
   int* tile_off = region(o_off);
   int* bucket_base = region(o_bucket);
@@ -648,7 +776,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   tile_totals_kernel<<<tiles, kBlock, 0, stream>>>(
       din, dout, nd, ns, n_loops, chunk, tiles_d, V, tile_vals, tile_off, bucket_base,
       reinterpret_cast<long long*>(stats + kEdgeStats),
-      reinterpret_cast<unsigned*>(stats + kDone));
+      reinterpret_cast<unsigned*>(stats + kDone), stats + kBigCols);
   check_launch();
   long long* hs = host_stats();
   c10::cuda::memcpy_and_sync(hs, stats, kStatWords * sizeof(long long), cudaMemcpyDeviceToHost,
@@ -690,6 +818,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   // ---- phase 2: every output in one allocation
   const bool removed = loops && kept < E0;
   const int mode = unsorted ? kSorted : loops ? kGrouped : kCopy;
+  const bool radix_csc = with_csc && E > 0 && seg_s[kMaxCol] > kBigCol;
   const int64_t n_ritems = seg_d[1], n_rcomb = seg_d[2];
   const int64_t n_citems = with_csc ? seg_s[1] : 0, n_ccomb = with_csc ? seg_s[2] : 0;
   const int64_t csc_e = with_csc ? (int64_t)E * 4 : 0;
@@ -761,7 +890,6 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   p.kept = kept;
   p.E = E;
   p.long_first = long_first;
-  p.with_csc = with_csc;
   p.din = din;
   p.dout = dout;
   p.tile_off = tile_off;
@@ -778,7 +906,9 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   p.col = out_at(o_col);
   p.csr_row = out_at(o_csr_row);
   p.edge_perm = mode == kCopy ? nullptr : reinterpret_cast<int64_t*>(ob + o_eperm);
-  p.csc_id = with_csc ? region(o_cscid) : nullptr;
+  p.csc_id = radix_csc ? region(o_cscid) : nullptr;
+  p.big_list = with_csc && !radix_csc ? region(o_csckey) : nullptr;
+  p.big_count = with_csc ? fill + ns : nullptr;
   p.items[0] = out_at(o_ritems);
   p.items[1] = with_csc ? out_at(o_citems) : nullptr;
   p.combine[0] = out_at(o_rcomb);
@@ -788,8 +918,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   build_csr_kernel<I><<<tiles + edge_blocks, kBlock, 0, stream>>>(p);
   check_launch();
 
-  if (with_csc && E > 0) {
-    // Sized for E_max above; E is at most that, so this is only a guard.
+  if (radix_csc) {
     size_t bytes = sort_bytes_for(E, ns_bits, stream);
     at::Tensor more;
     void* csc_temp = temp;
@@ -802,6 +931,16 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
         out_at(o_perm), E, 0, ns_bits, stream));
     gather_rows_kernel<<<grid_for(E, 4 * sms), kBlock, 0, stream>>>(
         p.csr_row, out_at(o_perm), E, out_at(o_row));
+    check_launch();
+  } else if (with_csc && E > 0) {
+    csc_scatter_kernel<<<grid_for(E, 4 * sms), kBlock, 0, stream>>>(
+        p.col, p.csr_row, p.colptr, E, fill, region(o_cscid), out_at(o_perm), out_at(o_row));
+    check_launch();
+    const int n_big = (int)hs[kBigCols];
+    const int big_blocks = std::min(n_big, 2 * sms);
+    csc_order_kernel<<<big_blocks + grid_for(ns, 4 * sms), kBlock, 0, stream>>>(
+        region(o_cscid), p.csr_row, p.colptr, ns, region(o_csckey), n_big, big_blocks,
+        key_bits(E), out_at(o_perm), out_at(o_row));
     check_launch();
   }
   return outs;
