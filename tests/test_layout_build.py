@@ -258,6 +258,23 @@ def test_from_edge_index_uses_the_kernels_on_cuda():
 
 
 @pytest.mark.cuda
+def test_outputs_save_and_load(tmp_path):
+    """The int32 outputs share one allocation (edge_perm, int64, has its own):
+    torch.save takes them, and they load equal, with the right strides."""
+    ei = random_graph(500, num_edges=4000, num_self_loops=10).cuda()
+    lay = layout_build.build(ei, 500, 500, True, True)
+    tensors = [lay.rowptr, lay.col, lay._csr_row, lay._edge_perm, *lay._csc]
+    tensors += [t for w in lay.derived.work.values() for t in (w.items, w.combine)]
+    torch.save(tensors, tmp_path / "layout.pt")
+    back = torch.load(tmp_path / "layout.pt")
+    for a, b in zip(tensors, back):
+        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+    col = lay.col.clone()
+    lay.rowptr.add_(1)  # one output's version counter and values only
+    assert torch.equal(lay.col, col) and lay.col._version == 0
+
+
+@pytest.mark.cuda
 def test_deterministic():
     ei = _hubs(random_graph(3000, num_edges=50000, num_self_loops=40), 3000, 3000, 900).cuda()
     a = layout_build.build(ei, 3000, 3000, True, True)

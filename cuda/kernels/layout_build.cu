@@ -682,6 +682,7 @@ int grid_for(int64_t n, int max_blocks) {
 // A contiguous tensor of `sizes` and type `dt` at byte `offset` of buf's storage.
 // The outputs share one allocation this way, each still a tensor of its own (its
 // own version counter, not a view of buf), with no dispatcher call per output.
+// All of one dtype: torch.save refuses a storage seen as two.
 at::Tensor carve(const at::Tensor& buf, at::ScalarType dt, int64_t offset,
                  at::IntArrayRef sizes) {
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
@@ -815,7 +816,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   inf[kInfoColSlots] = with_csc ? seg_s[3] : 0;
   inf[kInfoNumEdges] = E;
 
-  // ---- phase 2: every output in one allocation
+  // ---- phase 2: the int32 outputs in one allocation, edge_perm in its own
   const bool removed = loops && kept < E0;
   const int mode = unsorted ? kSorted : loops ? kGrouped : kCopy;
   const bool radix_csc = with_csc && E > 0 && seg_s[kMaxCol] > kBigCol;
@@ -826,7 +827,6 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   const int64_t o_rowptr = ao.take(((int64_t)nd + 1) * 4);
   const int64_t o_col = ao.take((int64_t)E * 4);
   const int64_t o_csr_row = ao.take((int64_t)E * 4);
-  const int64_t o_eperm = ao.take(mode == kCopy ? 0 : (int64_t)E * 8);
   const int64_t o_ritems = ao.take(n_ritems * 12);
   const int64_t o_rcomb = ao.take(n_rcomb * 12);
   const int64_t o_colptr = ao.take(with_csc ? ((int64_t)ns + 1) * 4 : 0);
@@ -847,7 +847,9 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
       carve(buf, at::kInt, o_rowptr, {(int64_t)nd + 1}),
       carve(buf, at::kInt, o_col, {E}),
       carve(buf, at::kInt, o_csr_row, {E}),
-      mode == kCopy ? none : carve(buf, at::kLong, o_eperm, {E}),
+      // int64 in an allocation of its own: torch.save refuses one storage seen
+      // as two dtypes.
+      mode == kCopy ? none : at::empty({E}, ei.options().dtype(at::kLong)),
       csc_out(o_colptr, {(int64_t)ns + 1}),
       csc_out(o_row, {E}),
       csc_out(o_perm, {E}),
@@ -905,7 +907,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   p.colptr = with_csc ? out_at(o_colptr) : nullptr;
   p.col = out_at(o_col);
   p.csr_row = out_at(o_csr_row);
-  p.edge_perm = mode == kCopy ? nullptr : reinterpret_cast<int64_t*>(ob + o_eperm);
+  p.edge_perm = mode == kCopy ? nullptr : outs[3].data_ptr<int64_t>();
   p.csc_id = radix_csc ? region(o_cscid) : nullptr;
   p.big_list = with_csc && !radix_csc ? region(o_csckey) : nullptr;
   p.big_count = with_csc ? fill + ns : nullptr;
