@@ -715,7 +715,6 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   const I* dst = src + ei.stride(0);
   auto stream = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto i32 = ei.options().dtype(at::kInt);
   const auto u8 = ei.options().dtype(at::kByte);
 
   // ---- scratch of both phases: one allocation, sized before the synchronisation
