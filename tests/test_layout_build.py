@@ -202,13 +202,13 @@ def test_large_batch_with_chunk_128(loops):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("hub", [2, 32, 33, 256, 257, 4096, 4097])
+@pytest.mark.parametrize("hub", [2, 32, 33, 256, 257, 1024, 1025, 4096, 4097])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_csc_column_lengths(hub, grouped):
     """A source of exactly ``hub`` edges (one more with self-loops) among short
     columns: each way the GPU build orders a CSC column (warp ranks up to 32
-    edges, block ranks up to 256, a block radix sort up to 4,096, a device radix
-    sort beyond) gives the torch build's stable order."""
+    edges, block ranks up to 256, a block radix sort of 1,024 or 4,096 keys, a
+    device radix sort beyond) gives the torch build's stable order."""
     ns = nd = 3000
     g = torch.Generator().manual_seed(hub)
     ei = torch.stack([torch.randint(0, ns - 1, (20000,), generator=g),

@@ -81,11 +81,11 @@ constexpr int kStatWords = kEdgeStats + 2 * kSegStats;
 
 // The CSC order by columns (csc_order_kernel): a warp ranks a column of up to
 // kSmallCol edges with shuffles; a block takes a larger one, by rank counting in
-// shared memory up to kBlock edges, else by a block radix sort of up to kBigCol.
+// shared memory up to kBlock edges, else by a block radix sort of kBlock x 4
+// keys or, up to kBigCol, kBlock x 16 (the sort's time follows its key count).
 // Columns beyond that go to a device-wide cub radix sort.
 constexpr int kSmallCol = 32;
-constexpr int kBigItems = 16;
-constexpr int kBigCol = kBlock * kBigItems;
+constexpr int kBigCol = kBlock * 16;
 
 __device__ __forceinline__ unsigned long long order_key(long long v) {
   return static_cast<unsigned long long>(v) ^ (1ull << 63);
@@ -567,6 +567,31 @@ csc_scatter_kernel(const int* __restrict__ col, const int* __restrict__ csr_row,
   }
 }
 
+// One column of d CSR positions (tmp[start ..]) sorted by a block radix sort of
+// kBlock x ITEMS keys (padded with `pad`, above every position) into perm, and
+// row gathered.
+template <typename BlockSort, int ITEMS>
+__device__ __forceinline__ void sort_column(typename BlockSort::TempStorage& storage,
+                                            const int* tmp, const int* csr_row, int start,
+                                            int d, int bits, unsigned pad, int* perm,
+                                            int* row) {
+  unsigned keys[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int at = threadIdx.x * ITEMS + k;
+    keys[k] = at < d ? (unsigned)tmp[start + at] : pad;
+  }
+  BlockSort(storage).Sort(keys, 0, bits);  // blocked: thread t holds ranks t * ITEMS + k
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int at = threadIdx.x * ITEMS + k;
+    if (at < d) {
+      perm[start + at] = (int)keys[k];
+      row[start + at] = csr_row[keys[k]];
+    }
+  }
+}
+
 // Sorts each column's CSR positions in tmp into perm and gathers row. Blocks
 // below big_blocks take the listed columns of more than kSmallCol (at most
 // kBigCol) edges, one at a time; the others walk all columns a warp of 32 at a
@@ -576,8 +601,12 @@ csc_order_kernel(const int* __restrict__ tmp, const int* __restrict__ csr_row,
                  const int* __restrict__ colptr, int ns, const int* __restrict__ big_list,
                  int n_big, int big_blocks, int bits, int* __restrict__ perm,
                  int* __restrict__ row) {
-  using BlockSort = cub::BlockRadixSort<unsigned, kBlock, kBigItems>;
-  __shared__ typename BlockSort::TempStorage s_sort;
+  using Sort4 = cub::BlockRadixSort<unsigned, kBlock, 4>;
+  using Sort16 = cub::BlockRadixSort<unsigned, kBlock, kBigCol / kBlock>;
+  __shared__ union {
+    typename Sort4::TempStorage small;
+    typename Sort16::TempStorage big;
+  } s_sort;
   __shared__ int s_v[kBlock];
   if ((int)blockIdx.x < big_blocks) {
     const unsigned pad = (1u << bits) - 1u;  // above every CSR position (key_bits(E))
@@ -594,22 +623,11 @@ csc_order_kernel(const int* __restrict__ tmp, const int* __restrict__ csr_row,
           perm[start + rank] = v;
           row[start + rank] = csr_row[v];
         }
+      } else if (d <= 4 * kBlock) {
+        sort_column<Sort4, 4>(s_sort.small, tmp, csr_row, start, d, bits, pad, perm, row);
       } else {
-        unsigned keys[kBigItems];
-#pragma unroll
-        for (int k = 0; k < kBigItems; ++k) {
-          const int at = threadIdx.x * kBigItems + k;
-          keys[k] = at < d ? (unsigned)tmp[start + at] : pad;
-        }
-        BlockSort(s_sort).Sort(keys, 0, bits);  // blocked: thread t holds ranks t * kBigItems + k
-#pragma unroll
-        for (int k = 0; k < kBigItems; ++k) {
-          const int at = threadIdx.x * kBigItems + k;
-          if (at < d) {
-            perm[start + at] = (int)keys[k];
-            row[start + at] = csr_row[keys[k]];
-          }
-        }
+        sort_column<Sort16, kBigCol / kBlock>(s_sort.big, tmp, csr_row, start, d, bits, pad,
+                                              perm, row);
       }
       __syncthreads();  // s_v / s_sort are reused by the next column
     }
