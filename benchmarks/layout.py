@@ -17,7 +17,9 @@ issues, so host time counts), each build from a fresh ``edge_index``. Columns
 * ``ops``: aten / dfgnn operations per ``build`` (host cost); ``syncs``,
   ``syncs_loops``: host synchronisations per build, without and with self-loops
   (GPU only); ``launches``: kernel launches and memcpy / memset calls per
-  ``build`` (torch.profiler; GPU only).
+  ``build`` (torch.profiler; GPU only); ``allocs``: device allocations per
+  ``build`` (the caching allocator's ``allocation.all.allocated`` count; GPU
+  only).
 
 Without the ogbn-arxiv files (``--synthetic``, or when loading fails) the batches
 come from a random graph of arxiv's size; without pyg-lib / torch_sparse the
@@ -103,6 +105,18 @@ def count_launches(fn: Callable[[], object]) -> Optional[int]:
         return None
 
 
+def count_allocations(fn: Callable[[], object]) -> Optional[int]:
+    """Device allocations ``fn`` requests from the caching allocator (the change of
+    ``torch.cuda.memory_stats()["allocation.all.allocated"]``), or ``None`` without
+    a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    fn()
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0) - before
+
+
 def synthetic_graph(num_nodes: int = 169343, num_edges: int = 1166243, seed: int = 0):
     """An undirected random graph of ogbn-arxiv's size (the stand-in when the
     dataset files are not there)."""
@@ -157,6 +171,8 @@ def measure(graphs: List[torch.Tensor], n: int, warmup: int, device: torch.devic
             res["syncs" + suffix] = count_syncs(lambda: build(graphs[0].clone()))
             res["syncs_loops" + suffix] = count_syncs(lambda: build(graphs[0].clone(), loops=True))
             res["launches" + suffix] = count_launches(lambda: build(graphs[0].clone()))
+            g = graphs[0].clone()  # outside the count
+            res["allocs" + suffix] = count_allocations(lambda: build(g))
     res["sort"] = _median_ms(lambda e: torch.sort(e[1].int(), stable=True), fresh(), warmup,
                              device)
     return res
@@ -201,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     cols = ("edges", "build", "build_torch", "build_loops", "build_loops_torch", "csr_only",
             "csr_only_torch", "shuffled", "shuffled_torch", "sort", "ops", "ops_torch", "syncs",
-            "syncs_torch", "launches", "launches_torch")
+            "syncs_torch", "launches", "launches_torch", "allocs", "allocs_torch")
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']} (ms, median)\n")
     print("| graph | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
     for k, r in rows.items():

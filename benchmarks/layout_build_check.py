@@ -9,7 +9,8 @@ torch build, small enough to run under compute-sanitizer:
     compute-sanitizer --tool initcheck python -m benchmarks.layout_build_check
 
 Builds graphs with isolated nodes, duplicates, self-loops, hubs whose rows split
-(chunk 32 and 7, longest first and row order), bipartite sizes, grouped and shuffled
+(chunk 32 and 7, longest first and row order) and whose CSC columns take each
+ordering path (up to beyond 4,096 edges), bipartite sizes, grouped and shuffled
 order, int32 and int64, with and without self-loops and CSC, and out-of-range
 input; exits non-zero on the first difference.
 """
@@ -74,8 +75,9 @@ def main() -> int:
         return 1
     gen = torch.Generator().manual_seed(0)
     cases = 0
+    # Source hubs of about 150 to 5,000 edges: every way the CSC orders a column.
     for ns, nd, e, hub in ((300, 300, 2000, 0), (3000, 3000, 30000, 700), (500, 120, 3000, 200),
-                           (90, 2600, 6000, 150), (1, 1, 5, 0)):
+                           (90, 2600, 6000, 150), (4000, 4000, 20000, 5000), (1, 1, 5, 0)):
         base = _graph(ns, nd, e, hub, gen)
         for grouped in (False, True):
             ei = base[:, torch.sort(base[1], stable=True).indices] if grouped else base

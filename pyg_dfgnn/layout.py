@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import layout_build
 from .derived import Derived
 from .node_order import ITEM_ORDERS, degree_rank, rcm_rank
 from .work_items import Work, chunk_for, order_items, split_work, work_items, work_stats
@@ -30,6 +31,7 @@ from .work_items import Work, chunk_for, order_items, split_work, work_items, wo
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class GraphLayout:
@@ -117,15 +119,19 @@ class GraphLayout:
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"edge_index must be a [2, E] tensor, got "
                              f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}")
-        if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
-            raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
-        sorted_by_dst = getattr(edge_index, "_sort_order", None) is not None and \
-            str(getattr(edge_index, "_sort_order")).lower().endswith("col")
-        # detach() first: a plain as_subclass() alias keeps a hidden reference to
-        # the input, and the input caches this layout (get_layout), a cycle the
-        # garbage collector cannot see: every batch's graph would leak.
-        edge_index = edge_index.detach().as_subclass(Tensor)
-        if edge_index.dtype not in (torch.int32, torch.int64):
+        dtype = edge_index.dtype
+        if dtype.is_floating_point or dtype == torch.bool:
+            raise ValueError(f"edge_index must be an integer tensor, got {dtype}")
+        sorted_by_dst = False
+        if type(edge_index) is not Tensor:  # a subclass, such as PyG's EdgeIndex
+            order = getattr(edge_index, "_sort_order", None)
+            sorted_by_dst = order is not None and str(order).lower().endswith("col")
+            # detach() first: a plain as_subclass() alias keeps a hidden reference
+            # to the input, and the input caches this layout (get_layout), a cycle
+            # the garbage collector cannot see: every batch's graph would leak. A
+            # plain tensor needs neither: no build keeps its input.
+            edge_index = edge_index.detach().as_subclass(Tensor)
+        if dtype not in _INDEX_DTYPES:
             edge_index = edge_index.long()
         if size is None:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0
@@ -406,7 +412,6 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     only a hint here).
     """
     if kernel and ei.is_cuda:
-        from . import layout_build
         layout = layout_build.build(ei, num_src, num_dst, loops, with_csc)
         if layout is not None:
             return layout

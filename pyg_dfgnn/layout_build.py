@@ -19,11 +19,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import _ext
 from .work_items import Work, chunk_for
 
 #: Largest work-item chunk the kernels handle (``kLayoutBuildMaxChunk``).
 MAX_CHUNK = 512
 _INT32_MAX = 2**31 - 1
+_INDEX_DTYPES = (torch.int32, torch.int64)
 # Positions in the op's int64 `info` output (LayoutBuildInfo in cuda/kernels/layout_build.h).
 _STATUS, _LO_SRC, _LO_DST, _HI_SRC, _HI_DST, _KEPT, _UNSORTED, _MAX_IN, _ROW_SLOTS, \
     _COL_SLOTS, _NUM_EDGES = range(11)
@@ -34,7 +36,6 @@ def available(device: torch.device) -> bool:
     registers ``dfgnn::layout_build``)."""
     if device.type != "cuda":
         return False
-    from . import _ext
     return _ext.HAS_EXTENSION and hasattr(torch.ops.dfgnn, "layout_build")
 
 
@@ -68,12 +69,12 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     E0 = ei.size(1)
     n = min(num_src, num_dst) if loops else 0
     if (num_src <= 0 or num_dst <= 0 or max(E0 + n, num_src, num_dst) > _INT32_MAX
-            or ei.dtype not in (torch.int32, torch.int64) or not available(ei.device)):
+            or ei.dtype not in _INDEX_DTYPES or not available(ei.device)):
         return None
     default = chunk is None
     if default:
         chunk = chunk_for(E0 + n)  # as the torch build: exact unless loops are removed
-    if not 1 <= chunk <= MAX_CHUNK:
+    elif not 1 <= chunk <= MAX_CHUNK:
         return None
     if E0 > 1 and ei.stride(1) != 1:
         ei = ei.contiguous()
@@ -86,16 +87,15 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
                             num_src, num_dst)
     # Outputs not built come back empty: edge_perm where it is the identity (only
     # ever for E > 0), the CSC without with_csc.
-    edge_perm = edge_perm if edge_perm.numel() else None
-    layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, info[_MAX_IN], loops,
-                         csr_row=csr_row)
+    layout = GraphLayout(rowptr, col, edge_perm if edge_perm.numel() else None, None, num_src,
+                         num_dst, info[_MAX_IN], loops, csr_row=csr_row)
     if with_csc:
         layout._csc = (colptr, row, perm)
-    if not default or chunk_for(info[_NUM_EDGES]) == chunk:
-        work = layout.derived.work
-        work[("row", chunk, long_first, "row")] = Work(row_items, row_combine, info[_ROW_SLOTS])
-        if with_csc:
-            work[("col", chunk, long_first, "row")] = Work(col_items, col_combine, info[_COL_SLOTS])
-    else:  # removed self-loops moved E across the chunk threshold (as _finish does)
-        layout.prepare(with_csc)
+    if default and chunk_for(info[_NUM_EDGES]) != chunk:
+        # removed self-loops moved E across the chunk threshold (as _finish does)
+        return layout.prepare(with_csc)
+    work = layout.derived.work
+    work[("row", chunk, long_first, "row")] = Work(row_items, row_combine, info[_ROW_SLOTS])
+    if with_csc:
+        work[("col", chunk, long_first, "row")] = Work(col_items, col_combine, info[_COL_SLOTS])
     return layout

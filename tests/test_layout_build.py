@@ -202,6 +202,29 @@ def test_large_batch_with_chunk_128(loops):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("hub", [2, 32, 33, 256, 257, 1024, 1025, 4096, 4097])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_csc_column_lengths(hub, grouped):
+    """A source of exactly ``hub`` edges (one more with self-loops) among short
+    columns: each way the GPU build orders a CSC column (warp ranks up to 32
+    edges, block ranks up to 256, a block radix sort of 1,024 or 4,096 keys, a
+    device radix sort beyond) gives the torch build's stable order."""
+    ns = nd = 3000
+    g = torch.Generator().manual_seed(hub)
+    ei = torch.stack([torch.randint(0, ns - 1, (20000,), generator=g),
+                      torch.randint(0, nd, (20000,), generator=g)])
+    hub_edges = torch.stack([torch.full((hub,), ns - 1),
+                             torch.randint(0, nd - 1, (hub,), generator=g)])  # no self-loop
+    ei = torch.cat([ei, hub_edges], 1)
+    ei = ei[:, torch.randperm(ei.size(1), generator=g)]
+    if grouped:
+        ei = _grouped(ei)
+    for loops in (False, True):
+        lay = check(ei, ns, nd, loops)
+        assert int(lay.colptr[-1] - lay.colptr[-2]) == hub + loops
+
+
+@pytest.mark.cuda
 def test_removed_loops_cross_the_chunk_threshold():
     """E0 + N >= 2^18 but E < 2^18 once the input's self-loops are removed: the
     work items are built for E's chunk (the torch build's prepare())."""
@@ -233,6 +256,23 @@ def test_from_edge_index_uses_the_kernels_on_cuda():
         a = GraphLayout.from_edge_index(ei, (300, 300), add_self_loops=loops)
         b = GraphLayout.from_edge_index(ei, (300, 300), add_self_loops=loops, kernel=False)
         assert_same_layout(a, b)
+
+
+@pytest.mark.cuda
+def test_outputs_save_and_load(tmp_path):
+    """The int32 outputs share one allocation (edge_perm, int64, has its own):
+    torch.save takes them, and they load equal, with the right strides."""
+    ei = random_graph(500, num_edges=4000, num_self_loops=10).cuda()
+    lay = layout_build.build(ei, 500, 500, True, True)
+    tensors = [lay.rowptr, lay.col, lay._csr_row, lay._edge_perm, *lay._csc]
+    tensors += [t for w in lay.derived.work.values() for t in (w.items, w.combine)]
+    torch.save(tensors, tmp_path / "layout.pt")
+    back = torch.load(tmp_path / "layout.pt")
+    for a, b in zip(tensors, back):
+        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+    col = lay.col.clone()
+    lay.rowptr.add_(1)  # one output's version counter and values only
+    assert torch.equal(lay.col, col) and lay.col._version == 0
 
 
 @pytest.mark.cuda
