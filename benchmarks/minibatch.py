@@ -313,7 +313,7 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
             loss = step(i, ei)
         if i >= warmup:
             times.append(t.elapsed())
-    res = {"step_ms": statistics.median(times), "loss": float(loss)}
+    res = {"step_ms": statistics.median(times), "loss": float(loss.detach())}
     if device.type == "cuda":
         res["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
         if profile_steps:
