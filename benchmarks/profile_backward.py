@@ -41,9 +41,7 @@ bytes per element, indices 4 bytes, work items 12 bytes each):
   (the permutation only with dropout).
 
 Not compulsory, reported apart (``extra``): the fp32 partial rows of split rows
-(written and read once each). The fp16 / bf16 backward's fp32 re-run of the
-forward (for D) is a forward kernel on fp32 copies and gets the fp32 forward's
-model; its conversions and the D product are unmodelled kernels.
+(written and read once each).
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension;
 graphs from ``--data``, by default ``$PYG_DFGNN_DATA``, else ``.devdata/``, else
@@ -92,8 +90,8 @@ PROFILE_STEPS = 5
 #: Bytes of the L2 flush before each profiled step (the H100's L2 is 50 MB).
 FLUSH_BYTES = 256 * 2**20
 #: The backward kernels (``cuda/kernels/gt_backward.cu``, ``gat_backward.cu``).
-NCU_KERNELS = "gt_bwd_dq_kernel|gt_bwd_dkv_kernel|gt_bwd_one_launch_kernel|" \
-              "gat_bwd_dst_kernel|gat_bwd_src_kernel"
+NCU_KERNELS = "gt_bwd_dsum_kernel|gt_bwd_dq_kernel|gt_bwd_dkv_kernel|" \
+              "gt_bwd_one_launch_kernel|gat_bwd_dst_kernel|gat_bwd_src_kernel"
 #: A few counters: each needs replays of the kernel, so the set stays small.
 NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
                "lts__t_bytes.sum", "lts__t_sector_hit_rate.pct", "l1tex__t_sector_hit_rate.pct",
@@ -107,7 +105,8 @@ NCU_BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__by
 #: Kernel name (the function, without namespaces and template arguments) -> phase of
 #: :func:`byte_model`.
 KERNEL_PHASE = {"gt_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
-                "gt_fwd_dense_kernel": "gt_fwd", "gt_bwd_dq_kernel": "gt_bwd_dq",
+                "gt_fwd_dense_kernel": "gt_fwd", "gt_bwd_dsum_kernel": "gt_bwd_dsum",
+                "gt_bwd_dq_kernel": "gt_bwd_dq",
                 "gt_bwd_dkv_kernel": "gt_bwd_dkv", "gt_bwd_one_launch_kernel": "gt_bwd_one_launch",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
@@ -135,8 +134,8 @@ def byte_model(model: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize
     Returns:
         ``{phase: {"read": {term: bytes}, "write": {term: bytes}, "extra": {term:
         bytes}, "bytes": int}}`` with ``bytes`` the compulsory total (read +
-        write; ``extra`` is not in it). Phases: ``gt_fwd``, ``gt_bwd_dq``,
-        ``gt_bwd_dkv`` or ``gt_bwd_one_launch``; ``gat_fwd``, ``gat_bwd_dst``,
+        write; ``extra`` is not in it). Phases: ``gt_fwd``, ``gt_bwd_dsum``
+        (fp16 / bf16), ``gt_bwd_dq``, ``gt_bwd_dkv`` or ``gt_bwd_one_launch``; ``gat_fwd``, ``gat_bwd_dst``,
         ``gat_bwd_src``.
 
     Raises:
@@ -153,11 +152,15 @@ def byte_model(model: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize
                 "bytes": sum(read.values()) + sum(write.values())}
 
     if model == "gt":
-        # half precision: D_i from the fp32 re-run replaces the out rows
+        # half precision: the fp32 D_i of the dsum kernel replaces the out rows
         out_or_d = {"out": rows_d} if esize == 4 else {"D": stat_d}
         res = {"gt_fwd": phase({"q": rows_d, "k": rows_s, "v": rows_s, **csr},
                                {"out": rows_d, "lse": stat_d},
                                {"partials": row_slots * part})}
+        if esize != 4:
+            res["gt_bwd_dsum"] = phase({"q": rows_d, "dO": rows_d, "lse": stat_d, "k": rows_s,
+                                        "v": rows_s, **csr}, {"D": stat_d},
+                                       {"partials": row_slots * H * 4 * 2})
         dq_read = {"q": rows_d, "dO": rows_d, **out_or_d, "lse": stat_d, "k": rows_s,
                    "v": rows_s, **csr}
         if one_launch:
@@ -299,7 +302,8 @@ def attach_floors(kernel_rows, phases: dict, phases32: dict | None = None) -> No
     """Adds ``phase``, ``MB`` (compulsory), ``extra_MB`` (split rows' partials),
     ``floor_us`` and ``x_floor`` (per launch) to each kernel row of a fused kernel
     with a model; ``phases32`` (the fp32 model) serves
-    the fp32 kernels of a half-precision case (its backward's forward re-run)."""
+    the fp32 kernels of a half-precision case (the GAT backward's forward re-run for
+    split rows)."""
     for r in kernel_rows:
         ph = KERNEL_PHASE.get(r["short"])
         table = phases

@@ -7,6 +7,7 @@ error ||out - ref|| / ||ref||: < 1e-5 (outputs) and < 1e-4 (gradients) in fp32,
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -267,11 +268,14 @@ def test_dense_tile_forward(mode, dtype, H, C, plan_override):
     assert rel_err(out, sparse) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
-def test_backward_deterministic(strategy):
+def test_backward_deterministic(strategy, dtype):
+    """Bitwise the same gradients twice with split rows: fp32 merges them in the
+    kernels, bf16 with merge launches (also the split rows' fp32 D_i sums)."""
     torch.manual_seed(2)
     lay = make_layout("super_node")
-    q, k, v = qkv(lay, 4, 32, torch.float32, requires_grad=True)
+    q, k, v = qkv(lay, 4, 32, dtype, requires_grad=True)
     g = torch.randn_like(q)
     grads = []
     for _ in range(2):
@@ -355,6 +359,76 @@ def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges):
         _, _, want = ref64(lay, q, k, v, g)
         for got, w in zip(grads[1], want):
             assert rel_err(got, w) < tol
+
+
+def dropout_keep(seed, n_edges, H, p):
+    """The kernels' dropout mask, [E, H] bool (True: kept), recomputed on the host:
+    splitmix64 of seed + golden * (e * H + h + 1), e the CSR position, 24 bits
+    compared with p (cuda/device/dropout.cuh)."""
+    M = np.uint64
+    with np.errstate(over="ignore"):
+        z = M(seed) + M(0x9E3779B97F4A7C15) * (np.arange(n_edges * H, dtype=M) + M(1))
+        z = (z ^ (z >> M(30))) * M(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> M(27))) * M(0x94D049BB133111EB)
+    z ^= z >> M(31)
+    u = (z >> M(40)).astype(np.float32) * np.float32(2.0**-24)
+    return torch.from_numpy(u >= np.float32(p)).reshape(n_edges, H)
+
+
+def test_dropout_keep_matches_known_bits():
+    """dropout_keep against bits the device code gives (dropout.cuh compiled for
+    the host: seed 123456789012345, p = 0.3, counters 0..63)."""
+    want = "1100101111110001101111101011011010110101100001111101110111111101"
+    got = "".join(str(int(b)) for b in dropout_keep(123456789012345, 64, 1, 0.3).flatten())
+    assert got == want
+
+
+@pytest.mark.parametrize("launches", [1, 2])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_backward_row_sums_in_fp32(dtype, dropout, launches, plan_override, monkeypatch):
+    """fp16 / bf16 backward against float64 with the kernels' dropout mask, where
+    D_i = dO_i . O_i decides: values alike (a shared row plus 10 % noise), so
+    dS_ij = P_ij (z_ij dP_ij - D_i) keeps a small difference of close terms, on a
+    bipartite graph with duplicate edges and a super node (split rows), in both
+    backward paths. D from the output rounded to the half type gives the
+    gradients 2e-2 (bf16) / 2.5e-3 (fp16) relative error here without dropout,
+    4e-3 / 5e-4 with it (float64 emulation); D in fp32 (gt_bwd_dsum_kernel) leaves
+    the rounding of the gradients themselves, 1.7e-3 / 2.1e-4."""
+    plan_override(bwd_launches=launches)
+    torch.manual_seed(hash((str(dtype), dropout, launches)) % 2**31)
+    seed = 987654321987
+    monkeypatch.setattr(ops, "_seed", lambda: seed)
+    ei = random_graph(1_500, 1_000, 12_000, super_deg=3_000)
+    lay = GraphLayout.from_edge_index(ei, (1_500, 1_000))
+    assert lay.work("row", chunk_for(lay.num_edges))[1].shape[0] > 0  # split rows
+    H, C = 2, 64
+    q, k, _ = qkv(lay, H, C, dtype, requires_grad=True)
+    v = (torch.randn(1, H, C, device=DEV) + 0.1 * torch.randn(lay.num_src, H, C, device=DEV))
+    v = v.to(dtype).requires_grad_()
+    g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
+    poison()
+    out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
+    poison()
+    names = _kernel_names(lambda: out.backward(g))
+    assert any("gt_bwd_dsum_kernel" in n for n in names)
+    assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    deg = (lay.rowptr[1:] - lay.rowptr[:-1]).long()
+    dst = torch.repeat_interleave(torch.arange(lay.num_dst, device=DEV), deg)
+    col = lay.col.long()
+    alpha = reference.edge_softmax((q64[dst] * k64[col]).sum(-1) / math.sqrt(C), lay.rowptr)
+    if dropout > 0:
+        keep = dropout_keep(seed, lay.num_edges, H, dropout).to(DEV)
+        assert 0.25 < 1 - keep.double().mean().item() < 0.35
+        alpha = alpha * keep / (1 - dropout)
+    ref = reference.aggregate(lay.rowptr, lay.col, alpha, v64)
+    ref.backward(g.double())
+    assert rel_err(out, ref) < 1e-2
+    tol = 3.5e-3 if dtype == torch.bfloat16 else 4.5e-4
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert rel_err(got, want) < tol
 
 
 def _split_row_case(seed, n=6_000, n_edges=60_000, super_deg=5_000):

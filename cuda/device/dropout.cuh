@@ -20,9 +20,14 @@ __device__ __forceinline__ float uniform01(uint64_t seed, uint64_t counter) {
   return (float)(r >> 40) * (1.0f / 16777216.0f);
 }
 
+// Whether the weight of `counter` is kept (multiplied by 1 / (1 - p)).
+__device__ __forceinline__ bool dropout_keep(float p, uint64_t seed, uint64_t counter) {
+  return uniform01(seed, counter) >= p;
+}
+
 // Multiplier applied to a post-softmax weight: 0 (dropped) or 1 / (1 - p).
 __device__ __forceinline__ float dropout_scale(float p, uint64_t seed, uint64_t counter) {
-  return uniform01(seed, counter) >= p ? 1.0f / (1.0f - p) : 0.0f;
+  return dropout_keep(p, seed, counter) ? 1.0f / (1.0f - p) : 0.0f;
 }
 
 }  // namespace dfgnn

@@ -49,6 +49,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
     double dropout, int64_t seed, bool one_launch);
 
+// D = dO . O [N_dst, H] in fp32 for an fp16 / bf16 GT backward (gt_backward_dsum.cu),
+// from the half inputs and the forward's lse2, dropout `seed` and L's CSR work items.
+at::Tensor gt_backward_dsum(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& lse2, const LayoutView& L,
+                            double scale, double dropout, int64_t seed);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
     double negative_slope, double dropout, int64_t seed, bool need_attn,
