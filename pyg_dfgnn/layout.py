@@ -31,7 +31,6 @@ from .work_items import Work, chunk_for, order_items, split_work, work_items, wo
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class GraphLayout:
@@ -131,7 +130,7 @@ class GraphLayout:
             # the garbage collector cannot see: every batch's graph would leak. A
             # plain tensor needs neither: no build keeps its input.
             edge_index = edge_index.detach().as_subclass(Tensor)
-        if dtype not in _INDEX_DTYPES:
+        if dtype not in layout_build.INDEX_DTYPES:
             edge_index = edge_index.long()
         if size is None:
             n = int(edge_index.max()) + 1 if edge_index.numel() > 0 else 0

@@ -25,7 +25,8 @@ from .work_items import Work, chunk_for
 #: Largest work-item chunk the kernels handle (``kLayoutBuildMaxChunk``).
 MAX_CHUNK = 512
 _INT32_MAX = 2**31 - 1
-_INDEX_DTYPES = (torch.int32, torch.int64)
+#: Index dtypes the build takes (others are converted to int64 first).
+INDEX_DTYPES = (torch.int32, torch.int64)
 # Positions in the op's int64 `info` output (LayoutBuildInfo in cuda/kernels/layout_build.h).
 _STATUS, _LO_SRC, _LO_DST, _HI_SRC, _HI_DST, _KEPT, _UNSORTED, _MAX_IN, _ROW_SLOTS, \
     _COL_SLOTS, _NUM_EDGES = range(11)
@@ -69,7 +70,7 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     E0 = ei.size(1)
     n = min(num_src, num_dst) if loops else 0
     if (num_src <= 0 or num_dst <= 0 or max(E0 + n, num_src, num_dst) > _INT32_MAX
-            or ei.dtype not in _INDEX_DTYPES or not available(ei.device)):
+            or ei.dtype not in INDEX_DTYPES or not available(ei.device)):
         return None
     default = chunk is None
     if default:

@@ -34,12 +34,17 @@ from torch import Tensor
 ITEM_ORDERS = ("row", "rcm", "degree")
 
 
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    """The inverse permutation: ``out[perm[i]] = i``."""
+    out = np.empty(perm.size, dtype=np.int64)
+    out[perm] = np.arange(perm.size, dtype=np.int64)
+    return out
+
+
 def _dense_rank(key: np.ndarray) -> np.ndarray:
     """``rank[i]`` = position of ``key[i]`` among the sorted keys (a permutation of
     ``0 .. n - 1``; the keys are distinct)."""
-    rank = np.empty(key.size, dtype=np.int64)
-    rank[np.argsort(key, kind="stable")] = np.arange(key.size, dtype=np.int64)
-    return rank
+    return _inverse(np.argsort(key, kind="stable"))
 
 
 def rcm_rank(rowptr: Tensor, col: Tensor, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor]:
@@ -87,9 +92,7 @@ def rcm_rank(rowptr: Tensor, col: Tensor, num_src: int, num_dst: int) -> Tuple[T
     # int32 indices: the SciPy routine takes no other index type.
     sym = sp.csr_matrix((sym.data, sym.indices.astype(np.int32), sym.indptr.astype(np.int32)),
                         shape=sym.shape)
-    perm = reverse_cuthill_mckee(sym, symmetric_mode=True)  # perm[new] = old
-    pos = np.empty(n, dtype=np.int64)
-    pos[perm] = np.arange(n, dtype=np.int64)
+    pos = _inverse(reverse_cuthill_mckee(sym, symmetric_mode=True))  # perm[new] = old
     if split is None:
         rank = torch.from_numpy(pos).to(dev)
         return rank, rank

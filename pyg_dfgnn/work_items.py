@@ -67,6 +67,12 @@ def work_stats(deg: Tensor, chunk: int) -> Tensor:
     return (deg - 1).clamp_(min=0).div_(chunk, rounding_mode="floor")
 
 
+def item_edges(ptr: Tensor, row: Tensor, start: Tensor, chunk: int) -> Tensor:
+    r"""Edges of each work item (row ``row``, first edge ``start``): the rest of
+    its row, at most ``chunk``; the key of the longest-first order."""
+    return (ptr[1:][row] - start).clamp_(max=chunk)
+
+
 def work_items(ptr: Tensor, extra: Tensor, num_items: int, num_split: int, chunk: int,
                long_first: bool = True) -> Work:
     r""":func:`split_work` from on-device statistics, without a host
@@ -97,7 +103,7 @@ def work_items(ptr: Tensor, extra: Tensor, num_items: int, num_split: int, chunk
         # are split (power-law graphs): where every row fits one item (the batch
         # graphs) row order keeps neighbouring rows, which share neighbours,
         # together in L2, and sorting made them 1.2-1.8x slower.
-        n_edges = (ptr[1:][row] - start).clamp_(max=chunk)
+        n_edges = item_edges(ptr, row, start, chunk)
         items = items[torch.sort(n_edges, descending=True, stable=True).indices]
     split_rows = torch.nonzero_static(split, size=num_split).flatten()
     combine = torch.stack([split_rows.to(i32), slot[first[split_rows]], n_items[split_rows]], 1)
@@ -157,6 +163,6 @@ def order_items(work: Work, ptr: Tensor, rank: Tensor, chunk: int, long_first: b
     perm = torch.sort(start, stable=True).indices
     perm = perm[torch.sort(rank[row[perm]], stable=True).indices]
     if long_first and work.num_slots > 0:
-        n_edges = (ptr[1:][row[perm]] - start[perm]).clamp_(max=chunk)
+        n_edges = item_edges(ptr, row[perm], start[perm], chunk)
         perm = perm[torch.sort(n_edges, descending=True, stable=True).indices]
     return Work(items[perm].contiguous(), work.combine, work.num_slots)
