@@ -264,8 +264,10 @@ def test_int64_layout_on_cpu_runs_the_reference():
 def test_int64_layout_on_cuda_raises():
     """Every op and every layer raises NotImplementedError naming the limit, and
     allocates nothing of the graph's ``[E, H, C]`` size first."""
+    # Eighty edges per node, so an [E, H, C] tensor dwarfs what the layers may
+    # allocate per node first (the joined projection and the q, k, v rows).
     n = 500
-    ei = random_graph(n, num_edges=4000).cuda()
+    ei = random_graph(n, num_edges=40_000).cuda()
     lay = as_int64(GraphLayout.from_edge_index(ei, (n, n)))
     for name, call in _op_calls(lay, n, device="cuda").items():
         with pytest.raises(NotImplementedError, match=r"2\^31"):
