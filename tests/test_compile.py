@@ -238,17 +238,17 @@ def _layout(num_src, num_dst=None, **kw):
     return GraphLayout.from_edge_index(ei, (num_src, num_dst or num_src))
 
 
-def _gt_call(lay, dropout=0.0):
+def _gt_call(lay, dropout=0.0, need_grad=True):
     def call(q, k, v):
-        return torch.ops.pyg_dfgnn.gt_attention(q, k, v, lay.handle, 0.4, dropout, True, "auto",
-                                                "dot")
+        return torch.ops.pyg_dfgnn.gt_attention(q, k, v, lay.handle, 0.4, dropout, need_grad,
+                                                "auto", "dot")
     return call
 
 
-def _gat_call(lay, dropout=0.0):
+def _gat_call(lay, dropout=0.0, need_grad=True):
     def call(a_dst, a_src, x):
         return torch.ops.pyg_dfgnn.gat_attention(a_dst, a_src, x, lay.handle, 0.2, dropout,
-                                                 True, "auto", "additive")
+                                                 need_grad, "auto", "additive")
     return call
 
 
@@ -320,6 +320,98 @@ def test_op_token_names_the_forward_plan_overrides():
         token = _gt_call(lay)(*inputs)[2]
         assert compiled._OVERRIDES[token.tolist()[1]] == plan._current() != ()
     assert compiled._OVERRIDES[_gt_call(lay)(*inputs)[2].tolist()[1]] == ()
+
+
+class StandInKernels:
+    """CPU stand-ins for torch.ops.dfgnn's forward and backward ops, with their
+    schemas' argument order: they compute the reference from the CSR they are
+    given and record the calls, so the kernel branch of the compiled ops (the
+    arguments it passes, forward to backward) runs without a GPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name):
+        return lambda *args: getattr(self, name)(*args)
+
+    def _fwd(self, name, a, b, c, csr, csc, sizes, param, dropout, seed, need_attn, plan, fn):
+        self.calls.append((name, sizes, csc is not None, seed, tuple(plan)))
+        assert not need_attn and len(plan) == 4
+        out = fn(csr[0], csr[1], a, b, c, param)[0]  # dropout: seeds are checked
+        return out, torch.zeros(a.size(0), c.size(1)), torch.empty(0)
+
+    def _bwd(self, name, grad, a, b, c, out, lse, csr, csc, sizes, param, dropout, seed, fn):
+        self.calls.append((name, sizes, len(csc) == 5, seed))
+        leaves = [t.detach().requires_grad_() for t in (a, b, c)]
+        with torch.enable_grad():
+            ref = fn(csr[0], csr[1], *leaves, param)[0]
+            return torch.autograd.grad(ref, leaves, grad)
+
+    def gt_fwd(self, q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn, plan, dense):
+        return self._fwd("gt_fwd", q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn,
+                         plan, reference.dot_attention)
+
+    def gt_bwd(self, grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed, one_launch):
+        assert isinstance(one_launch, bool)
+        return self._bwd("gt_bwd", grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout,
+                         seed, reference.dot_attention)
+
+    def gat_fwd(self, a_dst, a_src, x, csr, csc, sizes, slope, dropout, seed, need_attn, plan):
+        return self._fwd("gat_fwd", a_dst, a_src, x, csr, csc, sizes, slope, dropout, seed,
+                         need_attn, plan, reference.additive_attention)
+
+    def gat_bwd(self, grad, a_dst, a_src, x, out, lse, csr, csc, sizes, slope, dropout, seed):
+        return self._bwd("gat_bwd", grad, a_dst, a_src, x, out, lse, csr, csc, sizes, slope,
+                         dropout, seed, reference.additive_attention)
+
+
+@pytest.mark.parametrize("op", ["gt", "gat"])
+def test_kernel_branch_arguments(op, monkeypatch):
+    """The compiled ops' kernel branch: the forward passes the prepared layout with
+    its CSC when a backward follows, the backward the same sizes and the plan of
+    its forward (overrides in effect then, not when the backward runs)."""
+    from pyg_dfgnn.ops import compiled, plan
+    kernels = StandInKernels()
+    monkeypatch.setattr(compiled, "_kernel", kernels)
+    monkeypatch.setattr(compiled, "_runs_kernels", lambda *args: True)
+    lay = _layout(40, num_edges=200)
+    call = (_gt_call if op == "gt" else _gat_call)(lay)
+    inputs = _inputs(op, lay)
+    with plan.override(chunk=8):
+        out = call(*inputs)[0]
+    assert rel_err(out, _reference(op, lay, *inputs)) < 1e-12
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    want = torch.autograd.grad(_reference(op, lay, *inputs), inputs, g)
+    assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, want))
+    (fwd, fwd_sizes, with_csc, _, _), (bwd, bwd_sizes, bwd_csc, _) = kernels.calls
+    assert (fwd, bwd) == (f"{op}_fwd", f"{op}_bwd") and with_csc and bwd_csc
+    assert fwd_sizes == bwd_sizes and fwd_sizes[2] == 8  # the forward's chunk
+    with torch.no_grad():
+        (_gt_call if op == "gt" else _gat_call)(lay, need_grad=False)(*inputs)
+    assert kernels.calls[-1][2] is False  # no backward: no CSC
+
+
+@pytest.mark.parametrize("name", ["gt", "gat"])
+def test_kernel_branch_under_compile_keeps_the_forward_seed(name, monkeypatch):
+    """Through AOTAutograd's saved tensors, each layer's backward gets the seed
+    its forward drew (the token), and every step draws new ones."""
+    from pyg_dfgnn.ops import compiled
+    kernels = StandInKernels()
+    monkeypatch.setattr(compiled, "_kernel", kernels)
+    monkeypatch.setattr(compiled, "_runs_kernels", lambda *args: True)
+    torch._dynamo.reset()
+    _, fused = models(name, dropout=0.3)
+    model = torch.compile(fused.train(), dynamic=True, backend="aot_eager")
+    seeds = []
+    for x, ei in batches(3):
+        kernels.calls.clear()
+        step(model, x, ei)
+        fwd = [c[3] for c in kernels.calls if c[0].endswith("fwd")]
+        bwd = [c[3] for c in kernels.calls if c[0].endswith("bwd")]
+        assert len(fwd) == 2 and bwd == fwd[::-1] and all(s > 0 for s in fwd)
+        seeds += fwd
+    assert len(set(seeds)) == len(seeds)
 
 
 @pytest.mark.parametrize("op", ["gt", "gat"])
@@ -422,3 +514,24 @@ def test_cuda_plan_overrides_reach_the_compiled_ops(name):
         assert rel_err(out, want_out) < 1e-5
         for a, b in zip(got, want):
             assert rel_err_floor(a, b, layer_grad_floor(want)) < 1e-4
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", ["gt", "gat"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_opcheck_and_kernels_match_reference(op, dtype):
+    lay = _layout(40, num_edges=300).to(DEV)
+    inputs = [t.detach().to(dtype).requires_grad_() for t in _inputs(op, lay, device=DEV)]
+    fn = torch.ops.pyg_dfgnn.gt_attention if op == "gt" else torch.ops.pyg_dfgnn.gat_attention
+    param, score = (0.4, "dot") if op == "gt" else (0.2, "additive")
+    args = (*inputs, lay.handle, param, 0.0, True, "auto", score)
+    torch.library.opcheck(fn, args)
+    out = fn(*args)[0]
+    want = _reference(op, lay, *[t.double() for t in inputs])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert out.dtype == dtype and rel_err(out, want) < tol
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    ref = torch.autograd.grad(want, inputs, g.double())
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) < (1e-4 if dtype == torch.float32 else 3e-2)

@@ -127,6 +127,12 @@ GAT = _Family("gat_attention", ("a_dst", "a_src", "x", "negative_slope"), _check
               "gat_fwd", "gat_bwd", gat_args, _gat_reference, False)
 
 
+def _kernel(name: str):
+    """``torch.ops.dfgnn.<name>.default`` (a function: tests stand in for the
+    kernels on machines without them)."""
+    return getattr(torch.ops.dfgnn, name).default
+
+
 def _forward(fam: _Family, a: Tensor, b: Tensor, c: Tensor, handle: Tensor, param: float,
              dropout: float, need_grad: bool, strategy: str, score: str):
     layout = layout_of(int(handle[0]))
@@ -137,7 +143,7 @@ def _forward(fam: _Family, a: Tensor, b: Tensor, c: Tensor, handle: Tensor, para
         seed = _seed() if dropout > 0 else 0
         args = fam.args(prep, a.contiguous(), b.contiguous(), c.contiguous(), param, dropout,
                         seed, False)
-        out, lse, _attn = getattr(torch.ops.dfgnn, fam.kernel_fwd).default(*args)
+        out, lse, _attn = _kernel(fam.kernel_fwd)(*args)
     else:
         choose_strategy(layout.max_in_degree, score, c.element_size(), strategy)  # checks
         seed = _seed() if dropout > 0 else 0
@@ -157,7 +163,7 @@ def _backward(fam: _Family, grad: Tensor, a: Tensor, b: Tensor, c: Tensor, out: 
         prep = prepared(layout, dtype, head_size, score, strategy, dropout > 0, False, True,
                         overrides=_OVERRIDES[oid])
         extra = (bool(prep.flags[3]),) if fam.one_launch else ()
-        return getattr(torch.ops.dfgnn, fam.kernel_bwd).default(
+        return _kernel(fam.kernel_bwd)(
             grad.contiguous(), a.contiguous(), b.contiguous(), c.contiguous(), out, lse,
             prep.csr, prep.csc, prep.sizes, param, dropout, seed, *extra)
     with torch.enable_grad():
