@@ -457,17 +457,22 @@ def test_cuda_new_graph_each_step_does_not_recompile(name, dtype):
     _, fused = models(name)
     fused = fused.to(DEV, dtype)
     eager = copy.deepcopy(fused)
-    model = torch.compile(fused, dynamic=True)
+    # Inductor in fp32 (what benchmarks.minibatch's fused_compile runs); bf16 with
+    # aot_eager, which rounds the traced ops as eager does (Inductor computes
+    # elementwise chains in fp32). AGNN's compiled normalisation is not the eager
+    # fused kernel's, and its beta gradient is a sum with heavy cancellation.
+    backend = "inductor" if dtype == torch.float32 else "aot_eager"
+    targets = set()
+    model = torch.compile(fused, dynamic=True, backend=recording(backend, targets))
     seen = []
-    # bf16: Inductor rounds the traced ops (projections, AGNN's normalisation)
-    # differently from eager; AGNN's beta gradient is a sum with heavy cancellation.
-    tol = (1e-5, 1e-4) if dtype == torch.float32 else (3e-2, 1e-1)
+    tol = (1e-5, 1e-4) if dtype == torch.float32 else (2e-2, 1e-1)
     for x, ei in batches(6, DEV):
         x = x.to(dtype)
         got = step(model, x, ei)
         seen.append(compiled_graphs())
         check_close(got, step(eager, x, ei.clone()), *tol)
     assert seen[1] == seen[-1] <= 4, seen
+    assert ENTRY[name] in targets
 
 
 @pytest.mark.cuda
@@ -503,7 +508,7 @@ def test_cuda_plan_overrides_reach_the_compiled_ops(name):
     _, fused = models(name)
     fused = fused.to(DEV)
     eager = copy.deepcopy(fused)
-    model = torch.compile(fused, dynamic=True)
+    model = torch.compile(fused, dynamic=True, backend="aot_eager")
     for x, ei in batches(3, DEV):
         with plan.override(chunk=16, two_rows=False, bwd_launches=2):
             out = model(x, ei)
