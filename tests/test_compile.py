@@ -147,13 +147,14 @@ def test_cached_layouts_do_not_recompile(name):
     assert compiled_graphs() == first == 1
 
 
-def test_backward_after_the_graph_is_freed():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_backward_after_the_graph_is_freed(backend):
     """The compiled backward gets the layout through the forward's token, not
     through the edge_index, which the caller may have dropped."""
     torch._dynamo.reset()
     _, fused = models("gt")
     eager = copy.deepcopy(fused)
-    model = torch.compile(fused, dynamic=True, backend="aot_eager")
+    model = torch.compile(fused, dynamic=True, backend=backend)
     x = torch.randn(30, F_IN)
     ei = random_graph(30, num_edges=90)
     want = step(eager, x, ei.clone())
