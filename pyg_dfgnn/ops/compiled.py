@@ -46,8 +46,12 @@ from .plan import choose_strategy
 
 _LIB = torch.library.Library("pyg_dfgnn", "FRAGMENT")
 _FLOAT = torch.float32
-_TAGS = tuple(getattr(torch.Tag, name) for name in ("cudagraph_unsafe", "nondeterministic_seeded")
-              if hasattr(torch.Tag, name))
+# cudagraph_unsafe: see above. nondeterministic_seeded (the forward): each call
+# draws a dropout seed, so two calls are never merged or recomputed.
+_BWD_TAGS = tuple(getattr(torch.Tag, name) for name in ("cudagraph_unsafe",)
+                  if hasattr(torch.Tag, name))
+_FWD_TAGS = _BWD_TAGS + tuple(getattr(torch.Tag, name) for name in ("nondeterministic_seeded",)
+                              if hasattr(torch.Tag, name))
 
 # Plan overrides (pyg_dfgnn.ops.plan.override) a forward ran with, by id: the
 # token names them, as a tensor holds no Python objects. Tests and benchmarks use
@@ -62,13 +66,13 @@ class _Keep(np.ndarray):
     receives the token, not the layout, and the user may drop the graph first."""
 
 
-def _token(seed: int, layout) -> Tensor:
+def _token(seed: int, layout, handle_id: int) -> Tensor:
     overrides = _plan._current()
     oid = _OVERRIDE_IDS.get(overrides)
     if oid is None:
         oid = _OVERRIDE_IDS[overrides] = len(_OVERRIDES)
         _OVERRIDES.append(overrides)
-    arr = np.array([seed, oid, int(layout.handle[0])], dtype=np.int64).view(_Keep)
+    arr = np.array([seed, oid, handle_id], dtype=np.int64).view(_Keep)
     arr.layout = layout
     return torch.from_numpy(arr)
 
@@ -135,7 +139,8 @@ def _kernel(name: str):
 
 def _forward(fam: _Family, a: Tensor, b: Tensor, c: Tensor, handle: Tensor, param: float,
              dropout: float, need_grad: bool, strategy: str, score: str):
-    layout = layout_of(int(handle[0]))
+    handle_id = int(handle[0])
+    layout = layout_of(handle_id)
     fam.check(layout, a, b, c)
     head_size, dtype = c.size(2), c.dtype
     if _runs_kernels(layout, c.is_cuda, head_size, dtype):
@@ -150,7 +155,7 @@ def _forward(fam: _Family, a: Tensor, b: Tensor, c: Tensor, handle: Tensor, para
         with _dropout_rng(seed, dropout, c.device):
             out = fam.reference(layout, a, b, c, param, dropout).contiguous()
         lse = c.new_zeros((a.size(0), c.size(1)), dtype=_FLOAT)  # the kernels' only
-    return out, lse, _token(seed, layout)
+    return out, lse, _token(seed, layout, handle_id)
 
 
 def _backward(fam: _Family, grad: Tensor, a: Tensor, b: Tensor, c: Tensor, out: Tensor,
@@ -180,10 +185,10 @@ def _define(fam: _Family) -> None:
     feats = f"Tensor {a}, Tensor {b}, Tensor {c}"
     _LIB.define(f"{fam.name}({feats}, Tensor handle, float {param}, float dropout, "
                 "bool need_grad, str strategy, str score) -> (Tensor, Tensor, Tensor)",
-                tags=_TAGS)
+                tags=_FWD_TAGS)
     _LIB.define(f"{fam.name}_bwd(Tensor grad_out, {feats}, Tensor out, Tensor lse, "
                 f"Tensor token, float {param}, float dropout, str strategy, str score) "
-                "-> (Tensor, Tensor, Tensor)", tags=_TAGS)
+                "-> (Tensor, Tensor, Tensor)", tags=_BWD_TAGS)
     _LIB.impl(fam.name, lambda *args: _forward(fam, *args), "CompositeExplicitAutograd")
     _LIB.impl(f"{fam.name}_bwd", lambda *args: _backward(fam, *args),
               "CompositeExplicitAutograd")
