@@ -435,9 +435,15 @@ def test_op_checks_shapes_when_it_runs():
 def test_every_layout_has_its_own_handle():
     ei = random_graph(10, num_edges=30)
     lay = get_layout(ei, (10, 10))
-    copies = [copy.copy(lay), copy.deepcopy(lay), pickle.loads(pickle.dumps(lay))]
+    order = ei[1].argsort(stable=True)
+    grouped = ei[:, order]  # by destination, as NeighborLoader emits edges
+    parent = GraphLayout.from_edge_index(grouped, (10, 10))
+    prefix = grouped[:, :int((grouped[1] < 5).sum())]
+    narrowed = parent.narrow(prefix, (10, 5))
+    assert narrowed is not None and narrowed.num_dst == 5
+    copies = [copy.copy(lay), copy.deepcopy(lay), pickle.loads(pickle.dumps(lay)), narrowed]
     handles = {int(t.handle[0]) for t in [lay, *copies]}
-    assert len(handles) == 4
+    assert len(handles) == 5
     for t in [lay, *copies]:
         assert layout_of(int(t.handle[0])) is t
         assert t.handle.dtype == torch.int64 and t.handle.shape == (1,)
@@ -526,7 +532,10 @@ def test_cuda_plan_overrides_reach_the_compiled_ops(name):
 @pytest.mark.parametrize("op", ["gt", "gat"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_opcheck_and_kernels_match_reference(op, dtype):
-    lay = _layout(40, num_edges=300).to(DEV)
+    cpu_layout = _layout(40, num_edges=300)
+    lay = cpu_layout.to(DEV)
+    assert layout_of(int(lay.handle[0])) is lay and lay.handle.device.type == "cpu"
+    assert layout_of(int(cpu_layout.handle[0])) is cpu_layout
     inputs = [t.detach().to(dtype).requires_grad_() for t in _inputs(op, lay, device=DEV)]
     fn = torch.ops.pyg_dfgnn.gt_attention if op == "gt" else torch.ops.pyg_dfgnn.gat_attention
     param, score = (0.4, "dot") if op == "gt" else (0.2, "additive")
