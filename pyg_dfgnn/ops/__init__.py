@@ -233,13 +233,15 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     squeeze = x_src.dim() == 2
     xs = x_src.unsqueeze(1) if squeeze else x_src
     if torch.compiler.is_compiling() and not return_attention:
-        # The normalisation in traced torch ops, then the GT op with scale 1 (the
-        # PMF branch below): the layout enters the graph as its handle only.
-        k = F.normalize(xs, p=2.0, dim=-1, eps=_NORMALIZE_EPS)
-        q = k if x_dst is x_src else F.normalize(x_dst.unsqueeze(1) if squeeze else x_dst,
-                                                 p=2.0, dim=-1, eps=_NORMALIZE_EPS)
-        out = compiled.gt_attention(layout, (q * beta).to(k.dtype), k, xs, 1.0, 0.0, True,
-                                    strategy, "cosine")
+        # The normalisation in traced torch ops (in float32, rounded once, as the
+        # l2norm kernel), then the GT op with scale 1 (the PMF branch below): the
+        # layout enters the graph as its handle only.
+        k = F.normalize(xs.float(), p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+        q = k if x_dst is x_src else F.normalize(
+            (x_dst.unsqueeze(1) if squeeze else x_dst).float(), p=2.0, dim=-1,
+            eps=_NORMALIZE_EPS)
+        out = compiled.gt_attention(layout, (q * beta).to(xs.dtype), k.to(xs.dtype), xs, 1.0,
+                                    0.0, True, strategy, "cosine")
         return out.squeeze(1) if squeeze else out
     C, dtype = xs.shape[-1], xs.dtype
     fused_norm = (x_dst is x_src and _runs_kernels(layout, xs.is_cuda, C, dtype)
