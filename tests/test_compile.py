@@ -31,9 +31,8 @@ LAYERS = {
 
 
 class TwoLayers(torch.nn.Module):
-    def __init__(self, make, dropout: float = 0.0):
+    def __init__(self, make, hidden: int, dropout: float = 0.0):
         super().__init__()
-        hidden = F_IN if make(F_IN).__class__.__name__.endswith("AGNNConv") else HEADS * C
         self.lin = torch.nn.Linear(F_IN, F_IN)
         self.conv1, self.conv2 = make(F_IN), make(hidden)
         for conv in (self.conv1, self.conv2):
@@ -48,7 +47,8 @@ class TwoLayers(torch.nn.Module):
 def models(name: str, dropout: float = 0.0):
     """(native, fused) two-layer models with the same parameters."""
     make_native, make_fused = LAYERS[name]
-    native, fused = TwoLayers(make_native, dropout), TwoLayers(make_fused, dropout)
+    hidden = F_IN if name == "agnn" else HEADS * C  # AGNN keeps the width
+    native, fused = TwoLayers(make_native, hidden, dropout), TwoLayers(make_fused, hidden, dropout)
     fused.load_state_dict(native.state_dict())
     if name == "agnn":
         with torch.no_grad():  # beta = 1 would hide a wrong beta
