@@ -15,6 +15,8 @@ node. The kernels therefore walk
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -31,6 +33,25 @@ from .work_items import Work, chunk_for, order_items, split_work, work_items, wo
 BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
+
+# handle id -> layout, for the ops that compiled code calls (pyg_dfgnn.ops.compiled):
+# they receive a layout's `handle` tensor, not the layout. Weak values: the
+# registry never keeps a layout alive.
+_BY_HANDLE: "weakref.WeakValueDictionary[int, GraphLayout]" = weakref.WeakValueDictionary()
+_HANDLE_IDS = itertools.count(1)
+
+
+def layout_of(handle_id: int) -> "GraphLayout":
+    """The live :class:`GraphLayout` whose ``handle`` holds ``handle_id``.
+
+    Raises:
+        LookupError: no live layout has that handle.
+    """
+    layout = _BY_HANDLE.get(int(handle_id))
+    if layout is None:
+        raise LookupError(f"pyg_dfgnn: no live GraphLayout has handle {int(handle_id)} (the "
+                          "layout was freed, or the handle came from another process)")
+    return layout
 
 
 class GraphLayout:
@@ -57,6 +78,9 @@ class GraphLayout:
             each CSC edge, ``[E]`` CSR position of each CSC edge.
         derived (Derived): what the kernels derive from the graph and reuse
             (work items, tile plan, kernel plans; :mod:`pyg_dfgnn.derived`).
+        handle (Tensor): ``[1]`` int64 on the CPU, this layout's id for the ops
+            compiled code calls (:func:`layout_of` finds the layout); every layout,
+            copy and move has its own.
 
     Index tensors are int32 when every index and ``E`` fit, else int64.
     """
@@ -82,6 +106,26 @@ class GraphLayout:
         self._device = col.device
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
         self.derived = Derived()
+        self._register()
+
+    def _register(self) -> None:
+        # A CPU int64 [1] tensor naming this layout in the registry: under
+        # torch.compile it is a graph input read from the layout on each call, so
+        # a new graph is a new input value, where the layout's Python ints would
+        # be guarded constants (docs/layout_cache.md, "torch.compile").
+        handle_id = next(_HANDLE_IDS)
+        with torch.inference_mode(False):  # saved for backward by compiled code
+            self.handle = torch.tensor([handle_id], dtype=torch.int64)
+        _BY_HANDLE[handle_id] = self
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["handle"]  # a copy (pickle, copy, deepcopy) gets a handle of its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._register()
 
     # ------------------------------------------------------------------ build
     @classmethod

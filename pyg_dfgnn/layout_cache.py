@@ -105,6 +105,10 @@ class _LayoutCache:
         self.plain = (_plain_key(parts[0]) if len(parts) == 1 and type(parts[0]) is Tensor
                       and not self.snapshot else None)
         self.layouts: dict = {}
+        # self_loops -> [(sized, layout)] in build order: the lookup of compiled
+        # code (_compiled_lookup), which must not key a dict on the node counts
+        # (Python ints a guard would pin: a recompile per mini-batch).
+        self.by_flag: dict = {}
 
     def matches(self, adj) -> bool:
         if self.plain is not None and type(adj) is Tensor:
@@ -169,6 +173,8 @@ def _store(adj, key, layout: GraphLayout) -> None:
         except (AttributeError, TypeError):  # an object that takes no attributes
             return
     cache.layouts[key] = layout
+    cache.by_flag[key[1]] = [(k[0] is not None, lay) for k, lay in cache.layouts.items()
+                             if k[1] == key[1]]
 
 
 def _merged(adj: Tensor) -> Tensor:
@@ -252,20 +258,33 @@ def get_layout(adj: Union[Tensor, "object"], size: Optional[Tuple[int, int]] = N
         LayoutIndexError: indices out of range (an ``IndexError``).
         ValueError: a malformed ``edge_index``.
     """
-    key = _key(size, add_self_loops)
     cache = getattr(adj, _ATTR, None)
     if torch.compiler.is_compiling():
-        layout = cache.layouts.get(key) if isinstance(cache, _LayoutCache) else None
+        layout = (_compiled_lookup(cache, size, bool(add_self_loops))
+                  if isinstance(cache, _LayoutCache) else None)
         if layout is None:
             return _build_outside_graph(adj, size, add_self_loops)
         torch.ops.pyg_dfgnn.check_layout.default(list(_index_parts(adj)), cache.stamp_tensor,
                                                  list(cache.snapshot))
         return layout
     if type(cache) is _LayoutCache:
-        layout = cache.layouts.get(key)
+        layout = cache.layouts.get(_key(size, add_self_loops))
         if layout is not None and cache.matches(adj):
             return layout
     return _build_cached(adj, size, add_self_loops)
+
+
+def _compiled_lookup(cache: _LayoutCache, size, add_self_loops: bool) -> Optional[GraphLayout]:
+    # The node counts are compared, not hashed: under dynamic shapes each
+    # comparison is a relation between symbolic sizes, whose guard holds for
+    # every batch of the same model (a dict key would pin the counts).
+    for sized, layout in cache.by_flag.get(add_self_loops, ()):
+        if size is None:
+            if not sized:
+                return layout
+        elif sized and layout.num_src == size[0] and layout.num_dst == size[1]:
+            return layout
+    return None
 
 
 def attach_layout(adj, layout: GraphLayout, size=None, add_self_loops: bool = False) -> None:

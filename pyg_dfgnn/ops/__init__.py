@@ -162,7 +162,16 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         the dK / dV kernel is an SpMM with them (``docs/design.md``, "Backward").
         The kernel plan (:mod:`pyg_dfgnn.ops.plan`) makes each of these decisions;
         :func:`pyg_dfgnn.ops.plan.override` changes them, for tests and comparisons.
+
+    .. note::
+        Inside ``torch.compile`` (without ``return_attention``) the call is the
+        custom op ``pyg_dfgnn::gt_attention`` (:mod:`pyg_dfgnn.ops.compiled`): the
+        layout enters the compiled graph as its ``handle`` tensor, and the checks,
+        the kernel plan and the dropout seed run inside the op, so a new graph does
+        not recompile.
     """
+    if torch.compiler.is_compiling() and not return_attention:
+        return compiled.gt_attention(layout, q, k, v, scale, dropout, training, strategy, score)
     _check_features(layout, q, k, v, "gt_attention")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"gt_attention: dropout must be in [0, 1), got {dropout}")
@@ -223,6 +232,17 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     x_dst = x_src if x_dst is None else x_dst
     squeeze = x_src.dim() == 2
     xs = x_src.unsqueeze(1) if squeeze else x_src
+    if torch.compiler.is_compiling() and not return_attention:
+        # The normalisation in traced torch ops (in float32, rounded once, as the
+        # l2norm kernel), then the GT op with scale 1 (the PMF branch below): the
+        # layout enters the graph as its handle only.
+        k = F.normalize(xs.float(), p=2.0, dim=-1, eps=_NORMALIZE_EPS)
+        q = k if x_dst is x_src else F.normalize(
+            (x_dst.unsqueeze(1) if squeeze else x_dst).float(), p=2.0, dim=-1,
+            eps=_NORMALIZE_EPS)
+        out = compiled.gt_attention(layout, (q * beta).to(xs.dtype), k.to(xs.dtype), xs, 1.0,
+                                    0.0, True, strategy, "cosine")
+        return out.squeeze(1) if squeeze else out
     C, dtype = xs.shape[-1], xs.dtype
     fused_norm = (x_dst is x_src and _runs_kernels(layout, xs.is_cuda, C, dtype)
                   and xs.size(0) == layout.num_dst == layout.num_src)
@@ -289,19 +309,15 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
 
     Raises:
         ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
+
+    .. note::
+        Inside ``torch.compile`` (without ``return_attention``) the call is the
+        custom op ``pyg_dfgnn::gat_attention``, as in :func:`gt_attention`.
     """
-    if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
-        raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
-                         f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
-                         f"{tuple(a_dst.shape)}")
-    if x.size(0) != layout.num_src:
-        raise ValueError(f"gat_attention: x has {x.size(0)} rows but the graph has "
-                         f"{layout.num_src} source nodes")
-    if not (x.dtype == a_src.dtype == a_dst.dtype):
-        raise ValueError("gat_attention: a_src, a_dst and x must share a dtype")
-    if x.device != layout.device:
-        raise ValueError(f"gat_attention: the features are on {x.device} but the layout is on "
-                         f"{layout.device}")
+    if torch.compiler.is_compiling() and not return_attention:
+        return compiled.gat_attention(layout, a_src, a_dst, x, negative_slope, dropout,
+                                      training, strategy)
+    _check_gat(layout, a_src, a_dst, x)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"gat_attention: dropout must be in [0, 1), got {dropout}")
     p = float(dropout) if training else 0.0
@@ -323,6 +339,21 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
     return out
 
 
+def _check_gat(layout, a_src: Tensor, a_dst: Tensor, x: Tensor) -> None:
+    if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
+        raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
+                         f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
+                         f"{tuple(a_dst.shape)}")
+    if x.size(0) != layout.num_src:
+        raise ValueError(f"gat_attention: x has {x.size(0)} rows but the graph has "
+                         f"{layout.num_src} source nodes")
+    if not (x.dtype == a_src.dtype == a_dst.dtype):
+        raise ValueError("gat_attention: a_src, a_dst and x must share a dtype")
+    if x.device != layout.device:
+        raise ValueError(f"gat_attention: the features are on {x.device} but the layout is on "
+                         f"{layout.device}")
+
+
 def fused_attention(layout, score: str = "dot", **kwargs) -> OpResult:
     r"""One entry for the three score functions of the paper (§5.1):
     ``"dot"`` -> :func:`gt_attention`, ``"cosine"`` -> :func:`agnn_attention`,
@@ -334,3 +365,7 @@ def fused_attention(layout, score: str = "dot", **kwargs) -> OpResult:
     if score == "additive":
         return gat_attention(layout, **kwargs)
     raise ValueError(f"score must be 'dot', 'cosine' or 'additive', got {score!r}")
+
+
+# Last: it takes the checks and helpers above.
+from . import compiled  # noqa: E402  (the custom ops torch.compile regions call)

@@ -42,16 +42,19 @@ class Prepared(NamedTuple):
 
 
 def prepared(layout, dtype: torch.dtype, head_size: int, score: str, strategy: str,
-             dropout: bool, need_attn: bool, need_grad: bool, tiles: bool = True) -> Prepared:
+             dropout: bool, need_attn: bool, need_grad: bool, tiles: bool = True,
+             overrides: Optional[tuple] = None) -> Prepared:
     """The :class:`Prepared` arguments of a call (:func:`~pyg_dfgnn.ops.plan.plan_for`'s
     arguments, and ``need_grad``: the call records a backward, which walks the CSC).
+    ``overrides``: the plan overrides to decide with, by default those in effect
+    (a backward passes its forward's).
 
     Raises:
         ValueError: as :func:`~pyg_dfgnn.ops.plan.plan_for`.
     """
     calls = layout.derived.calls
     key = (dtype, head_size, score, strategy, dropout, need_attn, tiles,
-           _plan._current(), need_grad)
+           _plan._current() if overrides is None else overrides, need_grad)
     hit = calls.get(key)
     if hit is None:
         plan, kept = _plan.kept_plan(layout, key[:-1])

@@ -110,8 +110,10 @@ def override(**fields) -> Iterator[None]:
     Nested blocks add to the outer ones; a field set to ``None`` goes back to the
     default rule. The previous state returns when the block exits, also on an
     exception. Overrides are per thread and asyncio task (:mod:`contextvars`);
-    a backward keeps the decisions of its forward. ``torch.compile`` regions run
-    the default plan (Dynamo cannot read a context variable).
+    a backward keeps the decisions of its forward. Under ``torch.compile`` the fused
+    ops (:mod:`pyg_dfgnn.ops.compiled`) read them when the compiled code runs; code
+    that Dynamo traces sees none (it cannot read a context variable), so a traced
+    ``return_attention`` call runs the default plan.
 
     Args:
         rule (str): how ``strategy="auto"`` decides: ``"measured"`` (default,
@@ -156,8 +158,8 @@ def override(**fields) -> Iterator[None]:
 
 
 def _current() -> Tuple[Tuple[str, object], ...]:
-    # Dynamo cannot trace ContextVar.get, so compiled regions run the default plan:
-    # overrides are for eager tests and benchmarks.
+    # Dynamo cannot trace ContextVar.get, so traced code runs the default plan; the
+    # compiled entry ops (pyg_dfgnn.ops.compiled) run outside the trace and read it.
     if torch.compiler.is_compiling():
         return ()
     return _OVERRIDES.get()
@@ -165,7 +167,7 @@ def _current() -> Tuple[Tuple[str, object], ...]:
 
 def overrides() -> dict:
     """The overrides in effect (field -> value), empty outside :func:`override` and
-    inside ``torch.compile`` regions (which always run the default plan)."""
+    inside code that ``torch.compile`` traces (which runs the default plan)."""
     return dict(_current())
 
 
