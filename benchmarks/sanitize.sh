@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer stage: benchmarks/sanitize.py (every kernel family x dtype x
-# strategy x path, checked against float64) under compute-sanitizer's memcheck,
+# strategy x path, checked against float64) and benchmarks/layout_build_check.py
+# --quick (the GPU layout build) under compute-sanitizer's memcheck,
 # racecheck, initcheck and synccheck. Run from the repository root on a machine
 # with a GPU and the built extension:
 #   bash benchmarks/sanitize.sh [OUTDIR] [TOOLS...]
@@ -37,6 +38,15 @@ for tool in $tools; do
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
   failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)
   echo "$tool: rc=$rc ${summary:-no summary} | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
+  [ $rc -eq 0 ] || status=1
+  # The GPU layout build on its own: every CSC column-ordering path (warp, block,
+  # cub), which the layers above do not all reach.
+  t0=$(date +%s)
+  "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
+    python3 -m benchmarks.layout_build_check --quick > "$out/layout_build_$tool.log" 2>&1
+  rc=$?
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/layout_build_$tool.log" | tail -1)
+  echo "$tool, layout build: rc=$rc ${summary:-no summary} | $(tail -1 "$out/layout_build_$tool.log") | $(( $(date +%s) - t0 )) s"
   [ $rc -eq 0 ] || status=1
 done
 unset PYTORCH_NO_CUDA_MEMORY_CACHING
