@@ -25,15 +25,17 @@ the timings. A compiler failure is recorded as ``status: "compile_failed"``, an
 out-of-memory or other failure as ``status: "error"``, each with its first line;
 neither stops the run. Every method's output is compared with the eager PyG layer's
 (``rel_err``; above ``TOLERANCE`` the method's status is ``mismatch``), so a broken
-run shows. ``bf16`` runs the layer call under ``torch.autocast(dtype=torch.bfloat16)``,
-both sides alike (parameters and ``x`` stay fp32); its ``rel_err`` is against the
-fp32 eager PyG layer. Every method runs under the same matmul precision (TF32 off
-unless ``--tf32``).
+run shows. Rows carry ``speedup_vs_pyg_compile`` (compiled PyG's time / fused's and
+fused-compile's) and ``target`` (issue 25's fwd+bwd target for the row,
+:data:`TARGETS`, and whether the better of the two meets it). ``bf16`` runs the layer
+call under ``torch.autocast(dtype=torch.bfloat16)``, both sides alike (parameters and
+``x`` stay fp32); its ``rel_err`` is against the fp32 eager PyG layer. Every method
+runs under the same matmul precision (TF32 off unless ``--tf32``).
 
 ``GATConv`` and ``AGNNConv`` read a graph to which self-loops were added once
 (``--self-loops graph``, the default: both layers built with ``add_self_loops=False``;
-native PyG then skips its per-call ``remove_self_loops`` / ``add_self_loops``, which
-syncs with the host and breaks compiled graphs) or add them themselves
+native PyG then skips its per-call ``remove_self_loops`` / ``add_self_loops``, whose
+boolean mask has a data-dependent size) or add them themselves
 (``--self-loops layer``: the convs' default).
 
 Graphs: PATTERN and CLUSTER (batches of 1024 generated graphs,
@@ -53,11 +55,11 @@ leaves the CUDA context unusable (a fault in generated code) is recorded and the
 restarts itself with ``--resume``.
 
 Default grid and GPU time: 5 graphs x (fp32: gt, gat, agnn; bf16: gt only, see
-``--bf16-models``) = 20 cases x 4 methods, about 6-7 minutes on an H100, most of it
-compiling (about 8-15 s per compiled native layer, 3-6 s per compiled fused layer,
-from the op-level compile times of ``benchmarks.kernels``). ``--bf16-models gt,gat,agnn``
-gives the whole 30-case grid (about 9-10 minutes; bf16 autocast changes nothing in
-``AGNNConv``, which has no matmul).
+``--bf16-models``) = 20 cases x 4 methods, estimated at 6-8 minutes on an H100, most
+of it compiling (8-15 s per compiled native layer, 3-6 s per compiled fused layer,
+from the op-level compile times of ``benchmarks.kernels``). ``--bf16-models
+gt,gat,agnn`` gives the whole 30-case grid (about 10 minutes; autocast leaves
+``AGNNConv`` in fp32: it has no matmul).
 
 Usage, from the repository root::
 
@@ -260,9 +262,28 @@ def speedups(row: dict) -> dict:
     return out
 
 
+#: Issue 25's whole-layer targets: forward + backward speedup over compiled PyG.
+TARGETS = {("fp32", "batch"): 3.0, ("fp32", "super"): 2.0, ("bf16", "batch"): 3.0,
+           ("bf16", "super"): 3.0}
+
+
+def target(row: dict):
+    """``{"fwd_bwd": target, "best": the better of fused / fused-compile, "met": bool}``
+    of the row's fwd+bwd speedup over compiled PyG, or ``None`` where either is
+    missing."""
+    want = TARGETS.get((row["dtype"], row.get("kind")))
+    got = [v["fwd_bwd"] for v in row.get("speedup_vs_pyg_compile", {}).values()
+           if "fwd_bwd" in v]
+    if want is None or not got:
+        return None
+    return {"fwd_bwd": want, "best": max(got), "met": max(got) >= want}
+
+
 def fmt_table(rows) -> str:
     """One line per row: each method's fwd / fwd+bwd ms, the ratios of compiled PyG
-    to fused and to fused-compile (``×``), compile seconds (PyG / fused), peak MB."""
+    to fused and to fused-compile (``×``), the row's target (:func:`target`) and
+    whether the better of the two meets it, compile seconds (PyG / fused), the fused
+    output's ``rel_err`` and peak MB (PyG / fused)."""
     def cell(d, key):
         v = d.get(key)
         return f"{v:.3g}" if isinstance(v, float) else kernels._cell(d, key)
@@ -277,19 +298,23 @@ def fmt_table(rows) -> str:
 
     head = (f"{'model':<6}{'graph':<12}{'H×C':>6}{'dtype':>6} |"
             + "".join(f"{m:>14}" for m in METHODS)
-            + f" | {'×fused':>11}{'×fcomp':>11} | {'cmp s':>6}{'err':>9}{'peak MB p/f':>14}")
-    lines = [head, f"{'':<30}|" + f"{'fwd/f+b':>14}" * 4 + f" | {'fwd/f+b':>11}{'fwd/f+b':>11} |"]
+            + f" | {'×fused':>11}{'×fcomp':>11}{'target':>12} | {'cmp s':>6}{'err':>9}"
+            + f"{'peak MB p/f':>14}")
+    lines = [head, f"{'':<30}|" + f"{'fwd/f+b':>14}" * 4
+             + f" | {'fwd/f+b':>11}{'fwd/f+b':>11}{'f+b':>12} |"]
     for r in rows:
         m = r["methods"]
         cells = "".join(f"{cell(m.get(k, {}), 'fwd_ms'):>7}/{cell(m.get(k, {}), 'fwd_bwd_ms'):<6}"
                         for k in METHODS)
-        rats = "".join(f"{ratio(r, k, 'fwd')}/{ratio(r, k, 'fwd_bwd')}".rjust(11)
+        rats = "".join(f" {ratio(r, k, 'fwd')}/{ratio(r, k, 'fwd_bwd')}".rjust(11)
                        for k in ("fused", "fused-compile"))
         err = m.get("fused", {}).get("rel_err")
+        t = r.get("target")
+        tgt = f"{t['fwd_bwd']:g}x {'met' if t['met'] else 'miss'}" if t else "-"
         peak = (f"{m.get('pyg', {}).get('peak_MB', float('nan')):.0f}/"
                 f"{m.get('fused', {}).get('peak_MB', float('nan')):.0f}")
         lines.append(f"{r['model']:<6}{r['graph']:<12}{str(r['H']) + '×' + str(r['C']):>6}"
-                     f"{r['dtype']:>6} |{cells} | {rats} | "
+                     f"{r['dtype']:>6} |{cells} | {rats}{tgt:>12} | "
                      f"{comp(m.get('pyg-compile', {})) + '/' + comp(m.get('fused-compile', {})):>6}"
                      f"{(f'{err:.1e}' if err is not None else '-'):>9}{peak:>14}")
     return "\n".join(lines)
@@ -305,7 +330,7 @@ def failures(rows) -> str:
                         for r in rows if r.get("fused_reason")])
 
 
-def plot(rows, path: str) -> None:
+def plot(rows, path: str, title: str = "") -> None:
     """Bar chart of ``speedup_vs_pyg_compile`` (fwd+bwd) per row, fused and
     fused-compile side by side, with the 1x line."""
     import matplotlib
@@ -320,6 +345,7 @@ def plot(rows, path: str) -> None:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([j + 0.2 for j in range(len(rows))], labels, rotation=90, fontsize=7)
     ax.set_ylabel("× PyG + torch.compile, fwd+bwd")
+    ax.set_title(title, fontsize=8)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -423,6 +449,7 @@ def main(argv=None) -> int:
     def save():
         for r in rows:
             r["speedup_vs_pyg_compile"] = speedups(r)
+            r["target"] = target(r)
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows}, f, indent=1)
 
@@ -478,7 +505,7 @@ def main(argv=None) -> int:
         print("not measured or mismatched:\n" + bad)
     if args.plot and rows:
         try:
-            plot(rows, args.plot)
+            plot(rows, args.plot, f"{info['device']}, torch {info['torch']}, {info['date']}")
         except Exception as e:  # noqa: BLE001  (the JSON is the result; the plot is optional)
             print(f"plot failed: {kernels._first_line(e)}", file=sys.stderr)
     return 0

@@ -42,6 +42,8 @@ def test_quick_run_end_to_end(lb, tmp_path, capsys):
             assert r["methods"][meth]["compile_fwd_bwd_s"] > 0
         sp = r["speedup_vs_pyg_compile"]
         assert set(sp) == {"fused", "fused-compile"} and sp["fused"]["fwd_bwd"] > 0
+        best = max(v["fwd_bwd"] for v in sp.values())
+        assert r["target"] == {"fwd_bwd": 2.0, "best": best, "met": best >= 2.0}
     text = capsys.readouterr().out
     assert any(line.split()[:4] == ["gt", "Reddit-like", "2×16", "fp32"]
                for line in text.splitlines()) and "not measured" not in text
@@ -70,6 +72,23 @@ def test_batch_graph_and_layer_self_loops(lb, tmp_path):
 
 def _exploding_compile(*args, **kwargs):
     raise RuntimeError("backend exploded\nsecond line of the trace")
+
+
+def test_targets(lb):
+    def row(dtype, kind, fused, fcomp):
+        return {"dtype": dtype, "kind": kind, "speedup_vs_pyg_compile": {
+            "fused": {"fwd": 1.0, "fwd_bwd": fused}, "fused-compile": {"fwd_bwd": fcomp}}}
+    assert lb.target(row("fp32", "batch", 2.9, 3.1)) == {"fwd_bwd": 3.0, "best": 3.1,
+                                                         "met": True}
+    assert lb.target(row("fp32", "super", 1.9, 1.2))["met"] is False
+    assert lb.target(row("fp32", "super", 2.0, 1.2))["met"] is True
+    assert lb.target(row("bf16", "super", 2.5, 2.9)) == {"fwd_bwd": 3.0, "best": 2.9,
+                                                         "met": False}
+    assert lb.target({"dtype": "fp32", "kind": "batch", "speedup_vs_pyg_compile": {}}) is None
+    m = {"pyg-compile": {"fwd_ms": 2.0, "fwd_bwd_ms": 6.0},
+         "fused": {"fwd_ms": 0.5, "fwd_bwd_ms": 2.0},
+         "fused-compile": {"status": "compile_failed", "error": "x"}}
+    assert lb.speedups({"methods": m}) == {"fused": {"fwd": 4.0, "fwd_bwd": 3.0}}
 
 
 def test_compile_failure_is_recorded(lb, tmp_path, monkeypatch, capsys):
