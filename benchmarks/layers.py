@@ -286,7 +286,9 @@ def fmt_table(rows) -> str:
     output's ``rel_err`` and peak MB (PyG / fused)."""
     def cell(d, key):
         v = d.get(key)
-        return f"{v:.3g}" if isinstance(v, float) else kernels._cell(d, key)
+        if not isinstance(v, float):
+            return kernels._cell(d, key)
+        return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
     def ratio(row, meth, key):
         v = row.get("speedup_vs_pyg_compile", {}).get(meth, {}).get(key)
