@@ -1,0 +1,171 @@
+"""benchmarks/layers.py on CPU, end to end on small generated graphs: every method
+per row, positive times, fused against PyG, compile failures and errors recorded
+(not raised), a wrong fused output flagged, --resume keeping what was measured."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def lb():
+    return load_benchmark("layers")
+
+
+def run(lb, tmp_path, *extra, name="out.json"):
+    out = tmp_path / name
+    assert lb.main(["--quick", "--device", "cpu", "--compile-backend", "eager",
+                    "--out", str(out), *extra]) == 0
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_quick_run_end_to_end(lb, tmp_path, capsys):
+    doc = run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt,gat", "--dtypes", "fp32",
+              "--heads-channels", "2x16", "--plot", str(tmp_path / "p.png"))
+    rows = {r["key"]: r for r in doc["rows"]}
+    assert set(rows) == {"gt/Reddit-like/2x16/fp32", "gat/Reddit-like/2x16/fp32"}
+    assert doc["info"]["allow_tf32"] is False and doc["info"]["compile"]["dynamic"] is False
+    for key, r in rows.items():
+        assert r["nodes"] == 300 and r["edges"] > 300 and r["fused_reason"] == ""
+        assert set(r["methods"]) == set(lb.METHODS), key
+        for meth, d in r["methods"].items():
+            assert d["status"] == "ok", (key, meth, d)
+            assert d["fwd_ms"] > 0 and d["fwd_bwd_ms"] > 0
+            assert d["rel_err"] < 1e-5, (key, meth, d["rel_err"])
+        for meth in lb.COMPILED:
+            assert r["methods"][meth]["compile_fwd_s"] > 0
+            assert r["methods"][meth]["compile_fwd_bwd_s"] > 0
+        sp = r["speedup_vs_pyg_compile"]
+        assert set(sp) == {"fused", "fused-compile"} and sp["fused"]["fwd_bwd"] > 0
+        best = max(v["fwd_bwd"] for v in sp.values())
+        assert r["target"] == {"fwd_bwd": 2.0, "best": best, "met": best >= 2.0}
+    text = capsys.readouterr().out
+    assert any(line.split()[:4] == ["gt", "Reddit-like", "2×16", "fp32"]
+               for line in text.splitlines()) and "not measured" not in text
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_bf16_autocast(lb, tmp_path):
+    doc = run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt,agnn", "--dtypes", "bf16",
+              "--bf16-models", "gt", "--methods", "pyg,fused")
+    (r,) = doc["rows"]  # agnn is not in --bf16-models
+    assert r["key"] == "gt/Reddit-like/1x128/bf16"
+    for d in r["methods"].values():
+        # autocast reaches the layers: outputs differ from fp32 PyG, within bf16 error
+        assert d["status"] == "ok" and 1e-4 < d["rel_err"] < 5e-2
+
+
+def test_batch_graph_and_layer_self_loops(lb, tmp_path):
+    doc = run(lb, tmp_path, "--graphs", "PATTERN", "--models", "agnn", "--self-loops", "layer",
+              "--in-channels", "16", "--methods", "pyg,fused")
+    (r,) = doc["rows"]
+    assert r["kind"] == "batch" and r["nodes"] > 8 * 40
+    assert set(r["methods"]) == {"pyg", "fused"}
+    assert r["methods"]["fused"]["rel_err"] < 1e-5
+    assert r["speedup_vs_pyg_compile"] == {}
+
+
+def _exploding_compile(*args, **kwargs):
+    raise RuntimeError("backend exploded\nsecond line of the trace")
+
+
+def test_targets(lb):
+    def row(dtype, kind, fused, fcomp):
+        return {"dtype": dtype, "kind": kind, "speedup_vs_pyg_compile": {
+            "fused": {"fwd": 1.0, "fwd_bwd": fused}, "fused-compile": {"fwd_bwd": fcomp}}}
+    assert lb.target(row("fp32", "batch", 2.9, 3.1)) == {"fwd_bwd": 3.0, "best": 3.1,
+                                                         "met": True}
+    assert lb.target(row("fp32", "super", 1.9, 1.2))["met"] is False
+    assert lb.target(row("fp32", "super", 2.0, 1.2))["met"] is True
+    assert lb.target(row("bf16", "super", 2.5, 2.9)) == {"fwd_bwd": 3.0, "best": 2.9,
+                                                         "met": False}
+    assert lb.target({"dtype": "fp32", "kind": "batch", "speedup_vs_pyg_compile": {}}) is None
+    m = {"pyg-compile": {"fwd_ms": 2.0, "fwd_bwd_ms": 6.0},
+         "fused": {"fwd_ms": 0.5, "fwd_bwd_ms": 2.0},
+         "fused-compile": {"status": "compile_failed", "error": "x"}}
+    assert lb.speedups({"methods": m}) == {"fused": {"fwd": 4.0, "fwd_bwd": 3.0}}
+
+
+def test_compile_failure_is_recorded(lb, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch, "compile", _exploding_compile)
+    doc = run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt", "--dtypes", "fp32")
+    (r,) = doc["rows"]
+    for meth in lb.COMPILED:
+        d = r["methods"][meth]
+        assert d["status"] == "compile_failed"
+        assert d["error"] == "RuntimeError: backend exploded"
+    assert r["methods"]["pyg"]["status"] == r["methods"]["fused"]["status"] == "ok"
+    assert r["speedup_vs_pyg_compile"] == {}
+    text = capsys.readouterr().out
+    assert "pyg-compile: compile_failed: RuntimeError: backend exploded" in text
+    assert "cfail" in text
+
+
+def test_errors_and_wrong_outputs_are_recorded(lb, tmp_path, monkeypatch):
+    import pyg_dfgnn.nn.gat_conv as gat_conv
+    import pyg_dfgnn.nn.transformer_conv as tconv
+    real = tconv.gt_attention
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB")
+
+    def wrong(*args, **kwargs):
+        return real(*args, **kwargs) * 1.01
+
+    monkeypatch.setattr(gat_conv, "gat_attention", out_of_memory)
+    monkeypatch.setattr(tconv, "gt_attention", wrong)
+    doc = run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt,gat", "--dtypes", "fp32",
+              "--methods", "pyg,fused")
+    rows = {r["model"]: r for r in doc["rows"]}
+    gat = rows["gat"]["methods"]
+    assert gat["pyg"]["status"] == "ok"
+    assert gat["fused"]["status"] == "error" and "out of memory" in gat["fused"]["error"]
+    gt = rows["gt"]["methods"]["fused"]
+    assert gt["status"] == "mismatch" and gt["rel_err"] > 1e-3 and gt["fwd_ms"] > 0
+    assert "mismatch" in lb.failures(doc["rows"])
+
+
+def test_resume_keeps_measured_methods(lb, tmp_path):
+    args = ("--graphs", "Reddit-like", "--models", "gat", "--dtypes", "fp32")
+    first = run(lb, tmp_path, *args, "--methods", "pyg")
+    second = run(lb, tmp_path, *args, "--methods", "pyg,fused", "--resume")
+    (r1,), (r2,) = first["rows"], second["rows"]
+    assert set(r2["methods"]) == {"pyg", "fused"}
+    assert r2["methods"]["pyg"] == r1["methods"]["pyg"]
+
+
+def test_unknown_names_and_missing_graphs(lb, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown model"):
+        lb.build_layers("gcn", 1, 8, 8, "graph")
+    with pytest.raises(ValueError, match="unknown graph"):
+        lb.load_graph("NoSuchGraph", "cpu", quick=True)
+    with pytest.raises(SystemExit, match="unknown graph"):
+        run(lb, tmp_path, "--graphs", "NoSuchGraph")
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("ogbn-arxiv needs a data folder")
+    monkeypatch.setattr(lb.profile_backward, "load_graph", missing)
+    doc = run(lb, tmp_path, "--graphs", "ogbn-arxiv", "--models", "gt", "--dtypes", "fp32",
+              "--methods", "pyg,fused")
+    (r,) = doc["rows"]
+    for d in r["methods"].values():
+        assert d["status"] == "error"
+        assert d["error"] == "graph not loaded: FileNotFoundError: ogbn-arxiv needs a data folder"
+
+
+@pytest.mark.cuda
+def test_quick_run_on_gpu(lb, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert lb.main(["--quick", "--device", "cuda", "--graphs", "Reddit-like", "--models", "gt",
+                    "--dtypes", "fp32", "--compile-backend", "aot_eager", "--out", str(out)]) == 0
+    with open(out) as f:
+        (r,) = json.load(f)["rows"]
+    for meth, d in r["methods"].items():
+        assert d["status"] == "ok", (meth, d)
+        assert d["fwd_ms"] > 0 and d["fwd_bwd_ms"] > 0 and d["peak_MB"] > 0
+        assert d["rel_err"] < 1e-4, (meth, d["rel_err"])
