@@ -95,6 +95,18 @@ def _seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
+def _dropout_p(dropout: float, training: bool, who: str) -> float:
+    """The dropout probability a call applies; raises for one outside ``[0, 1)``."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{who}: dropout must be in [0, 1), got {dropout}")
+    return float(dropout) if training else 0.0
+
+
+def _needs_grad(a: Tensor, b: Tensor, c: Tensor) -> bool:
+    """Whether autograd records a call on ``a``, ``b``, ``c`` (its backward walks the CSC)."""
+    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or c.requires_grad)
+
+
 def _call_op(name: str, args: tuple):
     """``torch.ops.dfgnn.<name>.default(*args)``. In eager mode, without torch
     function modes and with exact ``torch.Tensor`` arguments, the extension's direct
@@ -170,19 +182,17 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         the kernel plan and the dropout seed run inside the op, so a new graph does
         not recompile.
     """
+    p = _dropout_p(dropout, training, "gt_attention")
     if torch.compiler.is_compiling() and not return_attention:
-        return compiled.gt_attention(layout, q, k, v, scale, dropout, training, strategy, score)
+        return compiled.gt_attention(layout, q, k, v, scale, p, _needs_grad(q, k, v), strategy,
+                                     score)
     _check_features(layout, q, k, v, "gt_attention")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"gt_attention: dropout must be in [0, 1), got {dropout}")
     C, dtype = q.shape[2], q.dtype
     scale = 1.0 / math.sqrt(C) if scale is None else float(scale)
-    p = float(dropout) if training else 0.0
     if _runs_kernels(layout, q.is_cuda, C, dtype):
-        need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                 or v.requires_grad)
         # The kernel plan; it checks strategy and score.
-        prep = prepared(layout, dtype, C, score, strategy, p > 0, return_attention, need_grad)
+        prep = prepared(layout, dtype, C, score, strategy, p > 0, return_attention,
+                        _needs_grad(q, k, v))
         args = gt_args(prep, q.contiguous(), k.contiguous(), v.contiguous(), scale, p,
                        _seed() if p > 0 else 0, return_attention)
         out, _lse, attn = _call_op("gt_fwd", args)  # autograd: cuda/glue/autograd.cpp
@@ -240,8 +250,9 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
         q = k if x_dst is x_src else F.normalize(
             (x_dst.unsqueeze(1) if squeeze else x_dst).float(), p=2.0, dim=-1,
             eps=_NORMALIZE_EPS)
-        out = compiled.gt_attention(layout, (q * beta).to(xs.dtype), k.to(xs.dtype), xs, 1.0,
-                                    0.0, True, strategy, "cosine")
+        q, k = (q * beta).to(xs.dtype), k.to(xs.dtype)
+        out = compiled.gt_attention(layout, q, k, xs, 1.0, 0.0, _needs_grad(q, k, xs), strategy,
+                                    "cosine")
         return out.squeeze(1) if squeeze else out
     C, dtype = xs.shape[-1], xs.dtype
     fused_norm = (x_dst is x_src and _runs_kernels(layout, xs.is_cuda, C, dtype)
@@ -314,19 +325,15 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         Inside ``torch.compile`` (without ``return_attention``) the call is the
         custom op ``pyg_dfgnn::gat_attention``, as in :func:`gt_attention`.
     """
+    p = _dropout_p(dropout, training, "gat_attention")
     if torch.compiler.is_compiling() and not return_attention:
-        return compiled.gat_attention(layout, a_src, a_dst, x, negative_slope, dropout,
-                                      training, strategy)
+        return compiled.gat_attention(layout, a_src, a_dst, x, negative_slope, p,
+                                      _needs_grad(x, a_src, a_dst), strategy)
     _check_gat(layout, a_src, a_dst, x)
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"gat_attention: dropout must be in [0, 1), got {dropout}")
-    p = float(dropout) if training else 0.0
     C, dtype = x.shape[2], x.dtype
     if _runs_kernels(layout, x.is_cuda, C, dtype):
-        need_grad = torch.is_grad_enabled() and (x.requires_grad or a_src.requires_grad
-                                                 or a_dst.requires_grad)
         prep = prepared(layout, dtype, C, "additive", strategy, p > 0, return_attention,
-                        need_grad)
+                        _needs_grad(x, a_src, a_dst))
         args = gat_args(prep, a_dst.contiguous(), a_src.contiguous(), x.contiguous(),
                         negative_slope, p, _seed() if p > 0 else 0, return_attention)
         out, _lse, attn = _call_op("gat_fwd", args)

@@ -225,30 +225,21 @@ _define(GAT)
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
-                 dropout: float, training: bool, strategy: str, score: str) -> Tensor:
+                 dropout: float, need_grad: bool, strategy: str, score: str) -> Tensor:
     """:func:`~pyg_dfgnn.ops.gt_attention` without attention weights, through
-    ``pyg_dfgnn::gt_attention`` (the layout as its handle)."""
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"gt_attention: dropout must be in [0, 1), got {dropout}")
+    ``pyg_dfgnn::gt_attention`` (the layout as its handle); ``dropout`` is the
+    probability the call applies (0 outside training)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    p = float(dropout) if training else 0.0
-    need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                             or v.requires_grad)
     out, _lse, _token = torch.ops.pyg_dfgnn.gt_attention.default(
-        q, k, v, layout.handle, scale, p, need_grad, strategy, score)
+        q, k, v, layout.handle, scale, dropout, need_grad, strategy, score)
     return out
 
 
 def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float,
-                  dropout: float, training: bool, strategy: str) -> Tensor:
+                  dropout: float, need_grad: bool, strategy: str) -> Tensor:
     """:func:`~pyg_dfgnn.ops.gat_attention` without attention weights, through
-    ``pyg_dfgnn::gat_attention``."""
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"gat_attention: dropout must be in [0, 1), got {dropout}")
-    p = float(dropout) if training else 0.0
-    need_grad = torch.is_grad_enabled() and (x.requires_grad or a_src.requires_grad
-                                             or a_dst.requires_grad)
+    ``pyg_dfgnn::gat_attention`` (``dropout`` as in :func:`gt_attention`)."""
     out, _lse, _token = torch.ops.pyg_dfgnn.gat_attention.default(
-        a_dst, a_src, x, layout.handle, float(negative_slope), p, need_grad, strategy,
+        a_dst, a_src, x, layout.handle, float(negative_slope), dropout, need_grad, strategy,
         "additive")
     return out
