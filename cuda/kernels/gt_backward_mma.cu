@@ -132,7 +132,8 @@ gt_bwd_dq_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
     load_b_frags<T, C>(q + (i0 + g) * HC + head_off, ok, t, qb);
     load_b_frags<T, C>(dout + (i0 + g) * HC + head_off, ok, t, gb);
   }
-  // lse2 and D of rows 2t, 2t + 1 (read only where an edge of the row is).
+  // lse2 and D of rows 2t, 2t + 1 (clamped to the last row: used only where the
+  // row has an edge).
   const int64_t r0 = min(i0 + 2 * t, n_rows - 1), r1 = min(i0 + 2 * t + 1, n_rows - 1);
   const float L0 = __ldg(lse2 + r0 * H + h), L1 = __ldg(lse2 + r1 * H + h);
   const float D0 = __ldg(dsum + r0 * H + h), D1 = __ldg(dsum + r1 * H + h);
