@@ -216,12 +216,17 @@ gt_bwd_dkv_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
 #pragma unroll
     for (int x = 0; x < 4; ++x) acc_v[b][x] = acc_k[b][x] = 0.f;
   auto nbr = [&](int e) { return __ldg(row + min(e, end - 1)); };
-  auto weights = [&](int e) {
-    return cb <= e && e < ce ? __ldg(pds + (int64_t)__ldg(perm + e) * H + h)
-                             : make_float2(0.f, 0.f);
+  // The CSR position of edge e where it is one of source g's, else -1; its
+  // weights then come one trip later, so positions are loaded a tile ahead.
+  auto csr_pos = [&](int e) { return cb <= e && e < ce ? __ldg(perm + e) : -1; };
+  auto weights = [&](int pos) {
+    return pos >= 0 ? __ldg(pds + (int64_t)pos * H + h) : make_float2(0.f, 0.f);
   };
   int na = beg < end ? nbr(beg + g) : 0;
   int nb = beg < end ? nbr(beg + g + 8) : 0;
+  int pos[4];  // edges 2t, 2t + 1, 2t + 8, 2t + 9 of the next tile
+#pragma unroll
+  for (int x = 0; x < 4; ++x) pos[x] = csr_pos(beg + 2 * t + (x & 1) + 8 * (x >> 1));
   const int src = 8 * t + g;
   for (int e0 = beg; e0 < end; e0 += 16) {
     int iw[4];
@@ -229,10 +234,12 @@ gt_bwd_dkv_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
     uint32_t gw[4][NK], qw[4][NK];
     load_tile_words<C>(dout, iw, HC, head_off, lane, gw);
     load_tile_words<C>(q, iw, HC, head_off, lane, qw);
-    const float2 w0 = weights(e0 + 2 * t), w1 = weights(e0 + 2 * t + 1);
-    const float2 w2 = weights(e0 + 2 * t + 8), w3 = weights(e0 + 2 * t + 9);
+    const float2 w0 = weights(pos[0]), w1 = weights(pos[1]);
+    const float2 w2 = weights(pos[2]), w3 = weights(pos[3]);
     na = nbr(e0 + 16 + g);
     nb = nbr(e0 + 24 + g);
+#pragma unroll
+    for (int x = 0; x < 4; ++x) pos[x] = csr_pos(e0 + 16 + 2 * t + (x & 1) + 8 * (x >> 1));
     spmm16<T, NK>(acc_v, gw, pack2<T>(w0.x, w1.x), pack2<T>(w2.x, w3.x), src);
     spmm16<T, NK>(acc_k, qw, pack2<T>(w0.y, w1.y), pack2<T>(w2.y, w3.y), src);
   }
