@@ -5,14 +5,15 @@
 
 For each graph and case it times forward + backward and backward alone (median
 ms, ``triton.testing.do_bench``, the two arms interleaved twice and the lower
-median kept), checks the two arms' gradients against each other (relative
+median kept) and forward + backward in fp32 (the issue's yardstick: bf16 at
+least 1.6x fp32), checks the two arms' gradients against each other (relative
 error, float64 norms) and records the kernel plan. A case that fails is recorded
-with its error; the others still run. The super-node graph runs with a chunk
-above its largest in-degree in both arms (the tensor-core walk needs rows that
-are not split), so its baseline is not the default plan: ``chunk`` in the JSON.
+with its error; the others still run. On the power-law graph the CUDA-core arm
+splits its long rows into work items (the default plan) while the tensor-core
+walks take each row whole, one warp per 8 rows.
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension;
-about 30 s on an H100)::
+estimated under a minute on an H100)::
 
     python -m benchmarks.mma_backward_ab --out mma_backward_ab.json
 """
@@ -39,7 +40,7 @@ REPEATS = (10, 60)  # warm-up, measured ms of each timing
 
 
 def graphs(quick: bool) -> dict:
-    """name -> (edge_index on GPU, nodes, chunk override or None)."""
+    """name -> (edge_index on GPU, nodes, chunk override or None: the default)."""
     nb = 128 if quick else 1024
     out = {}
     for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER")):
@@ -49,7 +50,7 @@ def graphs(quick: bool) -> dict:
         ei, batch = generators.knn_batch(kind, nb, seed=0)
         out[name] = (ei.to(DEV), batch.numel(), None)
     n = 5_000 if quick else 20_000
-    out["power-law"] = (generators.power_law_graph(n, 100, 2_000, 0, DEV), n, 4096)
+    out["power-law"] = (generators.power_law_graph(n, 100, 2_000, 0, DEV), n, None)
     return out
 
 
@@ -67,9 +68,15 @@ def run_case(lay, dtype, H, C, chunk) -> dict:
     g = torch.randn(n_dst, H, C, device=DEV, dtype=dtype)
     res = {"edges": lay.num_edges, "nodes": n_dst, "chunk": chunk}
 
-    def fwd_bwd():
-        out = ops.gt_attention(lay, q, k, v)
-        return torch.autograd.grad(out, (q, k, v), g)
+    def fwd_bwd(leaves=(q, k, v), grad=g):
+        out = ops.gt_attention(lay, *leaves)
+        return torch.autograd.grad(out, leaves, grad)
+
+    # fp32 copies, default plan: the issue's target is bf16 f+b >= 1.6x fp32
+    leaves32 = tuple(t.detach().float().requires_grad_() for t in (q, k, v))
+    with plan.override(chunk=chunk):
+        res["fp32_fwd_bwd_ms"] = bench(lambda: fwd_bwd(leaves32, g.float()), *REPEATS)
+    del leaves32
 
     arms = {"cuda_cores": False, "tensor_cores": True}
     grads, times = {}, {name: {"fwd_bwd": math.inf, "bwd": math.inf} for name in arms}
@@ -94,6 +101,8 @@ def run_case(lay, dtype, H, C, chunk) -> dict:
     res["ms"] = times
     res["speedup_bwd"] = times["cuda_cores"]["bwd"] / times["tensor_cores"]["bwd"]
     res["speedup_fwd_bwd"] = times["cuda_cores"]["fwd_bwd"] / times["tensor_cores"]["fwd_bwd"]
+    res["over_fp32_fwd_bwd"] = {name: res["fp32_fwd_bwd_ms"] / t["fwd_bwd"]
+                                for name, t in times.items()}
     return res
 
 
@@ -104,7 +113,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     print(f"{'graph':<10} {'case':<14} {'bwd cc':>8} {'bwd tc':>8} {'x':>5} "
-          f"{'f+b cc':>8} {'f+b tc':>8} {'x':>5}  rel dq/dk/dv")
+          f"{'f+b cc':>8} {'f+b tc':>8} {'x':>5} {'f+b fp32':>8} {'tc/32':>5}  rel dq/dk/dv")
     for gname, (ei, n, chunk) in graphs(args.quick).items():
         lay = GraphLayout.from_edge_index(ei, (n, n))
         for dname, H, C in CASES:
@@ -116,7 +125,8 @@ def main(argv=None) -> int:
                 print(f"{gname:<10} {dname[:4]} {H}x{C:<7} {ms['cuda_cores']['bwd']:8.3f} "
                       f"{ms['tensor_cores']['bwd']:8.3f} {row['speedup_bwd']:5.2f} "
                       f"{ms['cuda_cores']['fwd_bwd']:8.3f} {ms['tensor_cores']['fwd_bwd']:8.3f} "
-                      f"{row['speedup_fwd_bwd']:5.2f}  "
+                      f"{row['speedup_fwd_bwd']:5.2f} {row['fp32_fwd_bwd_ms']:8.3f} "
+                      f"{row['over_fp32_fwd_bwd']['tensor_cores']:5.2f}  "
                       f"{d['dq']:.1e}/{d['dk']:.1e}/{d['dv']:.1e}")
             except Exception as e:  # recorded; the other cases still run
                 row["status"] = "error"
