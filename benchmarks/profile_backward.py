@@ -77,6 +77,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import kernels
+from pyg_dfgnn.ops import plan
 
 #: Floor bandwidth in TB/s: a device-to-device copy on the H100 (read + write).
 FLOOR_TBPS = 3.0
@@ -91,7 +92,8 @@ PROFILE_STEPS = 5
 FLUSH_BYTES = 256 * 2**20
 #: The backward kernels (``cuda/kernels/gt_backward.cu``, ``gat_backward.cu``).
 NCU_KERNELS = "gt_bwd_dsum_kernel|gt_bwd_dq_kernel|gt_bwd_dkv_kernel|" \
-              "gt_bwd_one_launch_kernel|gat_bwd_dst_kernel|gat_bwd_src_kernel"
+              "gt_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
+              "gat_bwd_dst_kernel|gat_bwd_src_kernel"
 #: A few counters: each needs replays of the kernel, so the set stays small.
 NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
                "lts__t_bytes.sum", "lts__t_sector_hit_rate.pct", "l1tex__t_sector_hit_rate.pct",
@@ -108,6 +110,7 @@ KERNEL_PHASE = {"gt_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
                 "gt_fwd_dense_kernel": "gt_fwd", "gt_bwd_dsum_kernel": "gt_bwd_dsum",
                 "gt_bwd_dq_kernel": "gt_bwd_dq",
                 "gt_bwd_dkv_kernel": "gt_bwd_dkv", "gt_bwd_one_launch_kernel": "gt_bwd_one_launch",
+                "gt_bwd_dq_mma_kernel": "gt_bwd_dq", "gt_bwd_dkv_mma_kernel": "gt_bwd_dkv",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
 FORWARD_PHASES = ("gt_fwd", "gat_fwd")
@@ -536,7 +539,6 @@ def wall_timer(fn, reps: int = 3) -> float:
 def case_plan(lay, model: str, dtype: torch.dtype):
     """The kernel plan of a case's call, or ``None`` where there is none (the CPU
     reference path)."""
-    from pyg_dfgnn.ops import plan
     try:
         return plan.plan_for(lay, dtype, CHANNELS, {"gt": "dot", "gat": "additive"}[model])
     except Exception:  # noqa: BLE001
@@ -706,6 +708,9 @@ def parse_args(argv=None):
                     help="a 300-node generated graph in place of each graph (a check of "
                          "the script, with --device cpu)")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel table")
+    ap.add_argument("--mma-backward", action="store_true",
+                    help="fp16 / bf16 GT cases with plan.override(mma_backward=True) (the "
+                         "tensor-core backward walks)")
     ap.add_argument("--rep-ms", type=float, default=kernels.REPEATS[1],
                     help="do_bench repetition time per measurement (ms)")
     ap.add_argument("--ncu", action="store_true",
@@ -773,9 +778,11 @@ def main(argv=None) -> int:
         for model, dtype_name in cases:
             if args.ncu_only:
                 break
+            tc = args.mma_backward and model == "gt" and dtype_name != "float32"
             try:
-                row = run_case(name, model, dtype_name, lay, n, args.device,
-                               not args.no_profile, timer)
+                with plan.override(mma_backward=True if tc else None):
+                    row = run_case(name, model, dtype_name, lay, n, args.device,
+                                   not args.no_profile, timer)
             except Exception as e:  # noqa: BLE001
                 row = {"graph": name, "model": model, "dtype": dtype_name, "H": HEADS,
                        "C": CHANNELS, "status": "error", "error": kernels._first_line(e)}

@@ -337,7 +337,7 @@ class StandInKernels:
 
     def _fwd(self, name, a, b, c, csr, csc, sizes, param, dropout, seed, need_attn, plan, fn):
         self.calls.append((name, sizes, csc is not None, seed, tuple(plan)))
-        assert not need_attn and len(plan) == 4
+        assert not need_attn and len(plan) == 5
         out = fn(csr[0], csr[1], a, b, c, param)[0]  # dropout: seeds are checked
         return out, torch.zeros(a.size(0), c.size(1)), torch.empty(0)
 
@@ -352,8 +352,9 @@ class StandInKernels:
         return self._fwd("gt_fwd", q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn,
                          plan, reference.dot_attention)
 
-    def gt_bwd(self, grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed, one_launch):
-        assert isinstance(one_launch, bool)
+    def gt_bwd(self, grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed, one_launch,
+               mma):
+        assert isinstance(one_launch, bool) and isinstance(mma, bool)
         return self._bwd("gt_bwd", grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout,
                          seed, reference.dot_attention)
 

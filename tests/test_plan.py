@@ -136,6 +136,7 @@ def test_override_restores_on_exception():
     ({"chunk": 2.5}, "chunk must be"), ({"bwd_launches": 3}, "bwd_launches must be 1 or 2"),
     ({"bwd_launches": "2"}, "bwd_launches must be"), ({"dense_tiles": "on"}, "dense_tiles"),
     ({"dense_tiles": 0}, "dense_tiles"), ({"mma": 1}, "mma must be a bool"),
+    ({"mma_backward": 1}, "mma_backward must be a bool"),
     ({"rule": "fastest"}, "rule must be")])
 def test_override_rejects_bad_fields(fields, msg):
     with pytest.raises(ValueError, match=msg):
@@ -156,6 +157,42 @@ def test_forced_decisions_a_call_cannot_run_raise():
         with pytest.raises(ValueError, match="tensor-core forward needs"):
             plan.plan_for(lay, BF16, 64, dropout=True)
     assert all(not p.two_rows for p in lay.derived.plans.values())  # nothing kept that fails
+
+
+def test_mma_backward_is_off_by_default_and_forced_by_override():
+    lay = _layout(300, 3000)  # under 2^16 edges: one backward launch by default
+    p = plan.plan_for(lay, BF16, 64)
+    assert not p.mma_backward and p.bwd_one_launch and p.mma
+    with plan.override(mma_backward=True):
+        q = plan.plan_for(lay, BF16, 64)
+        assert q.mma_backward and not q.bwd_one_launch  # the dq walk feeds the CSC walk
+        assert plan.plan_for(lay, F16, 128, score="cosine").mma_backward
+        for bad in ({"dtype": F32}, {"dropout": True}, {"need_attn": True},
+                    {"strategy": "pmf"}, {"score": "additive"}):
+            args = dict(dtype=BF16, head_size=64)
+            args.update(bad)
+            with pytest.raises(ValueError, match="tensor-core backward needs"):
+                plan.plan_for(lay, **args)
+        with pytest.raises(ValueError, match="tensor-core backward needs"):
+            plan.plan_for(lay, BF16, 48)
+        with plan.override(bwd_launches=1):
+            with pytest.raises(ValueError, match="two backward launches"):
+                plan.plan_for(lay, BF16, 64)
+        with plan.override(mma_backward=False):
+            assert not plan.plan_for(lay, BF16, 64).mma_backward
+    split = _layout(2000, 4000, hub=500)
+    assert not plan.plan_for(split, BF16, 64).mma_backward
+    with plan.override(mma_backward=True):  # whole rows: split rows are no obstacle
+        assert plan.plan_for(split, BF16, 64).mma_backward
+
+
+def test_mma_backward_reaches_the_op_flags():
+    from pyg_dfgnn.ops import _args
+    lay = _layout(300, 3000)
+    assert _args.prepared(lay, BF16, 64, "dot", "auto", False, False, True).flags[4] == 0
+    with plan.override(mma_backward=True):
+        flags = _args.prepared(lay, BF16, 64, "dot", "auto", False, False, True).flags
+    assert flags[3:] == (0, 1)  # two launches, tensor-core dq walk
 
 
 def test_override_reaches_the_reference_path_rule():

@@ -89,6 +89,53 @@ __device__ __forceinline__ void store_words(uint32_t* __restrict__ row, int g,
   }
 }
 
+// Slices t + 4c (16 bytes each) of row j: the SDDMM's A fragments of one edge.
+template <int C, typename T>
+__device__ __forceinline__ void load_slices(const T* __restrict__ x, int j, int64_t HC,
+                                            int64_t head_off, int t, uint4 (&r)[C / 32]) {
+  const uint4* row = reinterpret_cast<const uint4*>(x + j * HC + head_off) + t;
+#pragma unroll
+  for (int c = 0; c < C / 32; ++c) r[c] = __ldg(row + 4 * c);
+}
+
+// The rows this lane loads for the SpMM (load_v_words): those of edges 2q,
+// 2q + 1, 2q + 8, 2q + 9 of the tile (q = lane / 8), taken from the lanes (g, t)
+// that hold edges g (ja) and g + 8 (jb).
+__device__ __forceinline__ void loader_rows(int ja, int jb, int lane, int (&r)[4]) {
+  const int q8 = lane >> 3;
+  r[0] = __shfl_sync(0xffffffffu, ja, 8 * q8);
+  r[1] = __shfl_sync(0xffffffffu, ja, 8 * q8 + 4);
+  r[2] = __shfl_sync(0xffffffffu, jb, 8 * q8);
+  r[3] = __shfl_sync(0xffffffffu, jb, 8 * q8 + 4);
+}
+
+template <int C, typename T>
+__device__ __forceinline__ void load_tile_words(const T* __restrict__ x, const int (&r)[4],
+                                                int64_t HC, int64_t head_off, int lane,
+                                                uint32_t (&w)[4][C / 16]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) load_v_words<C>(x, r[u], HC, head_off, lane & 7, w[u]);
+}
+
+// The SpMM step of the sparse units (forward and backward):
+//   acc^T [C x 8 columns] += A^T [C x 16 edges] . W [16 edges x 8 columns],
+// A's rows as load_tile_words loaded them, W as B fragments wb0 (edges 2t, 2t + 1
+// of column g) and wb1 (edges 2t + 8, 2t + 9). Channel block b is word b of this
+// lane's channels, held by lane src = 8t + g (load_v_words): its low channel is
+// fragment row g, its high one g + 8.
+template <typename T, int NK>
+__device__ __forceinline__ void spmm16(float (&acc)[NK][4], const uint32_t (&aw)[4][NK],
+                                       uint32_t wb0, uint32_t wb1, int src) {
+#pragma unroll
+  for (int b = 0; b < NK; ++b) {
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) w[u] = __shfl_sync(0xffffffffu, aw[u][b], src);
+    mma_16816<T>(acc[b], __byte_perm(w[0], w[1], 0x5410), __byte_perm(w[0], w[1], 0x7632),
+                 __byte_perm(w[2], w[3], 0x5410), __byte_perm(w[2], w[3], 0x7632), wb0, wb1);
+  }
+}
+
 // One online-softmax step of a lane's two rows: the running maxima m0, m1 rise to
 // include the tile maxima t0, t1. base: the new maximum, or 0 while the row has no
 // score (so 2^(s - base) of a -inf score is 0, not NaN); c: the factor that moves
@@ -166,16 +213,10 @@ __device__ __forceinline__ void gt_mma_unit(const T* __restrict__ q, const T* __
     }
     // v rows (load_v_words): this lane loads for the lane group q = lane / 8, whose
     // edges 2q, 2q + 1, 2q + 8, 2q + 9 come from the lanes that hold them.
-    const int q8 = lane >> 3;
-    const int jv0 = __shfl_sync(0xffffffffu, ja, 8 * q8);
-    const int jv1 = __shfl_sync(0xffffffffu, ja, 8 * q8 + 4);
-    const int jv2 = __shfl_sync(0xffffffffu, jb, 8 * q8);
-    const int jv3 = __shfl_sync(0xffffffffu, jb, 8 * q8 + 4);
+    int jv[4];
+    loader_rows(ja, jb, lane, jv);
     uint32_t vw[4][NK];  // as loaded, for the lanes 8t + g of group t = lane / 8
-    load_v_words<C>(v, jv0, HC, head_off, lane & 7, vw[0]);
-    load_v_words<C>(v, jv1, HC, head_off, lane & 7, vw[1]);
-    load_v_words<C>(v, jv2, HC, head_off, lane & 7, vw[2]);
-    load_v_words<C>(v, jv3, HC, head_off, lane & 7, vw[3]);
+    load_tile_words<C>(v, jv, HC, head_off, lane, vw);
     na = nbr(e0 + 16 + g);
     nb = nbr(e0 + 24 + g);
 
@@ -217,17 +258,7 @@ __device__ __forceinline__ void gt_mma_unit(const T* __restrict__ q, const T* __
     // P as the SpMM's B fragments (edges 2t, 2t + 1 | 2t + 8, 2t + 9 of row g).
     const uint32_t pb0 = transpose8x8(pack2<T>(p0, p1));
     const uint32_t pb1 = transpose8x8(pack2<T>(p2, p3));
-    // SpMM: channel block b is word b of this lane's channels, held by lane
-    // 8t + g (load_v_words): its low channel is fragment row g, its high one g + 8.
-    const int src = 8 * t + g;
-#pragma unroll
-    for (int b = 0; b < NK; ++b) {
-      uint32_t w[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) w[u] = __shfl_sync(0xffffffffu, vw[u][b], src);
-      mma_16816<T>(acc[b], __byte_perm(w[0], w[1], 0x5410), __byte_perm(w[0], w[1], 0x7632),
-                   __byte_perm(w[2], w[3], 0x5410), __byte_perm(w[2], w[3], 0x7632), pb0, pb1);
-    }
+    spmm16<T, NK>(acc, vw, pb0, pb1, 8 * t + g);
   }
 
   // Row sums over the 8 lanes of each column, then out = acc / l and lse2.

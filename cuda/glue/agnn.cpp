@@ -87,6 +87,7 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     d["extra"] = std::vector<Tensor>{k, q, rnorm, lse2};
     d["eps"] = eps;
     d["bwd_one_launch"] = plan_flag(a.plan, kPlanBwdOneLaunch);
+    d["bwd_mma"] = plan_flag(a.plan, kPlanMmaBwd);
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({attn});
     return {out, attn};
@@ -111,7 +112,8 @@ struct AGNNAttention : torch::autograd::Function<AGNNAttention> {
     if (!k.defined())  // the fp32 forward (cos_fwd) did not build k and q
       std::tie(k, q, std::ignore) = call_backward_op(l2, s[0], s[1], d.at("eps").toDouble());
     auto [dq, dk, dv] = L.backward("dfgnn::agnn_fwd", gt_bwd, grads[0].contiguous(), q, k, s[0],
-                                   s[2], extra[3], 1.0, 0.0, 0, d.at("bwd_one_launch").toBool());
+                                   s[2], extra[3], 1.0, 0.0, 0, d.at("bwd_one_launch").toBool(),
+                                   d.at("bwd_mma").toBool());
     auto [dxn, dbeta_part] = call_backward_op(l2_bwd, dk, dq, k, extra[2], s[1]);
     res[0] = dxn.add(dv);
     res[1] = dbeta_part.sum().reshape(s[1].sizes());

@@ -71,6 +71,7 @@ struct AttentionBackward final : Node {
   double param_ = 0.0, dropout_ = 0.0;
   int64_t seed_ = 0;
   bool one_launch_ = false;  // gt_bwd's launches, decided with the forward's plan
+  bool mma_ = false;         // gt_bwd's tensor-core walks, idem
 
   std::string name() const override { return kName; }
 
@@ -93,7 +94,7 @@ struct AttentionBackward final : Node {
       static const auto op = find_op<GtBwdSig>(kBwd);
       std::tie(res[0], res[1], res[2]) = layout_.backward(
           kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_,
-          one_launch_);
+          one_launch_, mma_);
     } else {
       static const auto op = find_op<GatBwdSig>(kBwd);
       std::tie(res[0], res[1], res[2]) = layout_.backward(
@@ -165,6 +166,7 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
   node->dropout_ = x.dropout;
   node->seed_ = x.seed;
   node->one_launch_ = plan_flag(x.plan, kPlanBwdOneLaunch);
+  node->mma_ = plan_flag(x.plan, kPlanMmaBwd);
   return {out, lse2, attn};
 }
 

@@ -38,7 +38,7 @@ using GatBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Ten
                           at::IntArrayRef, double, double, int64_t);
 using GtBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const CsrList&, at::TensorList,
-                         at::IntArrayRef, double, double, int64_t, bool);
+                         at::IntArrayRef, double, double, int64_t, bool, bool);
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {

@@ -154,7 +154,7 @@ LayoutView layout_view(const CsrList& csr, const OptTensorList& csc, at::IntArra
 KernelPlan kernel_plan(at::IntArrayRef plan, double dense_cells, const LayoutView& L,
                        const char* op) {
   TORCH_CHECK(plan.size() == kPlanEntries, op, ": plan must be [pmf, two_rows, mma, "
-              "bwd_one_launch], got ", num(plan.size()), " entries");
+              "bwd_one_launch, mma_backward], got ", num(plan.size()), " entries");
   KernelPlan p;
   p.pmf = plan[kPlanPmf] != 0;
   p.two_rows = plan[kPlanTwoRows] != 0;
@@ -214,7 +214,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const CsrList& csr, at::TensorList csc,
-    at::IntArrayRef sizes, double scale, double dropout, int64_t seed, bool one_launch) {
+    at::IntArrayRef sizes, double scale, double dropout, int64_t seed, bool one_launch,
+    bool mma) {
   check_qkv(q, k, v);
   check_features(out, "out", q);
   check_features(grad_out, "grad_out", q);
@@ -227,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_bwd", q.size(0), k.size(0),
                                    /*need_csc=*/true);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
-  return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch);
+  return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma);
 }
 
 void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
@@ -365,9 +366,11 @@ TORCH_LIBRARY(dfgnn, m) {
   // [pmf, two_rows (two rows per warp in the SMMF forward, where the head shape
   // has that variant), mma (the fp16 / bf16 tensor-core GT forward; rows that are
   // not 16-byte aligned run the CUDA-core kernel), bwd_one_launch (the GT
-  // backward's two walks in one launch)], and gt_fwd's dense_cells (the window
-  // cells per edge up to which a block of the tile plan runs dense); gt_bwd takes
-  // the forward's bwd_one_launch as one_launch.
+  // backward's two walks in one launch), mma_backward (the GT backward's two
+  // walks on tensor cores; rows that are not 16-byte aligned run the CUDA-core
+  // walks)], and gt_fwd's dense_cells (the window cells per edge up to which a
+  // block of the tile plan runs dense); gt_bwd takes the forward's
+  // bwd_one_launch as one_launch and its mma_backward as mma.
   // AGNN in one call (cuda/glue/agnn.cpp): cos_fwd for fp32, else l2norm_fwd then
   // gt_fwd (SMMF, scale 1).
   m.def(
@@ -384,7 +387,7 @@ TORCH_LIBRARY(dfgnn, m) {
   m.def(
       "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor?[] csr, Tensor[] csc, int[] sizes, float scale, float dropout, int seed, "
-      "bool one_launch) -> (Tensor, Tensor, Tensor)");
+      "bool one_launch, bool mma) -> (Tensor, Tensor, Tensor)");
   m.def(
       "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor?[] csr, Tensor[]? csc, int[] sizes, "
       "float negative_slope, float dropout, int seed, bool need_attn, int[] plan) "

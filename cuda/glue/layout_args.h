@@ -18,7 +18,14 @@ constexpr size_t kCscEntries = 5;
 constexpr size_t kLayoutSizes = 3;  // row_slots, col_slots, chunk
 
 // The entries of `plan` (pyg_dfgnn/ops/plan.py, Plan).
-enum PlanEntry : size_t { kPlanPmf, kPlanTwoRows, kPlanMma, kPlanBwdOneLaunch, kPlanEntries };
+enum PlanEntry : size_t {
+  kPlanPmf,
+  kPlanTwoRows,
+  kPlanMma,
+  kPlanBwdOneLaunch,
+  kPlanMmaBwd,
+  kPlanEntries
+};
 
 // A flag of `plan`, false where the list is too short (a call that never passed
 // the op's checks, such as one traced on meta tensors).

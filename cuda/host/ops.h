@@ -47,7 +47,21 @@ bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, bool one_launch);
+    double dropout, int64_t seed, bool one_launch, bool mma);
+
+// The GT backward's dq walk on tensor cores (gt_backward_mma.cu): dq [N_dst, H, C]
+// and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from
+// the half inputs, lse2 and dsum (D [N_dst, H] in fp32, gt_backward_dsum). Needs
+// fp16 / bf16, C in {32, 64, 128}, 16-byte aligned rows and no dropout (a warp
+// walks 8 whole rows, whatever L's work items; gt_backward_cuda checks).
+bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
+void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
+                        const LayoutView& L, at::Tensor& dq, float* pds, double scale);
+// The CSC walk on tensor cores (gt_backward_mma.cu): dk, dv [N_src, H, C] from the
+// dq walk's pds, dO and q; walks whole columns (L's CSC work items unused).
+void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const float* pds,
+                         const LayoutView& L, at::Tensor& dk, at::Tensor& dv, double scale);
 
 // D = dO . O [N_dst, H] in fp32 for an fp16 / bf16 GT backward (gt_backward_dsum.cu),
 // from the half inputs and the forward's lse2, dropout `seed` and L's CSR work items.

@@ -343,12 +343,25 @@ gt_bwd_one_launch_kernel(const typename S::T* __restrict__ dout,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, bool one_launch) {
+    double dropout, int64_t seed, bool one_launch, bool mma_plan) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
                    &perm = L.perm;
   const Work &rw = L.rw, &cw = L.cw;
   const int64_t chunk = L.chunk;
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
+  const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
+                       is_aligned16(out) && is_aligned16(grad_out);
+  // The plan's mma_backward: both walks on tensor cores (gt_backward_mma.cu),
+  // the dq walk saving (P, dS) for the dkv walk as the CUDA-core one does. A warp
+  // walks 8 whole rows or columns (the work items and their partials are unused:
+  // a split row is one warp's), and the second walk needs the first one's weights.
+  TORCH_CHECK(!mma_plan || (!one_launch && dropout == 0.0 &&
+                            gt_backward_mma_supports(q.scalar_type(), C, true)),
+              "dfgnn::gt_bwd: mma=True (the tensor-core walks) needs float16 / bfloat16, C "
+              "in {32, 64, 128}, dropout 0 and one_launch=False, got one_launch=",
+              one_launch ? "True" : "False", ", dropout=", std::to_string(dropout));
+  // Rows that are not 16-byte aligned run the CUDA-core walks, as in the forward.
+  const bool mma = mma_plan && aligned;
   // D_i = dO_i . O_i is the term the softmax backward subtracts from each dP_ij, and
   // where the dP_ij of a row are close (duplicate or similar neighbours) dS keeps
   // only their difference: with O_i rounded to fp16 / bf16 that difference loses
@@ -365,7 +378,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   // The split rows' partial dQ, dK, dV rows and, in two launches, the dq kernel's
   // per-edge (P', dS) [E, H, 2] for the dkv kernel; small ones in dQ's allocation
   // (host/scratch.h).
-  Scratch scratch({rw.num_slots * H * C, cw.num_slots * H * C, cw.num_slots * H * C,
+  const int64_t q_slots = mma ? 0 : rw.num_slots, kv_slots = mma ? 0 : cw.num_slots;
+  Scratch scratch({q_slots * H * C, kv_slots * H * C, kv_slots * H * C,
                    one_launch ? 0 : E * H * 2});
   auto dq = scratch.empty_with(q.sizes(), q.options());
   // dK and dV are allocated after the dq kernel's launch in two launches: a small
@@ -380,8 +394,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   float2* pds = reinterpret_cast<float2*>(scratch[3]);
   const float p = (float)dropout, sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const bool drop = p > 0.f;
-  const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
-                       is_aligned16(out) && is_aligned16(grad_out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = kNodeBlock;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
@@ -408,7 +420,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       }
       return;
     }
-    if (dq_blocks > 0) {  // before dkv: it writes (P', dS)
+    if (mma) {  // before dkv: it writes (P', dS)
+      gt_backward_dq_mma(grad_out, q, k, v, lse2, dsum, L, dq, scratch[3], scale);
+    } else if (dq_blocks > 0) {
       auto kern = drop ? gt_bwd_dq_kernel<S, true> : gt_bwd_dq_kernel<S, false>;
       kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
@@ -418,7 +432,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       check_launch();
     }
     alloc_dkv();
-    if (dkv_blocks > 0) {
+    if (mma) {
+      gt_backward_dkv_mma(grad_out, q, scratch[3], L, dk, dv, scale);
+    } else if (dkv_blocks > 0) {
       gt_bwd_dkv_kernel<S><<<dkv_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), pds, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
@@ -426,7 +442,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       check_launch();
     }
   });
-  if (counters == nullptr) {
+  if (counters == nullptr && !mma) {  // the tensor-core walks write whole rows
     combine_partials(part_q, rw.num_slots, rw.combine, dq);
     combine_partials(part_k, cw.num_slots, cw.combine, dk);
     combine_partials(part_v, cw.num_slots, cw.combine, dv);

@@ -31,8 +31,8 @@ class Prepared(NamedTuple):
             (``items, combine``); ``None`` without ``need_grad``: the ops' ``csc``.
         sizes (tuple): ``row_slots, col_slots`` (0 without ``need_grad``),
             ``chunk``: the ops' ``sizes``.
-        flags (tuple): ``pmf, two_rows, mma, bwd_one_launch`` as ints: the ops'
-            ``plan``.
+        flags (tuple): ``pmf, two_rows, mma, bwd_one_launch, mma_backward`` as
+            ints: the ops' ``plan``.
     """
     plan: _plan.Plan
     csr: tuple
@@ -75,7 +75,8 @@ def _prepare(layout, plan: _plan.Plan, need_grad: bool) -> Prepared:
         cw = layout.work("col", chunk, first, order)
         csc, col_slots = (layout.colptr, layout.row, layout.perm, cw.items, cw.combine), \
             cw.num_slots
-    flags = (int(plan.pmf), int(plan.two_rows), int(plan.mma), int(plan.bwd_one_launch))
+    flags = (int(plan.pmf), int(plan.two_rows), int(plan.mma), int(plan.bwd_one_launch),
+             int(plan.mma_backward))
     return Prepared(plan, csr, csc, (rw.num_slots, col_slots, chunk), flags)
 
 

@@ -32,7 +32,7 @@ def _gt_fwd_fake(q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn, plan
 
 @torch.library.register_fake("dfgnn::gt_bwd")
 def _gt_bwd_fake(grad_out, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed,
-                 one_launch):
+                 one_launch, mma):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

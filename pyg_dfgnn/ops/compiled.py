@@ -104,7 +104,7 @@ class _Family(NamedTuple):
     kernel_bwd: str
     args: Callable  # (prep, a, b, c, param, dropout, seed, need_attn) -> op args
     reference: Callable  # (layout, a, b, c, param, dropout) -> out
-    one_launch: bool  # the backward op takes the plan's bwd_one_launch
+    one_launch: bool  # the backward op takes the plan's bwd_one_launch and mma_backward
 
 
 def _gt_reference(layout, q, k, v, scale, dropout):
@@ -167,7 +167,7 @@ def _backward(fam: _Family, grad: Tensor, a: Tensor, b: Tensor, c: Tensor, out: 
     if _runs_kernels(layout, c.is_cuda, head_size, dtype):
         prep = prepared(layout, dtype, head_size, score, strategy, dropout > 0, False, True,
                         overrides=_OVERRIDES[oid])
-        extra = (bool(prep.flags[3]),) if fam.one_launch else ()
+        extra = (bool(prep.flags[3]), bool(prep.flags[4])) if fam.one_launch else ()
         return _kernel(fam.kernel_bwd)(
             grad.contiguous(), a.contiguous(), b.contiguous(), c.contiguous(), out, lse,
             prep.csr, prep.csc, prep.sizes, param, dropout, seed, *extra)

@@ -80,6 +80,7 @@ _FIELDS = {
     "item_order": f"one of {ITEM_ORDERS} (the node order the work items run in)",
     "two_rows": "a bool (two rows per warp in the fp32 SMMF forward)",
     "mma": "a bool (the fp16 / bf16 tensor-core GT forward)",
+    "mma_backward": "a bool (the fp16 / bf16 GT backward's walks on tensor cores)",
     "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
     "bwd_launches": "1 or 2 (kernel launches of the GT backward)",
     "direct_entry": "a bool (eager calls through the extension's direct entry)",
@@ -130,6 +131,10 @@ def override(**fields) -> Iterator[None]:
         two_rows (bool): two rows per warp in the fp32 SMMF forward (where the
             head shape has that variant).
         mma (bool): the fp16 / bf16 tensor-core GT forward.
+        mma_backward (bool): the GT backward's CSR and CSC walks on tensor
+            cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; off
+            by default until measured). The CSC walk reads the CSR walk's
+            per-edge weights, so the backward runs in two launches.
         dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
             or a bound on window cells per edge per block; the dense-tile forward
             then runs wherever the tensor-core forward does.
@@ -270,6 +275,9 @@ class Plan:
             the layout's tile plan, a block dense while its window holds at most
             this many cells per edge (needs ``mma``).
         bwd_one_launch (bool): the GT backward's CSR and CSC walks in one launch.
+        mma_backward (bool): the GT backward's two walks on tensor cores
+            (``cuda/kernels/gt_backward_mma.cu``; needs what ``mma`` needs and
+            ``bwd_one_launch=False``; a warp walks 8 whole rows or columns).
     """
     method: str
     chunk: int
@@ -279,6 +287,7 @@ class Plan:
     mma: bool
     dense_cells: float
     bwd_one_launch: bool
+    mma_backward: bool
 
     @property
     def pmf(self) -> bool:
@@ -351,13 +360,20 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                   f"bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
     dense_cells, final = (_dense_cells(layout, o.get("dense_tiles")) if mma and tiles
                           else (0.0, True))
+    # Off by default: not measured yet (docs/design.md, "Backward").
+    mma_bwd = _forced(o, "mma_backward", False, can_mma and o.get("bwd_launches", 2) == 2,
+                      f"the tensor-core backward needs dot-product or cosine scores, SMMF, "
+                      f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout, no attention weights "
+                      f"and two backward launches")
     if score == "additive":
         bwd_one_launch = False  # the GAT backward has one form
+    elif mma_bwd:
+        bwd_one_launch = False  # the dq walk writes the CSC walk's weights
     else:
         bwd_one_launch = o.get("bwd_launches", 1 if layout.num_edges <
                                ONE_LAUNCH_BWD_MAX_EDGES else 2) == 1
     return Plan(method, chunk, long_first, item_order, bool(two_rows), bool(mma), dense_cells,
-                bwd_one_launch), final
+                bwd_one_launch, bool(mma_bwd)), final
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:
