@@ -159,10 +159,19 @@ def test_forced_decisions_a_call_cannot_run_raise():
     assert all(not p.two_rows for p in lay.derived.plans.values())  # nothing kept that fails
 
 
-def test_mma_backward_is_off_by_default_and_forced_by_override():
+def test_mma_backward_default_and_override():
     lay = _layout(300, 3000)  # under 2^16 edges: one backward launch by default
     p = plan.plan_for(lay, BF16, 64)
     assert not p.mma_backward and p.bwd_one_launch and p.mma
+    big = _chain(3000, 30)  # 90K edges, whole rows: the tensor-core walks by default
+    assert plan.plan_for(big, BF16, 64).mma_backward
+    assert plan.plan_for(big, F16, 128).mma_backward
+    assert not plan.plan_for(big, BF16, 48).mma_backward  # no MMA head size
+    assert not plan.plan_for(big, F32, 64).mma_backward
+    assert not plan.plan_for(big, BF16, 64, dropout=True).mma_backward
+    assert not plan.plan_for(big, BF16, 64, need_attn=True).mma_backward
+    with plan.override(bwd_launches=2):  # small graphs stay on the CUDA-core walks
+        assert not plan.plan_for(lay, BF16, 64).mma_backward
     with plan.override(mma_backward=True):
         q = plan.plan_for(lay, BF16, 64)
         assert q.mma_backward and not q.bwd_one_launch  # the dq walk feeds the CSC walk
@@ -180,7 +189,8 @@ def test_mma_backward_is_off_by_default_and_forced_by_override():
                 plan.plan_for(lay, BF16, 64)
         with plan.override(mma_backward=False):
             assert not plan.plan_for(lay, BF16, 64).mma_backward
-    split = _layout(2000, 4000, hub=500)
+    split = _layout(2000, 70000, hub=500)  # past one launch, but split rows: off
+    assert plan.plan_for(split, BF16, 64).chunk < 500
     assert not plan.plan_for(split, BF16, 64).mma_backward
     with plan.override(mma_backward=True):  # whole rows: split rows are no obstacle
         assert plan.plan_for(split, BF16, 64).mma_backward

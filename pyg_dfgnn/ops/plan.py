@@ -360,8 +360,13 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                   f"bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
     dense_cells, final = (_dense_cells(layout, o.get("dense_tiles")) if mma and tiles
                           else (0.0, True))
-    # Off by default: not measured yet (docs/design.md, "Backward").
-    mma_bwd = _forced(o, "mma_backward", False, can_mma and o.get("bwd_launches", 2) == 2,
+    # On where the A/B measured it faster: whole rows (a walk takes 8 whole rows, so
+    # split rows leave warps idle behind hub rows) and graphs past the one-launch
+    # backward (docs/design.md, "Backward").
+    one_launch = layout.num_edges < ONE_LAUNCH_BWD_MAX_EDGES
+    mma_bwd = _forced(o, "mma_backward",
+                      can_mma and not split and not one_launch and o.get("bwd_launches", 2) == 2,
+                      can_mma and o.get("bwd_launches", 2) == 2,
                       f"the tensor-core backward needs dot-product or cosine scores, SMMF, "
                       f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout, no attention weights "
                       f"and two backward launches")
@@ -370,8 +375,7 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     elif mma_bwd:
         bwd_one_launch = False  # the dq walk writes the CSC walk's weights
     else:
-        bwd_one_launch = o.get("bwd_launches", 1 if layout.num_edges <
-                               ONE_LAUNCH_BWD_MAX_EDGES else 2) == 1
+        bwd_one_launch = o.get("bwd_launches", 1 if one_launch else 2) == 1
     return Plan(method, chunk, long_first, item_order, bool(two_rows), bool(mma), dense_cells,
                 bwd_one_launch, bool(mma_bwd)), final
 
