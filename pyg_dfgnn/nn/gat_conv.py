@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.conv import GATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
@@ -13,6 +14,44 @@ from ..layout import get_layout
 from ..ops import gat_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)
+
+
+#: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
+#: Below, the step is host-bound and the GEMM's extra launches cost more than
+#: the elementwise passes they save (docs/design.md, "GAT attention terms").
+TERMS_GEMM_MIN_ELEMENTS = 1 << 23
+
+
+def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
+                     att_dst: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""``(alpha_src [N_src, H], alpha_dst [N_dst, H] or None)``: the per-head dot
+    products :math:`\mathbf{a}_s^\top \mathbf{x}_j` and :math:`\mathbf{a}_t^\top
+    \mathbf{x}_i` of PyG's ``(x * att).sum(-1)``, in PyG's dtype.
+
+    On large fp32 / fp64 inputs as one GEMM, ``x [N, H*C] @ A [H*C, 2H]`` with
+    ``A`` block diagonal (each head's ``att_src`` and ``att_dst``): the backward is
+    then two GEMMs, where the elementwise form writes ``[N, H, C]`` products twice
+    and reduces the parameters' gradients over all nodes. Half precision (and
+    autocast) keeps PyG's form, which multiplies by the float32 ``att`` in
+    float32: the gradient of ``att_dst``, a sum of terms that nearly cancel
+    (softmax is shift invariant up to the LeakyReLU), drifted from float64
+    several times further than PyG's through a half-precision GEMM. Under
+    ``torch.compile`` Inductor fuses the elementwise form itself."""
+    if (x_src.dtype.itemsize < 4 or x_src.numel() < TERMS_GEMM_MIN_ELEMENTS
+            or torch.compiler.is_compiling()):
+        return ((x_src * att_src).sum(-1),
+                None if x_dst is None else (x_dst * att_dst).sum(-1))
+    H, C = x_src.shape[1], x_src.shape[2]
+
+    def gemm(x: Tensor, att: Tensor) -> Tensor:
+        # att [K, H, C] -> A [H*C, K*H], A[h*C + c, k*H + h] = att[k, h, c]
+        a = torch.diag_embed(att.permute(2, 0, 1)).permute(2, 0, 1, 3)
+        return x.reshape(x.shape[0], H * C) @ a.reshape(H * C, -1).to(x.dtype)
+
+    if x_dst is x_src:
+        terms = gemm(x_src, torch.cat([att_src, att_dst]))
+        return terms[:, :H], terms[:, H:]
+    return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
 
 
 class FusedGATConv(GATConv):
@@ -177,13 +216,11 @@ class FusedGATConv(GATConv):
 
         # Node-level attention terms; the edge-level sum, LeakyReLU, softmax,
         # dropout and aggregation are fused:
-        alpha_src = (x_src * self.att_src).sum(dim=-1)
-        if x_dst is None:  # PyG then uses alpha_j alone, over N_dst = N_src rows
+        alpha_src, alpha_dst = _attention_terms(x_src, x_dst, self.att_src, self.att_dst)
+        if alpha_dst is None:  # PyG then uses alpha_j alone, over N_dst = N_src rows
             alpha_dst = alpha_src.new_zeros(num_dst, H)
-        else:
-            alpha_dst = (x_dst * self.att_dst).sum(-1)
         # Under autocast the projections are half precision and att_* float32, so
-        # the attention terms come out float32 and PyG aggregates in float32: the
+        # PyG's attention terms come out float32 and it aggregates in float32: the
         # kernel takes one dtype, and the result is returned in PyG's dtype.
         out_dtype = alpha_src.dtype
         if out_dtype != x_src.dtype:
