@@ -36,7 +36,8 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
     float32: the gradient of ``att_dst``, a sum of terms that nearly cancel
     (softmax is shift invariant up to the LeakyReLU), drifted from float64
     several times further than PyG's through a half-precision GEMM. Under
-    ``torch.compile`` Inductor fuses the elementwise form itself."""
+    ``torch.compile`` Inductor fuses the elementwise form itself. With TF32
+    matmuls allowed the GEMM rounds as the layer's projection already does."""
     if (x_src.dtype.itemsize < 4 or x_src.numel() < TERMS_GEMM_MIN_ELEMENTS
             or torch.compiler.is_compiling()):
         return ((x_src * att_src).sum(-1),
