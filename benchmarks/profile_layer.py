@@ -18,11 +18,8 @@ from benchmarks import layers, profile_backward
 def step_fn(case: layers.Case, method: str, backend: str):
     """One forward + backward of the case's layer by ``method``."""
     eager = layers.COMPILED.get(method, method)
-    if method in layers.COMPILED:
-        compiled = torch.compile(case.layers[eager], dynamic=False, backend=backend)
-        call = lambda: case.call(compiled)  # noqa: E731
-    else:
-        call = case.eager(eager)
+    call = (case.compile_fn(method, backend)(None, False) if method in layers.COMPILED
+            else case.eager(eager))
     leaves = case.leaves(eager)
 
     def step():

@@ -27,8 +27,9 @@
 // is one warp's, slow but not wrong. A non-finite gathered row makes the output
 // of all 8 rows of its block non-finite (masked edges multiply it by 0), as in
 // the forward.
-// Runs where the kernel plan's mma_backward says so (pyg_dfgnn/ops/plan.py; off
-// by default until measured): fp16 / bf16, C in {32, 64, 128}, no dropout.
+// Runs where the kernel plan's mma_backward says so (pyg_dfgnn/ops/plan.py: by
+// default where no row is split, as a warp waits for its longest of 8 rows):
+// fp16 / bf16, C in {32, 64, 128}, no dropout.
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"

@@ -18,7 +18,7 @@ from ._common import (adjacency_supported, check_strategy, edge_index_size, is_s
 
 #: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
 #: Below, the step is host-bound and the GEMM's extra launches cost more than
-#: the elementwise passes they save (docs/design.md, "GAT attention terms").
+#: the elementwise passes they save (docs/design.md, "GAT").
 TERMS_GEMM_MIN_ELEMENTS = 1 << 23
 
 

@@ -132,9 +132,10 @@ def override(**fields) -> Iterator[None]:
             head shape has that variant).
         mma (bool): the fp16 / bf16 tensor-core GT forward.
         mma_backward (bool): the GT backward's CSR and CSC walks on tensor
-            cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; off
-            by default until measured). The CSC walk reads the CSR walk's
-            per-edge weights, so the backward runs in two launches.
+            cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; by
+            default on where no row is split and the graph is past the one-launch
+            backward). The CSC walk reads the CSR walk's per-edge weights, so the
+            backward runs in two launches.
         dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
             or a bound on window cells per edge per block; the dense-tile forward
             then runs wherever the tensor-core forward does.
