@@ -71,7 +71,7 @@ backward). Evaluation runs the module eagerly.
 
 The **projection** impl ``fused_separate`` (eager and cudagraph modes) is the
 fused model with ``FusedTransformerConv(fused_projection=False)``: query, key,
-value and skip as separate GEMMs, not one joined GEMM. Only the ``gt`` model
+value and skip as separate GEMMs, their backward's GEMMs not joined. Only the ``gt`` model
 differs from ``fused``; rows get ``projection_speedup`` (``fused_separate`` time
 / ``fused`` time), in ``cudagraph`` too.
 

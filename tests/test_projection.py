@@ -1,13 +1,15 @@
-"""FusedTransformerConv's joined projection GEMM (``fused_projection``) on CPU.
+"""FusedTransformerConv's joined projections (``fused_projection``) on CPU.
 
-The joined path (query / key / value / skip as one ``F.linear`` over their
-concatenated weights) must give the outputs and gradients of the separate path,
-keep PyG's parameters and ``state_dict``, and actually be taken: every test
-counts the GEMMs a forward runs.
+The joined path (query / key / value / skip as one autograd node: a GEMM per
+projection forward, one input and one weight GEMM over the concatenated weights
+backward) must give the outputs and gradients of the separate path, keep PyG's
+parameters and ``state_dict``, and actually be taken: the tests count the GEMMs
+of a forward and of its backward.
 """
 from __future__ import annotations
 
 import copy
+from typing import Tuple
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import TransformerConv
 
-from conftest import random_graph, rel_err
+from conftest import random_graph, rel_err, rel_err_floor
 from pyg_dfgnn.nn import FusedTransformerConv
 
 # aten.linear: in inference mode it reaches the dispatcher undecomposed.
@@ -36,18 +38,32 @@ class GemmCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def forward_gemms(conv, x, edge_index, grad: bool = True) -> int:
-    with torch.set_grad_enabled(grad), GemmCount() as count:
-        conv(x, edge_index)
-    return count.n
+def gemms(conv, x, edge_index, x_grad: bool = True) -> Tuple[int, int]:
+    """``(forward, backward)``: the GEMMs of one forward and of its backward, the
+    features requiring a gradient when ``x_grad``."""
+    xs = tuple(t.detach().clone().requires_grad_(x_grad)
+               for t in (x if isinstance(x, tuple) else (x,)))
+    if isinstance(x, tuple) and x[0] is x[1]:
+        xs = (xs[0], xs[0])
+    with GemmCount() as fwd:
+        out = conv(xs if isinstance(x, tuple) else xs[0], edge_index)
+    with GemmCount() as bwd:
+        out.backward(torch.randn_like(out))
+    return fwd.n, bwd.n
 
 
-def expected_gemms(conv, bipartite: bool, joined: bool) -> int:
-    """Projection GEMMs (plus ``lin_beta``'s) of one forward."""
+def expected_gemms(conv, bipartite: bool, joined: bool, x_grad: bool = True) -> Tuple[int, int]:
+    """``(forward, backward)`` projection GEMMs (``lin_beta``'s included) of a step.
+
+    Forward: one per projection either way. Backward: an input GEMM (when ``x``
+    needs a gradient) and a weight GEMM per projection, or per joined group (one
+    group, or two for bipartite features: key and value, query and skip);
+    ``lin_beta``'s input always needs a gradient.
+    """
     beta = conv.lin_beta is not None
-    if not joined:
-        return 3 + conv.root_weight + beta
-    return (2 if bipartite else 1) + beta
+    per_gemm = 2 if x_grad else 1
+    groups = 3 + conv.root_weight if not joined else (2 if bipartite else 1)
+    return 3 + conv.root_weight + beta, groups * per_gemm + 2 * beta
 
 
 def inputs(bipartite: bool, dtype):
@@ -96,8 +112,8 @@ CONFIGS = [
 def test_joined_equals_separate(kwargs, bipartite, dtype):
     x, ei, in_channels = inputs(bipartite, dtype)
     joined, separate = joined_and_separate(dtype, in_channels, **kwargs)
-    assert forward_gemms(joined, x, ei) == expected_gemms(joined, bipartite, True)
-    assert forward_gemms(separate, x, ei) == expected_gemms(separate, bipartite, False)
+    assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True)
+    assert gemms(separate, x, ei) == expected_gemms(separate, bipartite, False)
 
     oj, gj, pj = run(joined, x, ei)
     os_, gs, ps = run(separate, x, ei)
@@ -124,10 +140,10 @@ def test_joined_equals_separate(kwargs, bipartite, dtype):
 def test_same_tensor_pair_is_joined():
     x, ei, _ = inputs(False, torch.float32)
     conv = FusedTransformerConv(8, 4, heads=2)
-    assert forward_gemms(conv, (x, x), ei) == 1
-    assert forward_gemms(conv, (x, x.clone()), ei) == 2   # equal values, two tensors
+    assert gemms(conv, (x, x), ei) == (4, 2)
+    assert gemms(conv, (x, x.clone()), ei) == (4, 4)   # equal values, two tensors
     conv.fused_projection = False
-    assert forward_gemms(conv, x, ei) == 4
+    assert gemms(conv, x, ei) == (4, 8)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
@@ -147,7 +163,7 @@ def test_constructor_switch():
     x, ei, _ = inputs(False, torch.float32)
     conv = FusedTransformerConv(8, 4, heads=2, fused_projection=False)
     assert conv.fused_projection is False
-    assert forward_gemms(conv, x, ei) == 4
+    assert gemms(conv, x, ei) == (4, 8)
 
 
 def test_hooked_or_replaced_linear_runs_separately():
@@ -155,10 +171,10 @@ def test_hooked_or_replaced_linear_runs_separately():
     conv = FusedTransformerConv(8, 4, heads=2)
     calls = []
     handle = conv.lin_value.register_forward_hook(lambda m, i, o: calls.append(o.shape))
-    assert forward_gemms(conv, x, ei) == 4
+    assert gemms(conv, x, ei) == (4, 8)
     assert calls == [torch.Size([15, 8])]
     handle.remove()
-    assert forward_gemms(conv, x, ei) == 1
+    assert gemms(conv, x, ei) == (4, 2)
 
     class Scaled(torch.nn.Linear):
         def forward(self, x: Tensor) -> Tensor:
@@ -168,7 +184,7 @@ def test_hooked_or_replaced_linear_runs_separately():
     scaled = Scaled(8, 8)
     scaled.load_state_dict(conv.lin_key.state_dict())
     conv.lin_key = scaled
-    assert forward_gemms(conv, x, ei) == 4
+    assert gemms(conv, x, ei) == (4, 8)
     assert not torch.allclose(conv(x, ei), ref)
 
 
@@ -198,7 +214,7 @@ def test_load_state_dict_both_ways(args, kwargs):
     native = TransformerConv(*args, **kwargs)
     fused = FusedTransformerConv(*args, **kwargs)
     fused.load_state_dict(native.state_dict())
-    assert forward_gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
+    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
     ref = native(x, ei)
     assert rel_err(fused(x, ei), ref) < 1e-5
 
@@ -225,16 +241,16 @@ def test_lazy_init(bipartite):
     # the first call materialises the weights through the separate projections
     with GemmCount() as count:
         of = fused(x, ei)
-    assert count.n == expected_gemms(fused, bipartite, False)
+    assert count.n == expected_gemms(fused, bipartite, False)[0]
     assert rel_err(of, on) < 1e-5          # same initial weights, drawn in PyG's order
     assert fused.state_dict().keys() == native.state_dict().keys()
-    assert forward_gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
+    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
     assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
 
     # a lazy layer loads a materialised state and then joins
     fresh = FusedTransformerConv(in_channels, 4, heads=2, beta=True)
     fresh.load_state_dict(native.state_dict())
-    assert forward_gemms(fresh, x, ei) == expected_gemms(fresh, bipartite, True)
+    assert gemms(fresh, x, ei) == expected_gemms(fresh, bipartite, True)
     assert rel_err(fresh(x, ei), on) < 1e-5
 
 
@@ -247,7 +263,7 @@ def test_fused_in_place_joins():
     ref = native(x, ei)
     assert fuse(native).num_fused == 1
     assert "fused_projection" not in vars(native)
-    assert forward_gemms(native, x, ei) == 1
+    assert gemms(native, x, ei) == (4, 2)
     assert rel_err(native(x, ei), ref) < 1e-5
 
 
@@ -260,3 +276,127 @@ def test_compiles_without_graph_break():
         want = conv(x, ei)  # eager: builds and caches the layout
         got = torch.compile(conv, fullgraph=True, backend="eager")(x, ei)
     assert rel_err(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_joined_backward_compiles_without_graph_break(backend):
+    """While autograd records, the joined projections (an autograd.Function)
+    trace whole, forward and backward, and match eager."""
+    torch._dynamo.reset()
+    x, ei, _ = inputs(False, torch.float32)
+    conv = FusedTransformerConv(8, 4, heads=2, beta=True)
+    want, gx_want, gp_want = run(conv, x, ei)
+    compiled = torch.compile(conv, fullgraph=True, backend=backend)
+    got, gx, gp = run(compiled, x, ei)
+    gp = {n.removeprefix("_orig_mod."): g for n, g in gp.items()}
+    assert rel_err(got, want) < 1e-6
+    assert rel_err(gx[0], gx_want[0]) < 1e-5
+    assert gp.keys() == gp_want.keys()
+    for name, g in gp_want.items():
+        assert rel_err_floor(gp[name], g) < 1e-5, name
+
+
+# ------------------------------------------------------------- backward variants
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_features_without_gradient(bipartite):
+    """Features that need no gradient (a first layer): no input GEMM, parameter
+    gradients as on the separate path."""
+    x, ei, in_channels = inputs(bipartite, torch.float64)
+    joined, separate = joined_and_separate(torch.float64, in_channels, heads=2, beta=True)
+    assert gemms(joined, x, ei, x_grad=False) == expected_gemms(joined, bipartite, True, False)
+    assert gemms(separate, x, ei, x_grad=False) == expected_gemms(separate, bipartite, False,
+                                                                  False)
+    assert expected_gemms(joined, bipartite, True, False)[1] == (2 if bipartite else 1) + 2
+    g = None
+    grads = []
+    for conv in (joined, separate):
+        conv.zero_grad(set_to_none=True)
+        out = conv(x, ei)
+        g = torch.randn_like(out) if g is None else g
+        out.backward(g)
+        grads.append({n: p.grad for n, p in conv.named_parameters()})
+    assert all(t.grad is None for t in (x if bipartite else (x,)))
+    for name, b in grads[1].items():
+        assert rel_err_floor(grads[0][name], b) < 1e-12, name
+
+
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_bf16_autocast_matches_separate(bipartite):
+    """Under CPU bf16 autocast the joined path runs its GEMMs in bf16 as the
+    separate one does, and returns float32 gradients (parameters and ``x`` stay
+    float32)."""
+    x, ei, in_channels = inputs(bipartite, torch.float32)
+    joined, separate = joined_and_separate(torch.float32, in_channels, heads=2, beta=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True)
+        oj, gj, pj = run(joined, x, ei)
+        os_, gs, ps = run(separate, x, ei)
+    assert oj.dtype == os_.dtype == torch.bfloat16
+    ref = run(separate, x, ei)[0]  # float32: autocast reaches both paths
+    assert rel_err(os_, ref) > 1e-4
+    assert rel_err(oj, os_) < 1e-2
+    for a, b in zip(gj, gs):
+        assert a.dtype == torch.float32 and rel_err(a, b) < 1e-2
+    for name, b in ps.items():
+        assert pj[name].dtype == b.dtype == torch.float32, name
+        assert rel_err_floor(pj[name], b) < 1e-2, name
+
+
+def test_projections_function_directly():
+    """``_Projections`` against separate ``F.linear`` calls: an unused output (no
+    gradient) leaves the join, a frozen weight and a missing bias get no gradient,
+    leading batch dimensions are kept."""
+    from pyg_dfgnn.nn.transformer_conv import _Projections
+    gen = torch.Generator().manual_seed(3)
+
+    def leaf(*shape, grad=True):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_(grad)
+
+    x = leaf(2, 5, 6)
+    ws = [leaf(3, 6), leaf(4, 6, grad=False), leaf(2, 6), leaf(5, 6)]
+    bs = [leaf(3), None, leaf(2), leaf(5)]
+    used = (0, 1, 3)  # output 2 unused: its weight and bias get no gradient
+    gs = [torch.randn(2, 5, w.shape[0], generator=gen, dtype=torch.float64) for w in ws]
+
+    def grads(outs):
+        torch.autograd.backward([outs[i] for i in used], [gs[i] for i in used])
+        res = [t.grad for t in [x, *ws, *bs] if t is not None]
+        for t in [x, *ws, *bs]:
+            if t is not None:
+                t.grad = None
+        return res
+
+    with GemmCount() as count:
+        outs = _Projections.apply(x, *ws, *bs)
+    assert count.n == 4 and all(o.is_contiguous() for o in outs)
+    ref = [torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)]
+    assert all(rel_err(o, r) < 1e-12 for o, r in zip(outs, ref))
+    with GemmCount() as count:
+        got = grads(outs)
+    assert count.n == 2   # one input GEMM, one weight GEMM
+    want = grads(ref)
+    assert [g is None for g in got] == [g is None for g in want]
+    # x, w0..w3, b0, b2, b3: the frozen w1, the unused w2 and b2 get none
+    assert [g is None for g in got] == [False, False, True, True, False, False, True, False]
+    for a, b in zip(got, want):
+        if b is not None:
+            assert rel_err(a, b) < 1e-12
+
+    # only the weights need gradients: one weight GEMM
+    x.requires_grad_(False)
+    outs = _Projections.apply(x, *ws, *bs)
+    with GemmCount() as count:
+        outs[0].backward(gs[0])
+    assert count.n == 1 and ws[0].grad is not None and x.grad is None
+
+
+def test_double_backward_raises():
+    """The joined backward is once differentiable: a double backward raises rather
+    than returning a wrong gradient."""
+    x, ei, _ = inputs(False, torch.float64)
+    conv = FusedTransformerConv(8, 4, heads=2).double()
+    x = x.clone().requires_grad_()
+    out = conv(x, ei)
+    (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()

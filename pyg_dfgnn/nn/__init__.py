@@ -7,8 +7,9 @@ SDDMM -> edge softmax -> SpMM op on a cached :class:`~pyg_dfgnn.layout.GraphLayo
 (DF-GNN paper §3–4). Each takes one extra keyword, ``strategy``
 (``"auto" | "smmf" | "pmf"``), and falls back to the native forward for
 configurations the fused ops do not cover (documented per class).
-:class:`FusedTransformerConv` also takes ``fused_projection`` (its query, key,
-value and skip projections as one GEMM while autograd records; default ``True``).
+:class:`FusedTransformerConv` also takes ``fused_projection`` (while autograd
+records, the backward of its query, key, value and skip projections runs one
+input and one weight GEMM over the concatenated weights; default ``True``).
 
 .. code-block:: python
 

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
@@ -31,19 +32,100 @@ def _plain_linears(lins: Sequence[torch.nn.Module]) -> bool:
     return True
 
 
+def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
+    r"""The dtype autocast runs ``F.linear(x, ...)`` in, or ``None`` where it
+    leaves ``x``'s (autocast off for ``x``'s device type, or ``x`` other than
+    float32 / float16 / bfloat16: autocast does not cast float64)."""
+    dev = x.device.type
+    if (x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+class _Projections(torch.autograd.Function):
+    r"""``F.linear(x, w_i, b_i)`` for each weight and bias, as one autograd node
+    that runs separate GEMMs forward and joined GEMMs backward.
+
+    Forward: one GEMM per projection, so each output is contiguous (the attention
+    kernels read ``[N, H, C]`` rows of it without a copy). Backward: the output
+    gradients, joined as :math:`\mathbf{G}` ``[N, sum(out_i)]``, go through one
+    input GEMM :math:`\mathbf{G} [\mathbf{W}_1; \mathbf{W}_2; \ldots]` and one
+    weight GEMM :math:`\mathbf{G}^\top \mathbf{x}`, whose rows are split back per
+    weight (views of one tensor), and the bias gradients are the split
+    :math:`\mathbf{G}` column sums. An output without a gradient (unused) leaves
+    the join; the input GEMM runs only when ``x`` needs a gradient, the weight
+    GEMM only when a weight does.
+
+    Under autocast (``x`` float32 / float16 / bfloat16 on a device type whose
+    autocast is on), ``x``, the weights and the biases are cast once to
+    autocast's dtype, as ``F.linear`` would cast them, and the backward's GEMMs
+    run in that dtype; every gradient comes back in its input's dtype.
+
+    ``apply(x, *weights, *biases)``: ``x`` ``[..., F_in]``, weights
+    ``[out_i, F_in]``, biases ``[out_i]`` or ``None``, as many biases as weights.
+    Returns the tuple of outputs ``[..., out_i]``. The backward is
+    ``once_differentiable`` (a double backward raises): nothing in this package
+    or its tests takes one through the projections.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, *params: Optional[Tensor]) -> Tuple[Tensor, ...]:
+        n = len(params) // 2
+        ws, bs = list(params[:n]), list(params[n:])
+        ctx.dtypes = [x.dtype] + [None if p is None else p.dtype for p in params]
+        dtype = _autocast_dtype(x)
+        if dtype is not None:
+            # once here, not per F.linear (autocast casts x in each call)
+            x = x.to(dtype)
+            ws = [w.to(dtype) for w in ws]
+            bs = [None if b is None else b.to(dtype) for b in bs]
+        outs = tuple(F.linear(x, w, b) for w, b in zip(ws, bs))
+        need = ctx.needs_input_grad
+        # x for the weight gradients, the weights for x's gradient
+        ctx.save_for_backward(x if any(need[1:n + 1]) else None,
+                              *(ws if need[0] else [None] * n))
+        ctx.sizes = [w.shape[0] for w in ws]
+        ctx.set_materialize_grads(False)
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+        x, *ws = ctx.saved_tensors
+        need, dtypes, n = ctx.needs_input_grad, ctx.dtypes, len(ctx.sizes)
+        res: List[Optional[Tensor]] = [None] * (1 + 2 * n)
+        live = [i for i in range(n) if grads[i] is not None]
+        if not live:
+            return tuple(res)
+        sizes = [ctx.sizes[i] for i in live]
+        # G [M, sum(out_i)], M the rows of every leading dimension
+        g = torch.cat([grads[i].reshape(-1, ctx.sizes[i]) for i in live], dim=-1)
+        if need[0]:
+            w = torch.cat([ws[i] for i in live]) if len(live) > 1 else ws[live[0]]
+            gx = g.to(w.dtype).mm(w)
+            res[0] = gx.view(*grads[live[0]].shape[:-1], gx.shape[-1]).to(dtypes[0])
+        if any(need[1 + i] for i in live):
+            gw = g.to(x.dtype).t().mm(x.reshape(-1, x.shape[-1])).split(sizes)
+            for i, gw_i in zip(live, gw):
+                if need[1 + i]:
+                    res[1 + i] = gw_i.to(dtypes[1 + i])
+        if any(need[1 + n + i] for i in live):
+            gb = g.sum(0).split(sizes)
+            for i, gb_i in zip(live, gb):
+                if need[1 + n + i]:
+                    res[1 + n + i] = gb_i.to(dtypes[1 + n + i])
+        return tuple(res)
+
+
 def _joined_linear(x: Tensor, weights: List[Tensor],
                    biases: List[Optional[Tensor]]) -> Sequence[Tensor]:
-    r"""``F.linear(x, w, b)`` for each weight and bias, as one GEMM: they are
-    concatenated in every call, so autograd reaches each layer's own parameters,
-    and the product is split into views of its columns (not contiguous)."""
+    r"""``F.linear(x, w, b)`` for each weight and bias, with the backward's GEMMs
+    joined (:class:`_Projections`); the weights are each layer's own parameters,
+    so autograd reaches them. One projection is a plain ``F.linear``."""
     if len(weights) == 1:
         return [F.linear(x, weights[0], biases[0])]
-    sizes = [w.shape[0] for w in weights]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([w.new_zeros(n) if b is None else b
-                          for w, b, n in zip(weights, biases, sizes)])
-    return F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1)
+    return _Projections.apply(x, *weights, *biases)
 
 
 class FusedTransformerConv(TransformerConv):
@@ -83,12 +165,13 @@ class FusedTransformerConv(TransformerConv):
             fusion, node-parallel) or ``"pmf"`` (parallelism maximisation fusion,
             edge-parallel SDDMM). Ignored on CPU. (default: ``"auto"``)
         fused_projection (bool, optional): on the fused path and while autograd
-            records (training), compute the query,
-            key, value and skip projections of the same features as one GEMM
-            over their concatenated weights (a bipartite pair: one for key and
-            value, one for query and skip), split into column views. The
-            parameters and ``state_dict`` stay PyG's; the joined weight is
-            built in every call, so gradients reach each ``lin_*``. Lazy
+            records (training), run the query, key, value and skip projections
+            of the same features as one autograd node (a bipartite pair: one
+            for key and value, one for query and skip) whose forward runs one
+            GEMM per projection and whose backward joins them: one input GEMM
+            and one weight GEMM over the concatenated weights and output
+            gradients. The parameters and ``state_dict`` stay PyG's, and
+            gradients reach each ``lin_*``. Lazy
             (``in_channels=-1``) weights before their first call, replaced
             ``lin_*`` modules and ``lin_*`` with hooks run separately. Also
             an attribute, which may be flipped on a built layer (benchmarks).
@@ -139,11 +222,14 @@ class FusedTransformerConv(TransformerConv):
         lins = [self.lin_query, self.lin_key, self.lin_value]
         if self.root_weight:
             lins.append(self.lin_skip)
-        # Joined only where autograd records: the backward then runs one input and
-        # one weight GEMM instead of three or four each, while the forward pays for
-        # copying the column views into the kernels' contiguous rows. On an H100
-        # (10K-100K nodes, fp32 and bf16) the joined forward alone was 0.56-1.00x in
-        # 5 of 6 shapes, forward + backward 1.02-1.31x in 5 of 6.
+        # Joined only where autograd records, and only in the backward: one input
+        # and one weight GEMM over the joined gradients instead of three or four
+        # each. The forward runs a GEMM per projection, as one joined GEMM's column
+        # views would cost copies into the kernels' contiguous [N, H, C] rows; on
+        # an H100 (10K-100K nodes, fp32 and bf16) a joined forward GEMM alone is
+        # 0.56-1.00x of separate ones in 5 of 6 shapes, while joining forward and
+        # backward is 1.02-1.31x in 5 of 6 (benchmarks/projection_ab.py times
+        # this separate-forward, joined-backward split against separate GEMMs).
         if self.fused_projection and torch.is_grad_enabled() and _plain_linears(lins):
             # each weight read once: a module attribute costs host time
             ws = [lin.weight for lin in lins]
@@ -200,8 +286,8 @@ class FusedTransformerConv(TransformerConv):
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 
         query, key, value, x_r = self._project(x)
-        # Joined projections are column views of one product; gt_attention makes
-        # them contiguous, as the kernels read [N, H, C] rows.
+        # Contiguous [N, H * C] projections: the kernels read these [N, H, C] views
+        # without a copy (gt_attention's .contiguous() returns them).
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
 
         layout = get_layout(edge_index, size=size, add_self_loops=False)
