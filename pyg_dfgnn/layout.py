@@ -73,6 +73,10 @@ class GraphLayout:
         num_src, num_dst (int): node counts (equal unless the graph is bipartite).
         max_in_degree (int), mean_in_degree (float): in-degree statistics used by
             the kernel plan (:mod:`pyg_dfgnn.ops.plan`).
+        dst_extent (int): destinations at or past this index have no in-edge
+            (``1 +`` the largest destination index where the build saw it, else
+            ``num_dst``). In a ``NeighborLoader`` batch the last hop's nodes come
+            last and have no in-edge, so a layer needs their queries not at all.
         colptr, row, perm (Tensor): CSC by source (built with the layout unless
             ``with_csc=False``, then on first use): ``[N_src + 1]``, ``[E]`` dst of
             each CSC edge, ``[E]`` CSR position of each CSC edge.
@@ -87,7 +91,8 @@ class GraphLayout:
 
     def __init__(self, rowptr: Tensor, col: Tensor, edge_perm: Optional[Tensor],
                  edge_index: Optional[Tensor], num_src: int, num_dst: int, max_in_degree: int,
-                 self_loops: bool = False, csr_row: Optional[Tensor] = None):
+                 self_loops: bool = False, csr_row: Optional[Tensor] = None,
+                 dst_extent: Optional[int] = None):
         self.rowptr = rowptr
         self.col = col
         self._edge_perm = edge_perm  # None: the identity (input grouped by destination)
@@ -97,6 +102,8 @@ class GraphLayout:
         self.num_dst = int(num_dst)
         self.num_edges = int(col.numel())
         self.max_in_degree = int(max_in_degree)
+        self.dst_extent = (self.num_dst if dst_extent is None
+                           else max(0, min(int(dst_extent), self.num_dst)))
         self.mean_in_degree = self.num_edges / max(self.num_dst, 1)
         self.self_loops = self_loops
         # The fused ops' per-call check compares this with the features' device
@@ -125,6 +132,7 @@ class GraphLayout:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("dst_extent", self.num_dst)  # pickled before it existed
         self._register()
 
     # ------------------------------------------------------------------ build
@@ -399,7 +407,8 @@ class GraphLayout:
 
         new = GraphLayout(move(self.rowptr), move(self.col), move(self._edge_perm),
                           move(self._edge_index), self.num_src, self.num_dst,
-                          self.max_in_degree, self.self_loops, move(self._csr_row))
+                          self.max_in_degree, self.self_loops, move(self._csr_row),
+                          self.dst_extent)
         if self._csc is not None:
             new._csc = tuple(t.to(device) for t in self._csc)
         new.derived = self.derived.to(device)
@@ -530,8 +539,9 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     else:
         col, csr_row, edge_perm = _csr_with_loops(ei, keep, kept, n, rowptr, idx, unsorted)
 
+    extent = max(hi[1] + 1 if E0 else 0, n)  # removed self-loops only overstate it
     layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, counts[4], loops,
-                         csr_row=csr_row)
+                         csr_row=csr_row, dst_extent=extent)
     return _finish(layout, dout, extra, counts, chunk, with_csc)
 
 
@@ -598,7 +608,7 @@ def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
     if in_rows < ek or max_id >= ek or max_src >= num_src:
         return None
     layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, vals[7], False,
-                         csr_row=parent.csr_row[:ek])
+                         csr_row=parent.csr_row[:ek], dst_extent=parent.dst_extent)
     return _finish(layout, deg[num_dst:], extra, vals[3:7], chunk, with_csc)
 
 

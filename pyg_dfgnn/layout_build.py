@@ -88,8 +88,9 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
                             num_src, num_dst)
     # Outputs not built come back empty: edge_perm where it is the identity (only
     # ever for E > 0), the CSC without with_csc.
+    extent = max(info[_HI_DST] + 1 if E0 else 0, n)  # removed self-loops only overstate it
     layout = GraphLayout(rowptr, col, edge_perm if edge_perm.numel() else None, None, num_src,
-                         num_dst, info[_MAX_IN], loops, csr_row=csr_row)
+                         num_dst, info[_MAX_IN], loops, csr_row=csr_row, dst_extent=extent)
     if with_csc:
         layout._csc = (colptr, row, perm)
     if default and chunk_for(info[_NUM_EDGES]) != chunk:

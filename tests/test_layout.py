@@ -143,6 +143,35 @@ def test_empty_graph():
     assert lay.max_in_degree == 0
 
 
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("ns,nd", [(20, 20), (30, 12), (8, 25)])
+def test_dst_extent(loops, ns, nd):
+    """``dst_extent``: no destination at or past it has an in-edge; it is the
+    least such bound (the last hop of a NeighborLoader batch has no in-edge),
+    raised to the self-loop rows with ``add_self_loops``; kept by moves, pickling
+    and a prefix narrowed for ``trim_to_layer``."""
+    import pickle
+    hi = nd // 2
+    ei = random_graph(ns, nd, num_edges=60)
+    ei = torch.cat([ei[:, ei[1] < hi], torch.tensor([[0], [hi - 1]])], 1)
+    lay = GraphLayout.from_edge_index(ei, (ns, nd), add_self_loops=loops)
+    want = max(hi, min(ns, nd)) if loops else hi
+    assert lay.dst_extent == want
+    deg = lay.rowptr.diff()
+    assert deg[want:].eq(0).all() and deg[:want].gt(0).any()
+    assert lay.to("meta").dst_extent == want
+    assert pickle.loads(pickle.dumps(lay)).dst_extent == want
+    if not loops:
+        grouped = ei[:, torch.sort(ei[1], stable=True).indices]
+        parent = GraphLayout.from_edge_index(grouped, (ns, nd))
+        part = grouped[:, grouped[1] < hi - 1]
+        narrow = parent.narrow(part, (ns, hi - 1))
+        assert narrow is not None and narrow.dst_extent == hi - 1
+    empty = GraphLayout.from_edge_index(torch.empty(2, 0, dtype=torch.long), (ns, nd),
+                                        add_self_loops=loops)
+    assert empty.dst_extent == (min(ns, nd) if loops else 0)
+
+
 # ----------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("bad,size", [
     (torch.tensor([[0, 1, 5], [1, 2, 0]]), (5, 5)),      # src == N_src

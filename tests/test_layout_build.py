@@ -39,7 +39,8 @@ def _work(lay: GraphLayout, kind: str):
 
 def assert_same_layout(got: GraphLayout, want: GraphLayout, with_csc: bool = True):
     """Every tensor and statistic of two layouts equal, dtypes included."""
-    for name in ("num_src", "num_dst", "num_edges", "max_in_degree", "self_loops"):
+    for name in ("num_src", "num_dst", "num_edges", "max_in_degree", "self_loops",
+                 "dst_extent"):
         assert getattr(got, name) == getattr(want, name), name
     for name in ("rowptr", "col", "_csr_row"):
         a, b = getattr(got, name), getattr(want, name)
