@@ -39,27 +39,22 @@ import time
 from typing import List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from benchmarks import kernels, layers, profile_backward
+from pyg_dfgnn.nn._projections import joined_gemm
 
 GRAPHS = ("PATTERN", "ogbn-arxiv")
 VARIANTS = ("separate", "joined", "joined-fwd")
 
 
-def joined_forward_gemm(x: Tensor, weights: List[Tensor],
-                        biases: List[Optional[Tensor]]) -> Sequence[Tensor]:
+def joined_forward_gemm(x: Tensor, weights: List[Tensor], biases: List[Optional[Tensor]],
+                        rows: Optional[int] = None) -> Sequence[Tensor]:
     """The ``joined-fwd`` variant's projections: one ``F.linear`` over the
-    concatenated weights, split into column views of the product."""
-    if len(weights) == 1:
-        return [F.linear(x, weights[0], biases[0])]
-    sizes = [w.shape[0] for w in weights]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([w.new_zeros(n) if b is None else b
-                          for w, b, n in zip(weights, biases, sizes)])
-    return F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1)
+    concatenated weights, split into column views of the product (the layer's
+    compiled path, :func:`pyg_dfgnn.nn._projections.joined_gemm`, run eagerly;
+    every row: ``rows``, the layer's query prefix, is ignored)."""
+    return joined_gemm(x, weights, biases)
 
 
 class Variant:

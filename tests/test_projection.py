@@ -21,8 +21,10 @@ from conftest import random_graph, rel_err, rel_err_floor
 from pyg_dfgnn.nn import FusedTransformerConv
 
 # aten.linear: in inference mode it reaches the dispatcher undecomposed.
+# mm.out / addmm.out / addmm_: the query GEMM over a row prefix writes in place.
 _GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-          torch.ops.aten.linear.default}
+          torch.ops.aten.linear.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.out,
+          torch.ops.aten.addmm_.default}
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
@@ -52,26 +54,44 @@ def gemms(conv, x, edge_index, x_grad: bool = True) -> Tuple[int, int]:
     return fwd.n, bwd.n
 
 
-def expected_gemms(conv, bipartite: bool, joined: bool, x_grad: bool = True) -> Tuple[int, int]:
+def cut_of(x, edge_index) -> bool:
+    """Whether the graph's last destinations have no in-edge, so that the joined
+    path runs the query over a row prefix (``GraphLayout.dst_extent``)."""
+    nd = (x[1] if isinstance(x, tuple) else x).size(0)
+    return int(edge_index[1].max()) + 1 < nd
+
+
+def expected_gemms(conv, bipartite: bool, joined: bool, x_grad: bool = True,
+                   cut: bool = False) -> Tuple[int, int]:
     """``(forward, backward)`` projection GEMMs (``lin_beta``'s included) of a step.
 
     Forward: one per projection either way. Backward: an input GEMM (when ``x``
     needs a gradient) and a weight GEMM per projection, or per joined group (one
-    group, or two for bipartite features: key and value, query and skip);
-    ``lin_beta``'s input always needs a gradient.
+    group, or two for bipartite features: key and value, query and skip; a query
+    over a row prefix, ``cut``, is a group of its own); ``lin_beta``'s input
+    always needs a gradient.
     """
     beta = conv.lin_beta is not None
     per_gemm = 2 if x_grad else 1
     groups = 3 + conv.root_weight if not joined else (2 if bipartite else 1)
+    if joined and cut and not (bipartite and not conv.root_weight):
+        groups += 1
     return 3 + conv.root_weight + beta, groups * per_gemm + 2 * beta
 
 
-def inputs(bipartite: bool, dtype):
+def inputs(bipartite: bool, dtype, cut: bool = False):
+    """Features, graph and in_channels. The last destination has an in-edge, or
+    with ``cut`` the last three have none (the query then covers a row prefix:
+    ``GraphLayout.dst_extent``)."""
+    ns, nd = (12, 7) if bipartite else (15, 15)
+    ei = random_graph(ns, nd, num_edges=40 if bipartite else 60, num_isolated=2)
+    if cut:
+        ei = ei[:, ei[1] < nd - 3]
+    else:
+        ei = torch.cat([ei, torch.tensor([[0], [nd - 1]])], 1)
+    assert cut_of((None, torch.empty(nd)), ei) == cut
     if bipartite:
-        ns, nd = 12, 7
-        ei = random_graph(ns, nd, num_edges=40, num_isolated=2)
         return (torch.randn(ns, 6, dtype=dtype), torch.randn(nd, 8, dtype=dtype)), ei, (6, 8)
-    ei = random_graph(15, num_edges=60)
     return torch.randn(15, 8, dtype=dtype), ei, 8
 
 
@@ -106,13 +126,14 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("bipartite", [False, True])
 @pytest.mark.parametrize("kwargs", CONFIGS)
-def test_joined_equals_separate(kwargs, bipartite, dtype):
-    x, ei, in_channels = inputs(bipartite, dtype)
+def test_joined_equals_separate(kwargs, bipartite, dtype, cut):
+    x, ei, in_channels = inputs(bipartite, dtype, cut)
     joined, separate = joined_and_separate(dtype, in_channels, **kwargs)
-    assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True)
+    assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True, cut=cut)
     assert gemms(separate, x, ei) == expected_gemms(separate, bipartite, False)
 
     oj, gj, pj = run(joined, x, ei)
@@ -214,7 +235,7 @@ def test_load_state_dict_both_ways(args, kwargs):
     native = TransformerConv(*args, **kwargs)
     fused = FusedTransformerConv(*args, **kwargs)
     fused.load_state_dict(native.state_dict())
-    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
+    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True, cut=cut_of(x, ei))
     ref = native(x, ei)
     assert rel_err(fused(x, ei), ref) < 1e-5
 
@@ -244,13 +265,13 @@ def test_lazy_init(bipartite):
     assert count.n == expected_gemms(fused, bipartite, False)[0]
     assert rel_err(of, on) < 1e-5          # same initial weights, drawn in PyG's order
     assert fused.state_dict().keys() == native.state_dict().keys()
-    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True)
+    assert gemms(fused, x, ei) == expected_gemms(fused, bipartite, True, cut=cut_of(x, ei))
     assert rel_err(fused(x, ei), native(x, ei)) < 1e-5
 
     # a lazy layer loads a materialised state and then joins
     fresh = FusedTransformerConv(in_channels, 4, heads=2, beta=True)
     fresh.load_state_dict(native.state_dict())
-    assert gemms(fresh, x, ei) == expected_gemms(fresh, bipartite, True)
+    assert gemms(fresh, x, ei) == expected_gemms(fresh, bipartite, True, cut=cut_of(x, ei))
     assert rel_err(fresh(x, ei), on) < 1e-5
 
 
@@ -297,16 +318,18 @@ def test_joined_backward_compiles_without_graph_break(backend):
 
 
 # ------------------------------------------------------------- backward variants
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("bipartite", [False, True])
-def test_features_without_gradient(bipartite):
+def test_features_without_gradient(bipartite, cut):
     """Features that need no gradient (a first layer): no input GEMM, parameter
     gradients as on the separate path."""
-    x, ei, in_channels = inputs(bipartite, torch.float64)
+    x, ei, in_channels = inputs(bipartite, torch.float64, cut)
     joined, separate = joined_and_separate(torch.float64, in_channels, heads=2, beta=True)
-    assert gemms(joined, x, ei, x_grad=False) == expected_gemms(joined, bipartite, True, False)
+    want = expected_gemms(joined, bipartite, True, False, cut=cut)
+    assert gemms(joined, x, ei, x_grad=False) == want
     assert gemms(separate, x, ei, x_grad=False) == expected_gemms(separate, bipartite, False,
                                                                   False)
-    assert expected_gemms(joined, bipartite, True, False)[1] == (2 if bipartite else 1) + 2
+    assert want[1] == (2 if bipartite else 1) + cut + 2
     g = None
     grads = []
     for conv in (joined, separate):
@@ -328,7 +351,7 @@ def test_bf16_autocast_matches_separate(bipartite):
     x, ei, in_channels = inputs(bipartite, torch.float32)
     joined, separate = joined_and_separate(torch.float32, in_channels, heads=2, beta=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True)
+        assert gemms(joined, x, ei) == expected_gemms(joined, bipartite, True, cut=cut_of(x, ei))
         oj, gj, pj = run(joined, x, ei)
         os_, gs, ps = run(separate, x, ei)
     assert oj.dtype == os_.dtype == torch.bfloat16
@@ -343,10 +366,10 @@ def test_bf16_autocast_matches_separate(bipartite):
 
 
 def test_projections_function_directly():
-    """``_Projections`` against separate ``F.linear`` calls: an unused output (no
+    """``Projections`` against separate ``F.linear`` calls: an unused output (no
     gradient) leaves the join, a frozen weight and a missing bias get no gradient,
     leading batch dimensions are kept."""
-    from pyg_dfgnn.nn.transformer_conv import _Projections
+    from pyg_dfgnn.nn._projections import Projections
     gen = torch.Generator().manual_seed(3)
 
     def leaf(*shape, grad=True):
@@ -367,7 +390,7 @@ def test_projections_function_directly():
         return res
 
     with GemmCount() as count:
-        outs = _Projections.apply(x, *ws, *bs)
+        outs = Projections.apply(x, None, *ws, *bs)
     assert count.n == 4 and all(o.is_contiguous() for o in outs)
     ref = [torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)]
     assert all(rel_err(o, r) < 1e-12 for o, r in zip(outs, ref))
@@ -384,10 +407,46 @@ def test_projections_function_directly():
 
     # only the weights need gradients: one weight GEMM
     x.requires_grad_(False)
-    outs = _Projections.apply(x, *ws, *bs)
+    outs = Projections.apply(x, None, *ws, *bs)
     with GemmCount() as count:
         outs[0].backward(gs[0])
     assert count.n == 1 and ws[0].grad is not None and x.grad is None
+
+
+@pytest.mark.parametrize("rows", [0, 4, 9])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_projections_query_rows(rows, x_grad):
+    """``Projections`` with ``rows``: the first output is ``F.linear`` over the
+    first ``rows`` rows and zero below, its GEMMs cover those rows only (two
+    backward GEMMs of its own beside the joined pair), and every gradient equals
+    the one of that function written with ``F.linear``."""
+    from pyg_dfgnn.nn._projections import Projections
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(9 + 2, 6, generator=gen, dtype=torch.float64).requires_grad_(x_grad)
+    ws = [torch.randn(m, 6, generator=gen, dtype=torch.float64).requires_grad_()
+          for m in (4, 3, 5)]
+    bs = [torch.randn(m, generator=gen, dtype=torch.float64).requires_grad_() for m in (4, 3, 5)]
+    gs = [torch.randn(11, w.shape[0], generator=gen, dtype=torch.float64) for w in ws]
+    params = [*ws, *bs] + ([x] if x_grad else [])
+
+    def reference():
+        head = torch.nn.functional.linear(x[:rows], ws[0], bs[0])
+        q = torch.cat([head, head.new_zeros(11 - rows, 4)])
+        return [q] + [torch.nn.functional.linear(x, w, b) for w, b in zip(ws[1:], bs[1:])]
+
+    with GemmCount() as count:
+        outs = Projections.apply(x, rows, *ws, *bs)
+    assert count.n == 3 - (rows == 0)
+    ref = reference()
+    assert all(o.is_contiguous() and rel_err(o, r) < 1e-12 for o, r in zip(outs, ref))
+    assert outs[0][rows:].eq(0).all()
+    with GemmCount() as count:
+        got = torch.autograd.grad(outs, params, gs)
+    # joined key / value: input + weight GEMM; query: the same over its rows
+    assert count.n == (2 if x_grad else 1) * (2 - (rows == 0))
+    want = torch.autograd.grad(ref, params, gs)
+    for a, b in zip(got, want):
+        assert rel_err_floor(a, b) < 1e-12
 
 
 def test_double_backward_raises():

@@ -41,7 +41,7 @@ def test_quick_run(ab, tmp_path, capsys):
 
 
 def test_failing_variant_is_recorded(ab, tmp_path, monkeypatch):
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("boom")
     monkeypatch.setattr(ab, "joined_forward_gemm", broken)
     (row,) = run(ab, tmp_path, "--dtypes", "fp32")

@@ -1,132 +1,22 @@
 """Fused :class:`~torch_geometric.nn.conv.TransformerConv`."""
 from __future__ import annotations
 
+import functools
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
-from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from torch_geometric.typing import Adj, OptTensor, PairTensor
 
 from ..layout import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)
-
-# Forwards that are exactly F.linear(x, weight, bias), so a join of them is too.
-_PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
-
-
-def _plain_linears(lins: Sequence[torch.nn.Module]) -> bool:
-    r"""Whether ``lins`` are plain linear maps without module hooks (a joined call
-    would skip the hooks)."""
-    for lin in lins:
-        if (type(lin).forward not in _PLAIN_FORWARDS or lin._forward_pre_hooks
-                or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks):
-            return False
-    return True
-
-
-def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
-    r"""The dtype autocast runs ``F.linear(x, ...)`` in, or ``None`` where it
-    leaves ``x``'s (autocast off for ``x``'s device type, or ``x`` other than
-    float32 / float16 / bfloat16: autocast does not cast float64)."""
-    dev = x.device.type
-    if (x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
-        return torch.get_autocast_dtype(dev)
-    return None
-
-
-class _Projections(torch.autograd.Function):
-    r"""``F.linear(x, w_i, b_i)`` for each weight and bias, as one autograd node
-    that runs separate GEMMs forward and joined GEMMs backward.
-
-    Forward: one GEMM per projection, so each output is contiguous (the attention
-    kernels read ``[N, H, C]`` rows of it without a copy). Backward: the output
-    gradients, joined as :math:`\mathbf{G}` ``[N, sum(out_i)]``, go through one
-    input GEMM :math:`\mathbf{G} [\mathbf{W}_1; \mathbf{W}_2; \ldots]` and one
-    weight GEMM :math:`\mathbf{G}^\top \mathbf{x}`, whose rows are split back per
-    weight (views of one tensor), and the bias gradients are the split
-    :math:`\mathbf{G}` column sums. An output without a gradient (unused) leaves
-    the join; the input GEMM runs only when ``x`` needs a gradient, the weight
-    GEMM only when a weight does.
-
-    Under autocast (``x`` float32 / float16 / bfloat16 on a device type whose
-    autocast is on), ``x``, the weights and the biases are cast once to
-    autocast's dtype, as ``F.linear`` would cast them, and the backward's GEMMs
-    run in that dtype; every gradient comes back in its input's dtype.
-
-    ``apply(x, *weights, *biases)``: ``x`` ``[..., F_in]``, weights
-    ``[out_i, F_in]``, biases ``[out_i]`` or ``None``, as many biases as weights.
-    Returns the tuple of outputs ``[..., out_i]``. The backward is
-    ``once_differentiable`` (a double backward raises): nothing in this package
-    or its tests takes one through the projections.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, *params: Optional[Tensor]) -> Tuple[Tensor, ...]:
-        n = len(params) // 2
-        ws, bs = list(params[:n]), list(params[n:])
-        ctx.dtypes = [x.dtype] + [None if p is None else p.dtype for p in params]
-        dtype = _autocast_dtype(x)
-        if dtype is not None:
-            # once here, not per F.linear (autocast casts x in each call)
-            x = x.to(dtype)
-            ws = [w.to(dtype) for w in ws]
-            bs = [None if b is None else b.to(dtype) for b in bs]
-        outs = tuple(F.linear(x, w, b) for w, b in zip(ws, bs))
-        need = ctx.needs_input_grad
-        # x for the weight gradients, the weights for x's gradient
-        ctx.save_for_backward(x if any(need[1:n + 1]) else None,
-                              *(ws if need[0] else [None] * n))
-        ctx.sizes = [w.shape[0] for w in ws]
-        ctx.set_materialize_grads(False)
-        return outs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
-        x, *ws = ctx.saved_tensors
-        need, dtypes, n = ctx.needs_input_grad, ctx.dtypes, len(ctx.sizes)
-        res: List[Optional[Tensor]] = [None] * (1 + 2 * n)
-        live = [i for i in range(n) if grads[i] is not None]
-        if not live:
-            return tuple(res)
-        sizes = [ctx.sizes[i] for i in live]
-        # G [M, sum(out_i)], M the rows of every leading dimension
-        g = torch.cat([grads[i].reshape(-1, ctx.sizes[i]) for i in live], dim=-1)
-        if need[0]:
-            w = torch.cat([ws[i] for i in live]) if len(live) > 1 else ws[live[0]]
-            gx = g.to(w.dtype).mm(w)
-            res[0] = gx.view(*grads[live[0]].shape[:-1], gx.shape[-1]).to(dtypes[0])
-        if any(need[1 + i] for i in live):
-            gw = g.to(x.dtype).t().mm(x.reshape(-1, x.shape[-1])).split(sizes)
-            for i, gw_i in zip(live, gw):
-                if need[1 + i]:
-                    res[1 + i] = gw_i.to(dtypes[1 + i])
-        if any(need[1 + n + i] for i in live):
-            gb = g.sum(0).split(sizes)
-            for i, gb_i in zip(live, gb):
-                if need[1 + n + i]:
-                    res[1 + n + i] = gb_i.to(dtypes[1 + n + i])
-        return tuple(res)
-
-
-def _joined_linear(x: Tensor, weights: List[Tensor],
-                   biases: List[Optional[Tensor]]) -> Sequence[Tensor]:
-    r"""``F.linear(x, w, b)`` for each weight and bias, with the backward's GEMMs
-    joined (:class:`_Projections`); the weights are each layer's own parameters,
-    so autograd reaches them. One projection is a plain ``F.linear``."""
-    if len(weights) == 1:
-        return [F.linear(x, weights[0], biases[0])]
-    return _Projections.apply(x, *weights, *biases)
-
+from ._projections import joined_gemm, linear_rows, plain_linears
+from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
 class FusedTransformerConv(TransformerConv):
     r"""Drop-in :class:`torch_geometric.nn.conv.TransformerConv` whose attention
@@ -214,35 +104,47 @@ class FusedTransformerConv(TransformerConv):
         self.strategy = check_strategy(strategy)
         self.fused_projection = bool(fused_projection)
 
-    def _project(self, x: Tuple[Tensor, Tensor]):
+    def _project(self, x: Tuple[Tensor, Tensor], rows: Optional[int]):
         r"""``(query, key, value, x_r)``: the outputs of ``lin_query``, ``lin_key``,
-        ``lin_value`` and ``lin_skip``. ``x_r`` is ``None`` when the skip
-        projection is left to its own call after the attention, where PyG makes
-        it (a lazy ``lin_skip`` then draws its initial weights in PyG's order)."""
+        ``lin_value`` and ``lin_skip``. Where ``rows`` is set, the query covers
+        ``x[1][:rows]`` and is zero below: the destinations past the layout's
+        ``dst_extent`` have no in-edge, so no score reads their query. ``x_r`` is
+        ``None`` when the skip projection is left to its own call after the
+        attention, where PyG makes it (a lazy ``lin_skip`` then draws its initial
+        weights in PyG's order)."""
         lins = [self.lin_query, self.lin_key, self.lin_value]
         if self.root_weight:
             lins.append(self.lin_skip)
+        if not plain_linears(lins):
+            return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
+        # each weight read once: a module attribute costs host time
+        ws = [lin.weight for lin in lins]
+        # a lazy weight is shaped by its first call (isinstance: Dynamo traces it)
+        if any(isinstance(w, UninitializedParameter) for w in ws):
+            return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
+        bs = [lin.bias for lin in lins]
+        if not torch.is_grad_enabled():
+            return (linear_rows(x[1], ws[0], bs[0], rows), self.lin_key(x[0]),
+                    self.lin_value(x[0]), None)
+        if not self.fused_projection:
+            return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
         # Joined only where autograd records, and only in the backward: one input
         # and one weight GEMM over the joined gradients instead of three or four
         # each. The forward runs a GEMM per projection, as one joined GEMM's column
-        # views would cost copies into the kernels' contiguous [N, H, C] rows; on
-        # an H100 (10K-100K nodes, fp32 and bf16) a joined forward GEMM alone is
-        # 0.56-1.00x of separate ones in 5 of 6 shapes, while joining forward and
-        # backward is 1.02-1.31x in 5 of 6 (benchmarks/projection_ab.py times
-        # this separate-forward, joined-backward split against separate GEMMs).
-        if self.fused_projection and torch.is_grad_enabled() and _plain_linears(lins):
-            # each weight read once: a module attribute costs host time
-            ws = [lin.weight for lin in lins]
-            # a lazy weight is shaped by its first call (isinstance: Dynamo traces it)
-            if not any(isinstance(w, UninitializedParameter) for w in ws):
-                bs = [lin.bias for lin in lins]
-                if x[0] is x[1]:
-                    query, key, value, *x_r = _joined_linear(x[0], ws, bs)
-                else:
-                    key, value = _joined_linear(x[0], ws[1:3], bs[1:3])
-                    query, *x_r = _joined_linear(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
-                return query, key, value, (x_r[0] if x_r else None)
-        return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
+        # views would cost copies into the kernels' contiguous [N, H, C] rows
+        # (benchmarks/projection_ab.py; docs/design.md, "The layer step"). Under
+        # torch.compile one joined GEMM: the compiler fuses those copies, and the
+        # row prefix would make the graph's sizes constants of the compiled code.
+        if torch.compiler.is_compiling():
+            join = joined_gemm
+        else:
+            join = functools.partial(_joined_linear, rows=rows)
+        if x[0] is x[1]:
+            query, key, value, *x_r = join(x[0], ws, bs)
+        else:
+            key, value = _joined_linear(x[0], ws[1:3], bs[1:3])
+            query, *x_r = join(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
+        return query, key, value, (x_r[0] if x_r else None)
 
     def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
         if edge_attr is not None or self.lin_edge is not None:
@@ -285,12 +187,20 @@ class FusedTransformerConv(TransformerConv):
         if not ok:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 
-        query, key, value, x_r = self._project(x)
-        # Contiguous [N, H * C] projections: the kernels read these [N, H, C] views
-        # without a copy (gt_attention's .contiguous() returns them).
+        if torch.compiler.is_compiling():
+            # No row prefix: a Python int of the layout would be a guarded
+            # constant, recompiling for every mini-batch; the layout is looked up
+            # after the projections, where the graph break it costs falls.
+            query, key, value, x_r = self._project(x, None)
+            layout = get_layout(edge_index, size=size, add_self_loops=False)
+        else:
+            layout = get_layout(edge_index, size=size, add_self_loops=False)
+            rows = layout.dst_extent
+            query, key, value, x_r = self._project(x, rows if rows < x[1].size(0) else None)
+        # Contiguous [N, H * C] projections, except under torch.compile: the
+        # kernels read these [N, H, C] views without a copy (gt_attention's
+        # .contiguous() returns them).
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
-
-        layout = get_layout(edge_index, size=size, add_self_loops=False)
         want_alpha = isinstance(return_attention_weights, bool)
         res = gt_attention(layout, query, key, value, scale=1.0 / math.sqrt(C),
                            dropout=self.dropout if self.training else 0.0,
