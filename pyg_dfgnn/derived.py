@@ -26,10 +26,13 @@ class TilePlan(NamedTuple):
         dense_fraction (float): fraction of blocks that can run dense.
         median_cells (float): median window cells per edge over those blocks
             (``inf`` without any).
+        min_fraction (float): the bound the build gave up under (``tiles`` then
+            ``None`` and ``dense_fraction`` 0), ``0`` for a complete build.
     """
     tiles: Optional[Tensor]
     dense_fraction: float
     median_cells: float
+    min_fraction: float = 0.0
 
 
 #: Key of :attr:`Derived.work`: ``(kind, chunk, long_first, order)``, ``kind``

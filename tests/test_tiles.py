@@ -101,3 +101,45 @@ def test_default_rule_on_batch_generators(kind, dense):
     frac, med = tiles.plan_cells_per_edge(tp, n)
     assert frac > 0.9
     assert (med <= plan.DENSE_MAX_MEDIAN_CELLS) == dense, med
+
+
+def test_tile_plan_gives_up_below_min_fraction():
+    """``min_fraction``: the build stops after the window widths where too few
+    blocks could run dense (a sampled mini-batch: neighbours anywhere in the
+    batch), and builds as before where enough could."""
+    g = torch.Generator().manual_seed(4)
+    n = 4096
+    wide = torch.stack([torch.randint(0, n, (8 * n,), generator=g),
+                        torch.randint(0, n, (8 * n,), generator=g)])
+    lay = GraphLayout.from_edge_index(wide, (n, n))
+    full = tiles.build_tile_plan(lay.rowptr, lay.col, lay.csr_row, n, n)
+    frac = 0.0 if full is None else tiles.plan_cells_per_edge(full, n)[0]
+    assert frac < plan.DENSE_MIN_FRACTION
+    assert tiles.build_tile_plan(lay.rowptr, lay.col, lay.csr_row, n, n,
+                                 plan.DENSE_MIN_FRACTION) is None
+    local = GraphLayout.from_edge_index(_graph(0, 300, 1200), (1200, 300))
+    want = tiles.build_tile_plan(local.rowptr, local.col, local.csr_row, 300, 1200)
+    got = tiles.build_tile_plan(local.rowptr, local.col, local.csr_row, 300, 1200,
+                                plan.DENSE_MIN_FRACTION)
+    assert got is not None and torch.equal(got, want)
+
+
+@pytest.mark.cuda
+def test_layout_tiles_rebuilds_a_given_up_plan_when_forced():
+    """The kernel plan's default rule builds under DENSE_MIN_FRACTION and keeps the
+    given-up entry; a forced dense-tile call builds the whole plan after it."""
+    g = torch.Generator().manual_seed(5)
+    n = 2048
+    ei = torch.stack([torch.randint(0, n, (6 * n,), generator=g),
+                      torch.randint(0, n, (6 * n,), generator=g)])
+    ei = torch.cat([ei, torch.stack([torch.arange(8), torch.arange(8)])], 1)  # one local block
+    lay = GraphLayout.from_edge_index(ei.cuda(), (n, n))
+    first = tiles.layout_tiles(lay, plan.DENSE_MIN_FRACTION)
+    assert first.tiles is None and first.min_fraction == plan.DENSE_MIN_FRACTION
+    assert tiles.layout_tiles(lay, plan.DENSE_MIN_FRACTION) is first  # kept
+    forced = tiles.layout_tiles(lay)
+    assert forced is not first and forced.min_fraction == 0.0
+    want = tiles.build_tile_plan(lay.rowptr, lay.col, lay.csr_row, n, n)
+    assert (forced.tiles is None) == (want is None)
+    if want is not None:
+        assert torch.equal(forced.tiles, want)

@@ -387,7 +387,8 @@ def _dense_cells(layout, mode) -> Tuple[float, bool]:
     :data:`DENSE_MAX_MEDIAN_CELLS`, or the ``dense_tiles`` override), else 0."""
     if mode == "off":
         return 0.0, True
-    tp = layout_tiles(layout)
+    # By the rule alone, the build gives up early on graphs it would not run dense.
+    tp = layout_tiles(layout, DENSE_MIN_FRACTION if mode is None else 0.0)
     if tp is None:  # CPU layout, or a tile plan not built inside torch.compile
         return 0.0, not layout.col.is_cuda
     if tp.tiles is None:

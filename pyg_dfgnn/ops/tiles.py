@@ -66,7 +66,7 @@ def _popcount32(x: Tensor) -> Tensor:
 
 
 def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
-                    num_src: int) -> Optional[Tensor]:
+                    num_src: int, min_fraction: float = 0.0) -> Optional[Tensor]:
     r"""The tile plan (module docstring) of a CSR graph.
 
     Per-edge work is in int32 (a few tensors of ``E`` entries at a time; the
@@ -80,34 +80,41 @@ def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
         row (Tensor): ``[E]`` destination row of each CSR edge.
         num_dst (int): destination rows ``N_dst``.
         num_src (int): source rows ``N_src``.
+        min_fraction (float): stop after the window widths, returning ``None``,
+            where fewer than this fraction of the blocks have a window of at most
+            :data:`MAX_WIDTH` keys: the kernel plan's rule would not run such a
+            plan, and a mini-batch builds a new graph every step, whose windows
+            (sampled neighbours, ids across the batch) are wide.
 
     Returns:
         ``int32`` tensor on ``col``'s device, or ``None`` when no block can run
-        dense (no edges, every window too wide) or the plan or the graph would not
-        fit int32.
+        dense (no edges, every window too wide), fewer than ``min_fraction`` of
+        them could, or the plan or the graph would not fit int32.
     """
     E = col.numel()
     if E == 0 or num_dst == 0 or max(num_src, num_dst, E) > _INT32_MAX:
         return None
     dev = col.device
     n_blocks = (num_dst + TILE_ROWS - 1) // TILE_ROWS
-    col = col.int()
-    row = row.int()
-    blk_index = (row // TILE_ROWS).long()  # scatter_reduce takes int64 indices only
-    lo = torch.full((n_blocks,), num_src, dtype=torch.int32, device=dev)
-    lo = lo.scatter_reduce(0, blk_index, col, "amin")
-    hi = torch.full((n_blocks,), -1, dtype=torch.int32, device=dev)
-    hi = hi.scatter_reduce(0, blk_index, col, "amax")
-    del blk_index
     bounds = rowptr.long()[torch.arange(n_blocks + 1, device=dev).mul_(TILE_ROWS)
                            .clamp_(max=num_dst)]
+    # A block's edges are contiguous in the CSR: segment reductions, exact in
+    # float64, where an atomic scatter_reduce contends on one word per block.
+    colf = col.double()
+    lo = torch.segment_reduce(colf, "min", offsets=bounds, initial=float(num_src), unsafe=True)
+    hi = torch.segment_reduce(colf, "max", offsets=bounds, initial=-1.0, unsafe=True)
+    del colf
+    lo, hi = lo.to(torch.int32), hi.long()
+    col = col.int()
+    row = row.int()
     edges = bounds[1:] - bounds[:-1]
-    width = (hi.long() - lo.long() + 1).clamp_(min=0)
+    width = (hi - lo.long() + 1).clamp_(min=0)
     ok = (edges > 0) & (width <= MAX_WIDTH)
     n_words = torch.where(ok, (width + CHUNK_KEYS - 1) // CHUNK_KEYS, 0) * TILE_ROWS
     offset = META_INTS * n_blocks + torch.cumsum(n_words, 0) - n_words
-    total = META_INTS * n_blocks + int(n_words.sum())  # the one host synchronisation
-    if total >= _INT32_MAX or not bool(ok.any()):
+    words, n_ok = torch.stack([n_words.sum(), ok.sum()]).tolist()  # the one host synchronisation
+    total = META_INTS * n_blocks + words
+    if total >= _INT32_MAX or n_ok == 0 or n_ok < min_fraction * n_blocks:
         return None
 
     # Word of each edge (row, key - lo) in its block's masks; `total`: the spare
@@ -160,23 +167,24 @@ def plan_cells_per_edge(plan: Tensor, num_dst: int) -> Tuple[float, float]:
     return frac, med
 
 
-def layout_tiles(layout) -> Optional[TilePlan]:
+def layout_tiles(layout, min_fraction: float = 0.0) -> Optional[TilePlan]:
     """The layout's :class:`~pyg_dfgnn.derived.TilePlan`, built on first use and
-    kept in ``layout.derived``. ``None`` on CPU layouts, and inside a
-    ``torch.compile`` region while the plan is not built yet (its size depends on
-    the data; the caller then runs the sparse units and must not keep that
-    decision)."""
+    kept in ``layout.derived`` (``min_fraction``: see :func:`build_tile_plan`; a
+    plan given up under a higher bound is built again for a lower one). ``None``
+    on CPU layouts, and inside a ``torch.compile`` region while the plan is not
+    built yet (its size depends on the data; the caller then runs the sparse
+    units and must not keep that decision)."""
     if not layout.col.is_cuda:
         return None
     entry = layout.derived.tile_plan
-    if entry is None:
+    if entry is None or (entry.tiles is None and entry.min_fraction > min_fraction):
         if torch.compiler.is_compiling():
             return None
         plan = build_tile_plan(layout.rowptr, layout.col, layout.csr_row, layout.num_dst,
-                               layout.num_src)
+                               layout.num_src, min_fraction)
         frac, med = (0.0, math.inf) if plan is None else plan_cells_per_edge(plan,
                                                                              layout.num_dst)
-        entry = layout.derived.tile_plan = TilePlan(plan, frac, med)
+        entry = layout.derived.tile_plan = TilePlan(plan, frac, med, min_fraction)
     return entry
 
 
