@@ -143,3 +143,21 @@ def test_layout_tiles_rebuilds_a_given_up_plan_when_forced():
     assert (forced.tiles is None) == (want is None)
     if want is not None:
         assert torch.equal(forced.tiles, want)
+
+
+@pytest.mark.cuda
+def test_layout_tiles_gives_up_on_empty_tail_rows_without_device_work(monkeypatch):
+    """Blocks past ``dst_extent`` have no edge: where they leave fewer than
+    ``min_fraction`` of the blocks, the plan is given up without a build."""
+    n, extent = 4096, 1024
+    g = torch.Generator().manual_seed(6)
+    dst = torch.randint(0, extent, (4 * extent,), generator=g)
+    ei = torch.stack([dst, dst]).cuda()  # local: every block with edges is dense
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    assert lay.dst_extent <= extent
+    calls = []
+    monkeypatch.setattr(tiles, "build_tile_plan", lambda *a: calls.append(a))
+    entry = tiles.layout_tiles(lay, plan.DENSE_MIN_FRACTION)
+    assert entry.tiles is None and entry.dense_fraction == 0.0 and not calls
+    tiles.layout_tiles(lay)  # forced: builds
+    assert len(calls) == 1

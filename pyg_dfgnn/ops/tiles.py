@@ -178,6 +178,12 @@ def layout_tiles(layout, min_fraction: float = 0.0) -> Optional[TilePlan]:
         return None
     entry = layout.derived.tile_plan
     if entry is None or (entry.tiles is None and entry.min_fraction > min_fraction):
+        n_blocks = (layout.num_dst + TILE_ROWS - 1) // TILE_ROWS
+        if (layout.dst_extent + TILE_ROWS - 1) // TILE_ROWS < min_fraction * n_blocks:
+            # Blocks past dst_extent have no edge, so cannot run dense: given up
+            # without device work (a NeighborLoader batch's last hop).
+            entry = layout.derived.tile_plan = TilePlan(None, 0.0, math.inf, min_fraction)
+            return entry
         if torch.compiler.is_compiling():
             return None
         plan = build_tile_plan(layout.rowptr, layout.col, layout.csr_row, layout.num_dst,
