@@ -132,7 +132,7 @@ class FusedTransformerConv(TransformerConv):
         # and one weight GEMM over the joined gradients instead of three or four
         # each. The forward runs a GEMM per projection, as one joined GEMM's column
         # views would cost copies into the kernels' contiguous [N, H, C] rows
-        # (benchmarks/projection_ab.py; docs/design.md, "The layer step"). Under
+        # (benchmarks/projection_ab.py; docs/design.md, "GT projections"). Under
         # torch.compile one joined GEMM: the compiler fuses those copies, and the
         # row prefix would make the graph's sizes constants of the compiled code.
         if torch.compiler.is_compiling():
