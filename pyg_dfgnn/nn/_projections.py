@@ -96,9 +96,9 @@ class Projections(torch.autograd.Function):
     (views of one tensor), and the bias gradients are the split
     :math:`\mathbf{G}` column sums (a GEMV against ones); a first projection
     cut at ``rows`` stays out of the join and gets its own two GEMMs over those
-    rows. An output without a
-    gradient (unused) leaves the join; the input GEMM runs only when ``x`` needs
-    a gradient, the weight GEMM only when a weight does.
+    rows. An output without a gradient (unused) leaves the join; the input GEMM
+    runs only when ``x`` needs a gradient, the weight GEMM only when a weight
+    does.
 
     Under autocast (``x`` float32 / float16 / bfloat16 on a device type whose
     autocast is on), ``x``, the weights and the biases are cast once to

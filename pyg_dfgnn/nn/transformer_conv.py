@@ -115,19 +115,16 @@ class FusedTransformerConv(TransformerConv):
         lins = [self.lin_query, self.lin_key, self.lin_value]
         if self.root_weight:
             lins.append(self.lin_skip)
-        if not plain_linears(lins):
-            return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
         # each weight read once: a module attribute costs host time
-        ws = [lin.weight for lin in lins]
+        ws = [lin.weight for lin in lins] if plain_linears(lins) else None
         # a lazy weight is shaped by its first call (isinstance: Dynamo traces it)
-        if any(isinstance(w, UninitializedParameter) for w in ws):
+        if ws is None or any(isinstance(w, UninitializedParameter) for w in ws):
             return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
         bs = [lin.bias for lin in lins]
-        if not torch.is_grad_enabled():
-            return (linear_rows(x[1], ws[0], bs[0], rows), self.lin_key(x[0]),
-                    self.lin_value(x[0]), None)
-        if not self.fused_projection:
-            return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
+        if not (torch.is_grad_enabled() and self.fused_projection):
+            query = (linear_rows(x[1], ws[0], bs[0], rows) if not torch.is_grad_enabled()
+                     else self.lin_query(x[1]))
+            return query, self.lin_key(x[0]), self.lin_value(x[0]), None
         # Joined only where autograd records, and only in the backward: one input
         # and one weight GEMM over the joined gradients instead of three or four
         # each. The forward runs a GEMM per projection, as one joined GEMM's column
