@@ -459,3 +459,118 @@ def test_double_backward_raises():
     (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
+
+
+# ------------------------------------------------------------------ dfgnn::projections
+def _projection_call(impl: str):
+    """``(x, rows, ws, bs) -> outputs`` of one implementation: the Python
+    ``Projections``, the C++ op through ``torch.ops`` or the direct entry."""
+    from pyg_dfgnn.nn._projections import Projections
+    if impl == "function":
+        return lambda x, rows, ws, bs: Projections.apply(x, rows, *ws, *bs)
+    if impl == "op":
+        return lambda x, rows, ws, bs: torch.ops.dfgnn.projections.default(x, rows, ws, bs)
+    from pyg_dfgnn import _C
+    return lambda x, rows, ws, bs: _C.projections(x, rows, ws, bs)
+
+
+def _projection_case(device, dtype, rows, x_grad, gen):
+    """Inputs of a four-projection call: a frozen weight, a missing bias and an
+    unused output among them; ``x`` 2-D where ``rows`` is set, else 3-D."""
+    def leaf(*shape, grad=True):
+        t = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        return t.to(device=device, dtype=dtype).requires_grad_(grad)
+    x = leaf(11, 6, grad=x_grad) if rows is not None else leaf(2, 5, 6, grad=x_grad)
+    ws = [leaf(4, 6), leaf(3, 6, grad=False), leaf(2, 6), leaf(5, 6)]
+    bs = [leaf(4), None, leaf(2), leaf(5)]
+    return x, ws, bs
+
+
+def _projection_reference(x, rows, ws, bs):
+    """The float64 ``F.linear`` function the op computes (query zero past ``rows``)."""
+    outs = [torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)]
+    if rows is not None and rows < x.shape[0]:
+        head = torch.nn.functional.linear(x[:rows], ws[0], bs[0])
+        outs[0] = torch.cat([head, head.new_zeros(x.shape[0] - rows, ws[0].shape[0])])
+    return outs
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("impl", ["op", "entry"])
+@pytest.mark.parametrize("rows", [None, 0, 4, 11])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_projections_op_against_float64(device, impl, rows, x_grad):
+    """``torch.ops.dfgnn.projections`` (and its direct entry) in float32 against
+    the float64 ``F.linear`` function: outputs, and the gradients of the inputs
+    that need one (none for the frozen weight, the missing bias, and the weight
+    and bias of the unused output)."""
+    gen = torch.Generator().manual_seed(11)
+    x, ws, bs = _projection_case(device, torch.float32, rows, x_grad, gen)
+    used = (0, 1, 3)
+    leaves = [t for t in [x, *ws, *bs] if t is not None and t.requires_grad]
+    outs = _projection_call(impl)(x, rows, ws, bs)
+    assert len(outs) == 4 and all(o.dtype == torch.float32 and o.is_contiguous() for o in outs)
+    ref_in = [None if t is None else t.detach().double().cpu().requires_grad_(t.requires_grad)
+              for t in [x, *ws, *bs]]
+    ref = _projection_reference(ref_in[0], rows, ref_in[1:5], ref_in[5:])
+    for o, r in zip(outs, ref):
+        assert not o.isnan().any() and rel_err(o.double().cpu(), r) < 1e-5
+    if rows is not None and rows < 11:
+        assert outs[0][rows:].eq(0).all()
+    gs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in ref]
+    # output 1 (frozen weight, no bias) has no gradient path without x's
+    used = [i for i in used if ref[i].requires_grad]
+    got = torch.autograd.grad([outs[i] for i in used], leaves,
+                              [gs[i].to(device, torch.float32) for i in used], allow_unused=True)
+    ref_leaves = [r for r, t in zip(ref_in, [x, *ws, *bs]) if t is not None and t.requires_grad]
+    want = torch.autograd.grad([ref[i] for i in used], ref_leaves, [gs[i] for i in used],
+                               allow_unused=True)
+    assert [g is None for g in got] == [g is None for g in want]
+    for a, b in zip(got, want):
+        if b is not None:
+            assert a.dtype == torch.float32 and rel_err(a.double().cpu(), b) < 1e-4
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [None, 5])
+def test_projections_op_bf16_autocast(rows):
+    """Under CUDA bf16 autocast the op casts once, as ``F.linear`` casts each
+    call: bf16 outputs within bf16 tolerance of the float64 function, gradients
+    back in each input's float32."""
+    gen = torch.Generator().manual_seed(12)
+    x, ws, bs = _projection_case("cuda", torch.float32, rows, True, gen)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        outs = torch.ops.dfgnn.projections(x, rows, ws, bs)
+    assert all(o.dtype == torch.bfloat16 for o in outs)
+    ref_in = [None if t is None else t.detach().double().cpu().requires_grad_(t.requires_grad)
+              for t in [x, *ws, *bs]]
+    ref = _projection_reference(ref_in[0], rows, ref_in[1:5], ref_in[5:])
+    for o, r in zip(outs, ref):
+        assert rel_err(o.double().cpu(), r) < 1e-2
+    gs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in ref]
+    leaves = [x, ws[0], ws[2], bs[0], bs[3]]
+    got = torch.autograd.grad(outs, leaves, [g.to("cuda", torch.bfloat16) for g in gs])
+    want = torch.autograd.grad(ref, [ref_in[0], ref_in[1], ref_in[3], ref_in[5], ref_in[8]], gs)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and rel_err(a.double().cpu(), b) < 2e-2
+
+
+@pytest.mark.cuda
+def test_projections_op_checks_and_opcheck():
+    """Bad arguments raise ``ValueError``; a double backward raises (the node is
+    once differentiable); ``torch.library.opcheck`` passes (fake tensor, schema,
+    autograd registration)."""
+    gen = torch.Generator().manual_seed(13)
+    x, ws, bs = _projection_case("cuda", torch.float32, 4, True, gen)
+    with pytest.raises(ValueError, match="biases"):
+        torch.ops.dfgnn.projections(x, None, ws, bs[:2])
+    with pytest.raises(ValueError, match="rows"):
+        torch.ops.dfgnn.projections(x, -1, ws, bs)
+    outs = torch.ops.dfgnn.projections(x, None, ws, bs)
+    (gx,) = torch.autograd.grad(sum(o.square().sum() for o in outs), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
+    plain = [w.detach().requires_grad_() for w in ws]
+    torch.library.opcheck(torch.ops.dfgnn.projections.default,
+                          (x.detach().requires_grad_(), 4, plain, [b for b in bs]))

@@ -35,22 +35,6 @@ constexpr char kGatBwd[] = "dfgnn::gat_bwd";
 constexpr char kGtNode[] = "dfgnn::GtAttentionBackward";
 constexpr char kGatNode[] = "dfgnn::GatAttentionBackward";
 
-// The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
-// c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
-using torch::autograd::Node;
-using NodePtr = decltype(std::declval<Node&>().getptr());
-
-template <class N>
-auto make_node() {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
-    // deleteNode (found by ADL: N is a torch::autograd::Node) frees a long
-    // chain of nodes without recursion, as PyTorch's own nodes are freed.
-    return std::shared_ptr<N>(new N(), [](N* n) { deleteNode(n); });
-  } else {
-    return c10::make_intrusive<N>();
-  }
-}
-
 // The backward node of a GT or GAT call (dfgnn::gt_fwd / gat_fwd with grad): a
 // hand-written Node, as PyTorch's generated ones are, not a
 // torch::autograd::Function (which AGNN below still uses). A small graph's

@@ -40,6 +40,22 @@ using GtBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tens
                          const Tensor&, const Tensor&, const CsrList&, at::TensorList,
                          at::IntArrayRef, double, double, int64_t, bool, bool);
 
+// The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
+// c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
+using torch::autograd::Node;
+using NodePtr = decltype(std::declval<Node&>().getptr());
+
+template <class N>
+auto make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    // deleteNode (found by ADL: N is a torch::autograd::Node) frees a long
+    // chain of nodes without recursion, as PyTorch's own nodes are freed.
+    return std::shared_ptr<N>(new N(), [](N* n) { deleteNode(n); });
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
+
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();

@@ -1,6 +1,6 @@
 // The Python module pyg_dfgnn._C: importing it loads the library and runs the op
 // registrations (bindings.cpp, autograd.cpp), and it holds a direct entry to the
-// forward ops for the eager host path.
+// forward ops (and the GT projections) for the eager host path.
 //
 // A small graph's training step is host-bound (docs/design.md, "Host path"), and
 // torch.ops.dfgnn.gt_fwd(*args) parses its arguments against the
@@ -165,10 +165,17 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
     GilRelease no_gil;
     op.callBoxed(stack);
   }
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(stack.size()));
+  // The outputs: a schema's tensors, or the tensors of its one Tensor[] output.
+  std::vector<at::Tensor> results;
+  if (stack.size() == 1 && stack[0].isTensorList()) {
+    results = stack[0].toTensorVector();
+  } else {
+    for (auto& v : stack) results.push_back(v.toTensor());
+  }
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(results.size()));
   if (out == nullptr) throw python_error();
-  for (size_t i = 0; i < stack.size(); ++i) {
-    PyObject* t = THPVariable_Wrap(stack[i].toTensor());
+  for (size_t i = 0; i < results.size(); ++i) {
+    PyObject* t = THPVariable_Wrap(results[i]);
     if (t == nullptr) {
       Py_DECREF(out);
       throw python_error();
@@ -182,6 +189,7 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
 constexpr char kGtFwd[] = "dfgnn::gt_fwd";
 constexpr char kGatFwd[] = "dfgnn::gat_fwd";
 constexpr char kAgnnFwd[] = "dfgnn::agnn_fwd";
+constexpr char kProjections[] = "dfgnn::projections";
 
 PyMethodDef methods[] = {
     {"gt_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kGtFwd>)),
@@ -190,6 +198,9 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "torch.ops.dfgnn.gat_fwd without the Python op wrapper (same arguments)"},
     {"agnn_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kAgnnFwd>)),
      METH_FASTCALL, "torch.ops.dfgnn.agnn_fwd without the Python op wrapper (same arguments)"},
+    {"projections",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kProjections>)),
+     METH_FASTCALL, "torch.ops.dfgnn.projections without the Python op wrapper (same arguments)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};

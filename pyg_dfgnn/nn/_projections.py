@@ -1,7 +1,7 @@
 r"""The query / key / value / skip projections of :class:`FusedTransformerConv`.
 
-Eager training runs them as one autograd node, :class:`Projections`: a GEMM per
-projection forward (each output contiguous, as the attention kernels read it) and
+Eager training runs them as one autograd node (``torch.ops.dfgnn.projections``
+with the extension, :class:`Projections` without it): a GEMM per projection forward (each output contiguous, as the attention kernels read it) and
 one input plus one weight GEMM over the joined gradients backward. The query
 projection may stop at a row prefix: destinations past
 :attr:`~pyg_dfgnn.layout.GraphLayout.dst_extent` have no in-edge, so no score
@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
+
+from .._ext import HAS_EXTENSION
+from ..ops import _call_op
 
 # Forwards that are exactly F.linear(x, weight, bias), so a join of them is too.
 _PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
@@ -188,11 +191,18 @@ class Projections(torch.autograd.Function):
 def joined_linear(x: Tensor, weights: List[Tensor], biases: List[Optional[Tensor]],
                   rows: Optional[int] = None) -> Sequence[Tensor]:
     r"""``F.linear(x, w, b)`` for each weight and bias, with the backward's GEMMs
-    joined (:class:`Projections`; the first projection over ``x[:rows]`` where
-    ``rows`` is set); the weights are each layer's own parameters, so autograd
-    reaches them. One projection over all rows is a plain ``F.linear``."""
+    joined (the first projection over ``x[:rows]`` where ``rows`` is set); the
+    weights are each layer's own parameters, so autograd reaches them. One
+    projection over all rows is a plain ``F.linear``.
+
+    With the extension built this is ``torch.ops.dfgnn.projections``, whose node
+    is C++ (``cuda/glue/projections.cpp``): the backward runs on the autograd
+    engine's thread without the GIL, where :class:`Projections` (the path
+    without the extension) runs Python."""
     if len(weights) == 1 and rows is None:
         return [F.linear(x, weights[0], biases[0])]
+    if HAS_EXTENSION:
+        return _call_op("projections", (x, rows, weights, biases))
     return Projections.apply(x, rows, *weights, *biases)
 
 

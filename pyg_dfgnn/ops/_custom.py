@@ -70,3 +70,8 @@ def _cos_fwd_fake(x, beta, eps, csr, sizes, need_attn, plan):
 @torch.library.register_fake("dfgnn::l2norm_bwd")
 def _l2norm_bwd_fake(dk, dq, k, rnorm, beta):
     return torch.empty_like(k), k.new_empty((k.size(0), k.size(1)), dtype=_FLOAT)
+
+
+@torch.library.register_fake("dfgnn::projections")
+def _projections_fake(x, rows, weights, biases):
+    return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in weights]
