@@ -24,9 +24,10 @@ def test_kernel_category(name, category):
     assert minibatch.kernel_category(name) == category
 
 
-def test_tiny_grid_writes_rows(tmp_path):
-    """Two variants on a small graph in ogbn-arxiv's files: a row per
-    configuration with a step time, a speed-up and the layout build."""
+def test_tiny_grid_writes_rows(tmp_path, monkeypatch):
+    """Two variants of two models on a small graph in ogbn-arxiv's files: a row
+    per configuration with a step time, a speed-up and the layout build, and one
+    sampling for both models."""
     n = 400
     g = torch.Generator().manual_seed(0)
     folder = tmp_path / "ogbn-arxiv"
@@ -37,12 +38,19 @@ def test_tiny_grid_writes_rows(tmp_path):
     np.save(folder / "labels.npy", torch.randint(0, 5, (n,), generator=g).numpy())
     np.save(folder / "split.npy", torch.randint(0, 3, (n,), generator=g).numpy())
     out = tmp_path / "mb.json"
-    rows = minibatch.main(["--datasets", "arxiv", "--models", "gat", "--seeds", "16",
+    calls = []
+    sample = minibatch.sample_batches
+    monkeypatch.setattr(minibatch, "sample_batches",
+                        lambda *a, **k: calls.append(a) or sample(*a, **k))
+    rows = minibatch.main(["--datasets", "arxiv", "--models", "gat,agnn", "--seeds", "16",
                            "--fanouts", "4,3", "--dtypes", "fp32", "--variants", "native,fused",
                            "--steps", "2", "--warmup", "1", "--data", str(tmp_path),
                            "--device", "cpu", "--out", str(out), "--profile", "2"])
     saved = json.loads(out.read_text())["rows"]
-    assert len(rows) == len(saved) == 1
+    assert len(rows) == len(saved) == 2
+    # both models train on the batches sampled once for their seed count and fan-out
+    assert len(calls) == 1
+    assert [r["model"] for r in saved] == ["gat", "agnn"]
     row = saved[0]
     assert row["edges"] > 0 and row["layout_ms"]
     for v in ("native", "fused"):
