@@ -195,13 +195,15 @@ def joined_linear(x: Tensor, weights: List[Tensor], biases: List[Optional[Tensor
     weights are each layer's own parameters, so autograd reaches them. One
     projection over all rows is a plain ``F.linear``.
 
-    With the extension built this is ``torch.ops.dfgnn.projections``, whose node
-    is C++ (``cuda/glue/projections.cpp``): the backward runs on the autograd
-    engine's thread without the GIL, where :class:`Projections` (the path
-    without the extension) runs Python."""
+    In eager mode with the extension built this is ``torch.ops.dfgnn.projections``,
+    whose node is C++ (``cuda/glue/projections.cpp``): the backward runs on the
+    autograd engine's thread without the GIL, where :class:`Projections` runs
+    Python. Under ``torch.compile`` it is :class:`Projections`, which the compiler
+    traces through: the C++ autograd kernel reads concrete sizes, which would
+    specialise dynamic shapes (a recompile per mini-batch)."""
     if len(weights) == 1 and rows is None:
         return [F.linear(x, weights[0], biases[0])]
-    if HAS_EXTENSION:
+    if HAS_EXTENSION and not torch.compiler.is_compiling():
         return _call_op("projections", (x, rows, weights, biases))
     return Projections.apply(x, rows, *weights, *biases)
 
