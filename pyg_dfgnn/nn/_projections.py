@@ -1,8 +1,9 @@
 r"""The query / key / value / skip projections of :class:`FusedTransformerConv`.
 
 Eager training runs them as one autograd node (``torch.ops.dfgnn.projections``
-with the extension, :class:`Projections` without it): a GEMM per projection forward (each output contiguous, as the attention kernels read it) and
-one input plus one weight GEMM over the joined gradients backward. The query
+with the extension, :class:`Projections` without it): a GEMM per projection
+forward (each output contiguous, as the attention kernels read it) and one input
+plus one weight GEMM over the joined gradients backward. The query
 projection may stop at a row prefix: destinations past
 :attr:`~pyg_dfgnn.layout.GraphLayout.dst_extent` have no in-edge, so no score
 reads their query (in a ``NeighborLoader`` batch, the last hop's nodes: most of
