@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test sanitize bench train" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test sanitize bench train minibatch" bash benchmarks/device_run.sh [pytest -k expr]
 # sanitize: benchmarks/sanitize.sh (every kernel path under memcheck, racecheck,
 # initcheck and synccheck, the four tools in parallel), logs in $OUT/sanitize.
+# minibatch: benchmarks/minibatch.py ($MB_ARGS) and examples/train_minibatch.py on
+# PyG's NeighborLoader. Without pyg-lib that needs torch_sparse: CPU-only wheels of
+# torch_scatter 2.1.2 and torch_sparse 0.6.18 in $WHEELS (built against the GPU
+# machine's torch and Python, FORCE_ONLY_CPU=1; setuptools builds torch_sparse's
+# twelve extensions one after another, about ten minutes) are installed into a
+# folder of their own, on the path of those two commands only: a CPU-only
+# torch_scatter takes PyG's CUDA segment reductions and fails them ("Not compiled
+# with CUDA support"), so the tests must not see it.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -42,4 +50,14 @@ if has train; then
   for m in gt gat; do
     $PY examples/train.py --model $m --impl both --json "$OUT/train_$m.json" 2>&1 | tail -8 | tee -a "$OUT/train.txt"
   done
+fi
+if has minibatch; then
+  site=/tmp/pyg_dfgnn_loader_site
+  if [ -n "${WHEELS:-}" ]; then
+    $PY -m pip install -q --no-deps --no-index --target "$site" "$WHEELS"/*.whl || exit 1
+  fi
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.minibatch ${MB_ARGS:-} \
+    --out "$OUT/minibatch.json" 2> "$OUT/minibatch.err" | tee "$OUT/minibatch.txt" | tail -40
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" $PY examples/train_minibatch.py \
+    --epochs "${MB_EPOCHS:-3}" 2>&1 | grep -E "epoch|fuse|sampler" | tee "$OUT/train_minibatch.txt"
 fi
