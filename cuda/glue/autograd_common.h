@@ -72,6 +72,14 @@ inline bool records_grad(std::initializer_list<std::reference_wrapper<const Tens
   return false;
 }
 
+// records_grad over a list of inputs (undefined entries: absent optional inputs).
+inline bool records_grad(at::ArrayRef<Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
 // A backward op call. Without create_graph (grad mode off in the backward) it
 // goes below autograd: the backward ops have no autograd kernel, and the boxed
 // autograd fallback would box and unbox their arguments for nothing.

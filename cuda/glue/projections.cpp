@@ -63,11 +63,9 @@ void check_args(const Tensor& x, at::TensorList weights, const OptList& biases) 
   TORCH_CHECK_VALUE(x.dim() >= 1, kOp, ": x must have at least one dimension");
 }
 
-// The outputs; below autograd (the CompositeExplicitAutograd kernel).
-std::vector<Tensor> projections_forward(const Tensor& x, std::optional<int64_t> rows,
-                                        at::TensorList weights, const OptList& biases) {
-  check_args(x, weights, biases);
-  rows = effective_rows(x, rows);
+// The outputs for checked arguments and the row prefix effective_rows gave.
+std::vector<Tensor> run_projections(const Tensor& x, std::optional<int64_t> rows,
+                                    at::TensorList weights, const OptList& biases) {
   std::vector<Tensor> outs;
   outs.reserve(weights.size());
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -76,6 +74,13 @@ std::vector<Tensor> projections_forward(const Tensor& x, std::optional<int64_t> 
                                               : at::linear(x, weights[i], b));
   }
   return outs;
+}
+
+// The CompositeExplicitAutograd kernel: the outputs, below autograd.
+std::vector<Tensor> projections_forward(const Tensor& x, std::optional<int64_t> rows,
+                                        at::TensorList weights, const OptList& biases) {
+  check_args(x, weights, biases);
+  return run_projections(x, effective_rows(x, rows), weights, biases);
 }
 
 // g.sum(0) of a 2-D g as a GEMV against ones: it reads g at 1.2-2.7x the rate of
@@ -211,9 +216,19 @@ std::optional<at::ScalarType> autocast_dtype(const Tensor& x) {
 std::vector<Tensor> projections_autograd(const Tensor& x, std::optional<int64_t> rows,
                                          at::TensorList weights, const OptList& biases) {
   check_args(x, weights, biases);
-  TORCH_CHECK(!x._fw_grad(/*level=*/0).defined(), kOp,
-              ": forward-mode AD (dual tensors) is not supported");
+  rows = effective_rows(x, rows);
   const size_t n = weights.size();
+  // The node's inputs in edge order: x, the weights, the biases (undefined where
+  // absent).
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  for (size_t i = 0; i < n; ++i) {
+    const std::optional<Tensor> b = biases.get(i);
+    inputs.push_back(b.has_value() ? *b : Tensor());
+  }
+  for (const Tensor& t : inputs)
+    TORCH_CHECK(!t.defined() || !t._fw_grad(/*level=*/0).defined(), kOp,
+                ": forward-mode AD (dual tensors) is not supported");
   // Cast once here, not per GEMM (autocast would cast x in each F.linear); the
   // casts and GEMMs below record nothing: the node stands for all of them.
   std::vector<Tensor> ws(weights.begin(), weights.end());
@@ -232,29 +247,17 @@ std::vector<Tensor> projections_autograd(const Tensor& x, std::optional<int64_t>
         if (b.has_value() && b->defined()) bs.set(i, b->to(*cast));
       }
     }
-    outs = projections_forward(xc, rows, ws, bs);
+    outs = run_projections(xc, rows, ws, bs);
   }
-  bool grad = at::GradMode::is_enabled() && x.requires_grad();
-  bool weight_grad = false;
-  for (size_t i = 0; i < n; ++i) {
-    weight_grad |= weights[i].requires_grad();
-    const std::optional<Tensor> b = biases.get(i);
-    grad |= at::GradMode::is_enabled() && (weights[i].requires_grad() ||
-                                           (b.has_value() && b->defined() && b->requires_grad()));
-  }
-  if (!grad) return outs;
+  if (!records_grad(inputs)) return outs;
   if (const auto& functorch = at::functorch::functorchTLSAccessor())
     functorch->checkSupportsCppAutogradFunction();  // functorch transforms: not supported
 
   auto node = make_node<ProjectionsBackward>();
-  std::vector<Tensor> inputs{x};
-  inputs.insert(inputs.end(), weights.begin(), weights.end());
-  for (size_t i = 0; i < n; ++i) {
-    const std::optional<Tensor> b = biases.get(i);
-    inputs.push_back(b.has_value() ? *b : Tensor());
-  }
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   for (const Tensor& o : outs) torch::autograd::set_history(o, NodePtr(node));
+  bool weight_grad = false;
+  for (const Tensor& w : weights) weight_grad |= w.requires_grad();
   if (weight_grad) node->x_ = torch::autograd::SavedVariable(xc, /*is_output=*/false);
   if (x.requires_grad())
     for (const Tensor& w : ws) node->ws_.emplace_back(w, /*is_output=*/false);
@@ -262,7 +265,7 @@ std::vector<Tensor> projections_autograd(const Tensor& x, std::optional<int64_t>
   node->x_shape_ = x.sizes().vec();
   for (const Tensor& t : inputs)
     node->dtypes_.push_back(t.defined() ? t.scalar_type() : x.scalar_type());
-  node->rows_ = effective_rows(x, rows);
+  node->rows_ = rows;
   return outs;
 }
 
