@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "glue/autograd_common.h"
@@ -51,15 +52,19 @@ Tensor linear_rows(const Tensor& x, const Tensor& w, const std::optional<Tensor>
 // (every row projected).
 std::optional<int64_t> effective_rows(const Tensor& x, std::optional<int64_t> rows) {
   if (!rows.has_value()) return std::nullopt;
-  TORCH_CHECK_VALUE(*rows >= 0, kOp, ": rows must be >= 0, got ", *rows);
+  TORCH_CHECK_VALUE(*rows >= 0, kOp, ": rows must be >= 0, got ", std::to_string(*rows));
   if (x.dim() != 2 || *rows >= x.size(0)) return std::nullopt;
   return rows;
 }
 
+// Numbers enter the messages as std::to_string, not streamed: streaming an
+// integer into a TORCH_CHECK message segfaulted in this extension under torch
+// 2.11 (glue/bindings.cpp, num()).
 void check_args(const Tensor& x, at::TensorList weights, const OptList& biases) {
   TORCH_CHECK_VALUE(!weights.empty(), kOp, ": needs at least one weight");
-  TORCH_CHECK_VALUE(weights.size() == biases.size(), kOp, ": ", weights.size(),
-                    " weights but ", biases.size(), " biases (pass None for a missing bias)");
+  TORCH_CHECK_VALUE(weights.size() == biases.size(), kOp, ": ", std::to_string(weights.size()),
+                    " weights but ", std::to_string(biases.size()),
+                    " biases (pass None for a missing bias)");
   TORCH_CHECK_VALUE(x.dim() >= 1, kOp, ": x must have at least one dimension");
 }
 
