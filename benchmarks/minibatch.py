@@ -13,6 +13,9 @@ count, fan-out and dtype (fp32, bf16 autocast) it reports the median over steps
   the same model; the layout is built in the step, from a fresh ``edge_index``
   every step) and ``fused_compile``; with peak memory per variant.
 
+The optimizer is Adam, ``--adam fused`` (default on CUDA: one launch per step, as
+a user who times training picks it) or ``foreach``, the same for every variant.
+
 ``--profile`` adds, per variant, the GPU time of a few more steps by kernel
 category (:func:`kernel_categories`: GEMMs, the fused attention and layout
 kernels, compiler-generated kernels, gathers and scatters, the optimizer, other
@@ -227,14 +230,20 @@ def loop_variants(model: torch.nn.Module) -> List[bool]:
                    if isinstance(m, (GATConv, TransformerConv, AGNNConv))})
 
 
-def time_layout(batches: List[dict], loops: bool, warmup: int, device) -> float:
+def time_layout(batches: List[dict], loops: bool, warmup: int, device,
+                passes: int = 3) -> float:
+    """Median ms of a layout build from a fresh ``edge_index``, over ``passes``
+    passes of the batches past the warm-up: a build is a tenth of a millisecond
+    with a synchronisation, so one pass's median moved with the host (0.12 to
+    0.64 ms for the same batches)."""
     times = []
-    for i, b in enumerate(batches):
-        ei = b["edge_index"].clone()
-        with Timer(device) as t:
-            GraphLayout.from_edge_index(ei, (b["n"], b["n"]), add_self_loops=loops)
-        if i >= warmup:
-            times.append(t.elapsed())
+    for _ in range(passes):
+        for i, b in enumerate(batches):
+            ei = b["edge_index"].clone()
+            with Timer(device) as t:
+                GraphLayout.from_edge_index(ei, (b["n"], b["n"]), add_self_loops=loops)
+            if i >= warmup:
+                times.append(t.elapsed())
     return statistics.median(times)
 
 
@@ -279,7 +288,8 @@ def kernel_categories(step: Callable[[int], object], steps: Sequence[int]) -> di
 
 
 def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype: str,
-                warmup: int, device: torch.device, profile_steps: int = 0) -> dict:
+                warmup: int, device: torch.device, profile_steps: int = 0,
+                adam: str = "foreach") -> dict:
     model = copy.deepcopy(base).to(device)
     fused = variant.startswith("fused")
     if fused:
@@ -292,7 +302,8 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
         step_model = torch.compile(model, dynamic=True)
     else:
         step_model = model
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3,
+                           **({"fused": True} if adam == "fused" else {"foreach": True}))
     # A fresh edge_index per step: the fused step builds its layout every time.
     graphs = [b["edge_index"].clone() for b in batches]
     if device.type == "cuda":
@@ -338,7 +349,7 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
 def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequence[int],
                dtype: str, variants: Sequence[str], steps: int, warmup: int,
                device: torch.device, profile_steps: int = 0,
-               sampled: Optional[tuple] = None) -> dict:
+               sampled: Optional[tuple] = None, adam: str = "foreach") -> dict:
     """One row; ``sampled``: :func:`sample_batches`' result to reuse (every model
     and dtype of a dataset, seed count and fan-out trains on the same batches)."""
     num_classes = int(data.y.max()) + 1
@@ -357,7 +368,7 @@ def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequ
     for v in variants:
         try:
             row["variants"][v] = run_variant(v, base, batches, dtype, warmup, device,
-                                             profile_steps)
+                                             profile_steps, adam)
         except Exception as e:  # a compiler failure is a result, not a crash
             row["variants"][v] = {"error": f"{type(e).__name__}: {str(e)[:300]}",
                                   "trace": traceback.format_exc(limit=3)[-800:]}
@@ -443,6 +454,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                    help="arxiv, GAT and GT, 1024 seeds, [25, 10], fp32, 10 steps")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="profile STEPS more steps per variant: GPU time by kernel category")
+    p.add_argument("--adam", choices=("fused", "foreach"), default=None,
+                   help="Adam's implementation (default: fused on CUDA, foreach on CPU)")
     p.add_argument("--out", default=None, help="JSON results (default: a new temporary file)")
     p.add_argument("--plot", default=None, help="PNG speed-up plot (default: next to --out)")
     a = p.parse_args(argv)
@@ -451,11 +464,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
             "fp32"
         a.steps, a.warmup = 10, 5
     device = torch.device(a.device)
+    if a.adam is None:
+        a.adam = "fused" if device.type == "cuda" else "foreach"
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="minibatch_")) / "minibatch.json"
     rows = []
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "steps": a.steps, "warmup": a.warmup}
+            "steps": a.steps, "warmup": a.warmup, "adam": a.adam}
     out.parent.mkdir(parents=True, exist_ok=True)
     for name in a.datasets.split(","):
         data = load_dataset(name, a.data)
@@ -470,13 +485,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                     for dtype in a.dtypes.split(","):
                         row = run_config(data, emb, kind, seeds, _ints(fan), dtype,
                                          a.variants.split(","), a.steps, a.warmup, device,
-                                         a.profile, sampled)
+                                         a.profile, sampled, a.adam)
                         rows.append(row)
                         print(markdown([row]).splitlines()[-1], flush=True)
                         # After every row: a run cut short keeps what it measured.
                         out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, Path(a.plot) if a.plot else out.with_suffix(".png"))
-    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}\n")
+    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, Adam {meta['adam']}\n")
     print(markdown(rows))
     print(f"\nresults: {out}")
     return rows

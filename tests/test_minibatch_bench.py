@@ -48,6 +48,7 @@ def test_tiny_grid_writes_rows(tmp_path, monkeypatch):
                            "--device", "cpu", "--out", str(out), "--profile", "2"])
     saved = json.loads(out.read_text())["rows"]
     assert len(rows) == len(saved) == 2
+    assert json.loads(out.read_text())["meta"]["adam"] == "foreach"  # no fused Adam on CPU
     # both models train on the batches sampled once for their seed count and fan-out
     assert len(calls) == 1
     assert [r["model"] for r in saved] == ["gat", "agnn"]
