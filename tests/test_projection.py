@@ -574,3 +574,41 @@ def test_projections_op_checks_and_opcheck():
     plain = [w.detach().requires_grad_() for w in ws]
     torch.library.opcheck(torch.ops.dfgnn.projections.default,
                           (x.detach().requires_grad_(), 4, plain, [b for b in bs]))
+
+
+@pytest.mark.skipif(not __import__("pyg_dfgnn").HAS_EXTENSION,
+                    reason="needs the compiled extension pyg_dfgnn._C")
+@pytest.mark.parametrize("rows", [None, 5])
+def test_projections_op_autocast_casts_together(rows):
+    """Under bf16 autocast (CPU) the op casts x alone and the parameters with one
+    multi-tensor copy, and its backward casts the joined weight and bias gradients
+    once each (plus x's, and a query cut at ``rows`` its own): the outputs and
+    gradients stay those of the float64 function within bf16's tolerance."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(14)
+    x, ws, bs = _projection_case("cpu", torch.float32, rows, True, gen)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs = torch.ops.dfgnn.projections(x, rows, ws, bs)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("aten::_to_copy", 0) == 1  # x; the parameters went together
+    assert counts.get("aten::_foreach_copy_", 0) == 1
+    assert all(o.dtype == torch.bfloat16 for o in outs)
+    ref_in = [None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+              for t in [x, *ws, *bs]]
+    ref = _projection_reference(ref_in[0], rows, ref_in[1:5], ref_in[5:])
+    for o, r in zip(outs, ref):
+        assert rel_err(o.double(), r) < 1e-2
+    gs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in ref]
+    leaves = [x, ws[0], ws[2], ws[3], bs[0], bs[2], bs[3]]
+    grad_outs = [g.bfloat16() for g in gs]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = torch.autograd.grad(outs, leaves, grad_outs)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    # x's gradient, the joined weights' and biases'; a query cut at rows has its own two
+    assert counts.get("aten::_to_copy", 0) == (3 if rows is None else 5)
+    ref_leaves = [ref_in[i] for i in (0, 1, 3, 4, 5, 7, 8)]
+    want = torch.autograd.grad(ref, ref_leaves, gs)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and rel_err(a.double(), b) < 2e-2
