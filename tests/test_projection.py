@@ -14,11 +14,14 @@ from typing import Tuple
 import pytest
 import torch
 from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import TransformerConv
 
 from conftest import random_graph, rel_err, rel_err_floor
+from pyg_dfgnn import HAS_EXTENSION
 from pyg_dfgnn.nn import FusedTransformerConv
+from pyg_dfgnn.nn._projections import Projections
 
 # aten.linear: in inference mode it reaches the dispatcher undecomposed.
 # mm.out / addmm.out / addmm_: the query GEMM over a row prefix writes in place.
@@ -369,7 +372,6 @@ def test_projections_function_directly():
     """``Projections`` against separate ``F.linear`` calls: an unused output (no
     gradient) leaves the join, a frozen weight and a missing bias get no gradient,
     leading batch dimensions are kept."""
-    from pyg_dfgnn.nn._projections import Projections
     gen = torch.Generator().manual_seed(3)
 
     def leaf(*shape, grad=True):
@@ -420,7 +422,6 @@ def test_projections_query_rows(rows, x_grad):
     first ``rows`` rows and zero below, its GEMMs cover those rows only (two
     backward GEMMs of its own beside the joined pair), and every gradient equals
     the one of that function written with ``F.linear``."""
-    from pyg_dfgnn.nn._projections import Projections
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(9 + 2, 6, generator=gen, dtype=torch.float64).requires_grad_(x_grad)
     ws = [torch.randn(m, 6, generator=gen, dtype=torch.float64).requires_grad_()
@@ -465,7 +466,6 @@ def test_double_backward_raises():
 def _projection_call(impl: str):
     """``(x, rows, ws, bs) -> outputs`` of one implementation: the Python
     ``Projections``, the C++ op through ``torch.ops`` or the direct entry."""
-    from pyg_dfgnn.nn._projections import Projections
     if impl == "function":
         return lambda x, rows, ws, bs: Projections.apply(x, rows, *ws, *bs)
     if impl == "op":
@@ -576,24 +576,26 @@ def test_projections_op_checks_and_opcheck():
                           (x.detach().requires_grad_(), 4, plain, [b for b in bs]))
 
 
-@pytest.mark.skipif(not __import__("pyg_dfgnn").HAS_EXTENSION,
-                    reason="needs the compiled extension pyg_dfgnn._C")
+@pytest.mark.parametrize("impl", ["op", "function"])
 @pytest.mark.parametrize("rows", [None, 5])
-def test_projections_op_autocast_casts_together(rows):
-    """Under bf16 autocast (CPU) the op casts x alone and the parameters with one
-    multi-tensor copy, and its backward casts the joined weight and bias gradients
-    once each (plus x's, and a query cut at ``rows`` its own): the outputs and
-    gradients stay those of the float64 function within bf16's tolerance."""
-    from torch.profiler import ProfilerActivity, profile
-
+def test_projections_autocast_casts_together(impl, rows):
+    """Under bf16 autocast (CPU) the backward of the op (C++ node) and of
+    :class:`Projections` casts the joined weight and bias gradients once each
+    (plus x's, and a query cut at ``rows`` its own); the op's forward casts x alone
+    and the parameters with one multi-tensor copy. Outputs and gradients stay
+    those of the float64 function within bf16's tolerance."""
+    if impl == "op" and not HAS_EXTENSION:
+        pytest.skip("needs the compiled extension pyg_dfgnn._C")
     gen = torch.Generator().manual_seed(14)
     x, ws, bs = _projection_case("cpu", torch.float32, rows, True, gen)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            outs = torch.ops.dfgnn.projections(x, rows, ws, bs)
+            outs = (torch.ops.dfgnn.projections(x, rows, ws, bs) if impl == "op"
+                    else Projections.apply(x, rows, *ws, *bs))
     counts = {e.key: e.count for e in prof.key_averages()}
-    assert counts.get("aten::_to_copy", 0) == 1  # x; the parameters went together
-    assert counts.get("aten::_foreach_copy_", 0) == 1
+    if impl == "op":
+        assert counts.get("aten::_to_copy", 0) == 1  # x; the parameters went together
+        assert counts.get("aten::_foreach_copy_", 0) == 1
     assert all(o.dtype == torch.bfloat16 for o in outs)
     ref_in = [None if t is None else t.detach().double().requires_grad_(t.requires_grad)
               for t in [x, *ws, *bs]]

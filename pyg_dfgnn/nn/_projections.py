@@ -85,6 +85,21 @@ def _column_sums(g: Tensor) -> Tensor:
     return torch.mv(g.t(), g.new_ones(g.shape[0]))
 
 
+def _split_into(res: List[Optional[Tensor]], t: Tensor, base: int, joined: List[int],
+                sizes: List[int], dtypes: List[Optional[torch.dtype]], need) -> None:
+    r"""The joined gradient ``t`` (the joined projections' rows, in order) split
+    into ``res[1 + base + i]`` per joined projection ``i`` that needs it, in the
+    dtype of parameter ``base + i``: one cast where those share one (autocast's
+    GEMMs over float32 parameters), not one per projection (``to`` of a part
+    already in its dtype is free)."""
+    wanted = {dtypes[base + i] for i in joined if need[1 + base + i]}  # None: a missing bias
+    if len(wanted) == 1:
+        t = t.to(wanted.pop())
+    for i, part in zip(joined, t.split(sizes)):
+        if need[1 + base + i]:
+            res[1 + base + i] = part.to(dtypes[base + i])
+
+
 class Projections(torch.autograd.Function):
     r"""``F.linear(x, w_i, b_i)`` for each weight and bias, as one autograd node
     that runs separate GEMMs forward and joined GEMMs backward.
@@ -170,15 +185,10 @@ class Projections(torch.autograd.Function):
                 gx[:rows].addmm_(gq.to(ws[0].dtype), ws[0])
             res[0] = gx.view(*grads[live[0]].shape[:-1], gx.shape[-1]).to(dtypes[0])
         if g is not None and any(need[2 + i] for i in joined):
-            gw = g.to(x.dtype).t().mm(x.reshape(-1, x.shape[-1])).split(sizes)
-            for i, gw_i in zip(joined, gw):
-                if need[2 + i]:
-                    res[2 + i] = gw_i.to(dtypes[1 + i])
+            _split_into(res, g.to(x.dtype).t().mm(x.reshape(-1, x.shape[-1])), 1, joined,
+                        sizes, dtypes, need)
         if g is not None and any(need[2 + n + i] for i in joined):
-            gb = _column_sums(g).split(sizes)
-            for i, gb_i in zip(joined, gb):
-                if need[2 + n + i]:
-                    res[2 + n + i] = gb_i.to(dtypes[1 + n + i])
+            _split_into(res, _column_sums(g), 1 + n, joined, sizes, dtypes, need)
         if cut:
             if need[2]:
                 gw0 = (gq.to(x.dtype).t().mm(x[:rows]) if rows
