@@ -7,7 +7,8 @@ covers: GT / GAT / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``); attention
 dropout; returned attention weights; bipartite graphs; the two-rows-per-warp
-fp32 forward of larger graphs.
+fp32 forward of larger graphs; the GT layer's backward writing into the
+projections' joined gradient.
 
 Paths are forced through :func:`pyg_dfgnn.ops.plan.override`. Exits non-zero on a
 wrong result. Usage: ``python benchmarks/sanitize.py [--quick]``.
@@ -195,13 +196,47 @@ def layers_case(dtype, autocast):
             FAILURES.append((name, float("nan")))
 
 
+def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None):
+    """FusedTransformerConv forward and backward against native PyG in float64:
+    the attention backward writes dq, dk, dv into the projections' joined
+    gradient (``gt_bwd_into``); bipartite features join key and value, and query
+    and skip."""
+    from torch_geometric.nn import TransformerConv
+
+    from pyg_dfgnn.nn import FusedTransformerConv
+    torch.manual_seed(3)
+    in_ch = (48, 40) if ns != nd else 48
+    native = TransformerConv(in_ch, 32, heads=2).to(DEV).double()
+    conv = FusedTransformerConv(in_ch, 32, heads=2).to(DEV)
+    conv.load_state_dict(native.state_dict())
+    xs = [torch.randn(ns, 48, device=DEV)] + ([torch.randn(nd, 40, device=DEV)]
+                                              if ns != nd else [])
+    leaves = [t.clone().requires_grad_() for t in xs]
+    ei = ei.to(DEV)
+    with _path(bwd_launches=bwd, mma_bwd=mma_bwd):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = conv(tuple(leaves) if len(leaves) == 2 else leaves[0], ei)
+        g = torch.randn(out.shape, device=DEV)
+        out.float().backward(g)
+    torch.cuda.synchronize()
+    ref_in = [t.double().requires_grad_() for t in xs]
+    ref = native(tuple(ref_in) if len(ref_in) == 2 else ref_in[0], ei)
+    ref.backward(g.double())
+    tol = 1e-2 if autocast else 1e-4
+    _check(name + " out", out.float(), ref, 1e-2 if autocast else 1e-5)
+    for i, (a, r) in enumerate(zip(leaves, ref_in)):
+        _check(f"{name} dx{i}", a.grad, r.grad, tol)
+    _check(name + " dW_value", conv.lin_value.weight.grad, native.lin_value.weight.grad, tol)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the >= 2^18-edge graph")
     ap.add_argument("--no-layers", action="store_true",
-                    help="skip the whole-layer cases (for initcheck: it does not see the "
-                         "writes of some cuBLAS half-precision GEMMs, so every later read "
-                         "of the layers' projections is reported)")
+                    help="skip the whole-layer cases with half-precision GEMMs (for "
+                         "initcheck: it does not see the writes of some cuBLAS "
+                         "half-precision GEMMs, so every later read of the layers' "
+                         "projections is reported)")
     args = ap.parse_args(argv)
     if not pyg_dfgnn.has_cuda_kernels():
         print("needs a CUDA GPU and the compiled extension", file=sys.stderr)
@@ -230,6 +265,13 @@ def main(argv=None) -> int:
         for kind in ("super_node", "bipartite"):
             gt_case(f"gt {kind} {dt} H2C64 tc-bwd", *G[kind], 2, 64, dt, mma_bwd=True)
     gt_case("gt batch fp32 attn", *G["batch"], 4, 32, f32, attn=True)
+    for kind in ("small", "super_node", "bipartite"):
+        for bwd in (1, 2):
+            for autocast in (False, True)[:1 if args.no_layers else 2]:
+                gt_layer_case(f"gt layer {kind} bwd{bwd} {'bf16' if autocast else 'fp32'}",
+                              *G[kind], autocast, bwd=bwd)
+    if not args.no_layers:
+        gt_layer_case("gt layer batch bf16 tc-bwd", *G["batch"], True, mma_bwd=True)
     print("GAT")
     for kind in ("small", "super_node", "bipartite", "batch"):
         for strat in ("smmf", "pmf"):

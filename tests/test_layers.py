@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_coo_tensor,
@@ -601,6 +602,19 @@ def test_layers_match_on_cuda(fused_cls, args, kwargs, strategy):
             assert err < tol, name
 
 
+def _gt_pair_on_cuda(ns: int, nd: int, bipartite: bool):
+    """``(x, features, native float64 layer, fused layer)``: 4 heads x 32 channels
+    over 32 input channels (bipartite: 32 source, 24 destination), the native
+    weights loaded into the fused layer."""
+    x = torch.randn(ns, 32, device="cuda")
+    xs = (x, torch.randn(nd, 24, device="cuda")) if bipartite else x
+    in_ch = (32, 24) if bipartite else 32
+    native = TransformerConv(in_ch, 32, heads=4).cuda().double()
+    fused = FusedTransformerConv(in_ch, 32, heads=4).cuda()
+    fused.load_state_dict(native.state_dict())
+    return x, xs, native, fused
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("bipartite", [False, True])
 @pytest.mark.parametrize("mode", ["train", "no_grad", "bf16"])
@@ -613,12 +627,7 @@ def test_transformer_query_prefix_on_cuda(bipartite, mode):
     ns, nd, extent = 400, (150 if bipartite else 400), 90
     ei = random_graph(ns, nd, num_edges=2500, num_isolated=0, num_duplicates=10)
     ei = ei[:, ei[1] < extent].cuda()
-    x = torch.randn(ns, 32, device="cuda")
-    xs = (x, torch.randn(nd, 24, device="cuda")) if bipartite else x
-    in_ch = (32, 24) if bipartite else 32
-    native = TransformerConv(in_ch, 32, heads=4).cuda().double()
-    fused = FusedTransformerConv(in_ch, 32, heads=4).cuda()
-    fused.load_state_dict(native.state_dict())
+    x, xs, native, fused = _gt_pair_on_cuda(ns, nd, bipartite)
     from pyg_dfgnn.layout import get_layout
     assert get_layout(ei, size=(ns, nd)).dst_extent == extent
     dbl = tuple(t.double() for t in xs) if bipartite else x.double()
@@ -643,3 +652,140 @@ def test_transformer_query_prefix_on_cuda(bipartite, mode):
         if b is not None:
             err = float((pf[name].double() - b).norm()) / max(float(b.norm()), 1e-2 * scale)
             assert err < 1e-4, name
+
+
+class _ColumnCats(TorchDispatchMode):
+    """Counts concatenations along a dimension other than the first (the joined
+    gradient's columns; the weights are joined by rows) inside the ``with`` block,
+    the autograd engine's threads included (dispatch modes are part of the state
+    they inherit)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.cat.default:
+            dim = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
+            self.n += dim != 0
+        return func(*args, **(kwargs or {}))
+
+
+JOINED_PATHS = ["one_launch", "two_launches", "mma"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", JOINED_PATHS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("hub", [False, True])
+@pytest.mark.parametrize("bipartite,cut", [(False, False), (False, True), (True, False),
+                                           (True, True)])
+def test_transformer_joined_gradient_on_cuda(bipartite, cut, hub, dtype, path, plan_override):
+    """The GT attention's backward writes dq, dk and dv into column slices of the
+    projections' joined gradient (``gt_bwd_into``), so the projections' backward
+    concatenates nothing; outputs and gradients match native PyG in float64
+    (fp32 < 1e-5 / 1e-4, bf16 autocast < 1e-2). Covers the query cut at
+    ``dst_extent`` (not joined: its own gradient), bipartite features (key and
+    value joined, query and skip joined), split rows (a hub: the fp32 in-kernel
+    merge and the separate merge of half-precision walks write into the slices)
+    and the backward's one-launch, two-launch and tensor-core walks."""
+    if path == "mma" and (dtype == "fp32" or hub):
+        pytest.skip("the tensor-core walks run fp16 / bf16 without split rows")
+    plan_override(bwd_launches=1 if path == "one_launch" else 2,
+                  mma_backward=path == "mma")
+    ns, nd = (500, 300) if bipartite else (500, 500)
+    extent = nd - 60 if cut else nd
+    ei = random_graph(ns, nd, num_edges=4000, num_isolated=5, num_duplicates=20)
+    ei = ei[:, ei[1] < extent]
+    ei = torch.cat([ei, torch.tensor([[0], [extent - 1]])], 1)  # dst_extent is `extent`
+    if hub:  # destination 1: in-degree past a work item's chunk, its row split
+        ei = torch.cat([ei, torch.stack([torch.randint(0, ns, (1500,)),
+                                         torch.ones(1500, dtype=torch.long)])], 1)
+    ei = ei.cuda()
+    x, xs, native, fused = _gt_pair_on_cuda(ns, nd, bipartite)
+    poison = torch.full((64 << 20,), float("nan"), device="cuda")  # unwritten rows show
+    del poison
+
+    leaves = [t.detach().clone().requires_grad_() for t in (xs if bipartite else (xs,))]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        out = fused(tuple(leaves) if bipartite else leaves[0], ei)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).cuda()
+    with _ColumnCats() as cats:
+        (out.float() * w).sum().backward()
+    assert cats.n == 0
+    rn, gn, pn = run(native, tuple(t.double() for t in xs) if bipartite else x.double(), ei)
+    tol_out, tol_grad = (1e-5, 1e-4) if dtype == "fp32" else (1e-2, 1e-2)
+    assert rel_err(out.float(), rn) < tol_out
+    for a, b in zip(leaves, gn):
+        assert rel_err(a.grad, b) < tol_grad
+    scale = max(float(g.norm()) for g in pn.values() if g is not None)
+    for name, p in fused.named_parameters():
+        b = pn[name]
+        assert p.grad is not None and not torch.isnan(p.grad).any(), name
+        err = float((p.grad.double() - b).norm()) / max(float(b.norm()), 1e-2 * scale)
+        assert err < tol_grad, f"{name}: {err:.3g}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("same", ["tensor", "column"])
+def test_joined_gradient_feature_passed_twice(same):
+    """q and k of one projections output (the same tensor, or two views of one
+    column): one of them writes the joined slice, the other its own gradient,
+    which autograd adds; the gradients equal those of the same call on copies
+    (no joined buffer)."""
+    from pyg_dfgnn import ops
+    from pyg_dfgnn.layout import get_layout
+    n, H, C = 300, 2, 16
+    ei = random_graph(n, num_edges=2500).cuda()
+    lay = get_layout(ei, size=(n, n), add_self_loops=False)
+    x = torch.randn(n, 24, device="cuda")
+    ws = [torch.randn(H * C, 24, device="cuda", requires_grad=True) for _ in range(2)]
+    bs = [torch.randn(H * C, device="cuda", requires_grad=True) for _ in range(2)]
+    gout = torch.randn(n, H, C, device="cuda")
+
+    def grads(copy: bool):
+        o1, o2 = torch.ops.dfgnn.projections(x, None, ws, bs)
+        q = o1.view(n, H, C)
+        if copy:
+            q = q.clone()
+        k = q if same == "tensor" or copy else o1.view(n, H, C)
+        out = ops.gt_attention(lay, q, k, o2.view(n, H, C), scale=0.25)
+        return torch.autograd.grad(out, ws + bs, gout)
+
+    for a, b in zip(grads(False), grads(True)):
+        assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.cuda
+def test_gt_bwd_into_checks_its_outputs():
+    """``dfgnn::gt_bwd_into`` writes gt_bwd's gradients into column slices of one
+    buffer, and refuses outputs it cannot write (a wrong shape or dtype, channels
+    that are not contiguous, dk and dv rows apart by different strides) with a
+    RuntimeError, never a fault."""
+    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.ops import gt_op_args
+    n, H, C = 40, 2, 8
+    ei = random_graph(n, num_edges=200).cuda()
+    lay = get_layout(ei, size=(n, n), add_self_loops=False)
+    q, k, v = (torch.randn(n, H, C, device="cuda") for _ in range(3))
+    args = gt_op_args(lay, q, k, v, 0.5)
+    out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
+    grad = torch.randn_like(out)
+    csr, csc, sizes = args[3], args[4], args[5]
+    tail = (csr, csc, sizes, 0.5, 0.0, 0, False, False)
+    want = torch.ops.dfgnn.gt_bwd(grad, q, k, v, out, lse, *tail)
+    joined = torch.full((n, 4 * H * C), float("nan"), device="cuda")
+    good = [joined[:, i * H * C:(i + 1) * H * C].view(n, H, C) for i in range(3)]
+    torch.ops.dfgnn.gt_bwd_into(*good, grad, q, k, v, out, lse, *tail)
+    for got, ref in zip(good, want):
+        assert torch.equal(got, ref)
+    assert joined[:, 3 * H * C:].isnan().all()  # nothing written past the slices
+    bad = {
+        "shape": [torch.empty(n - 1, H, C, device="cuda")] + good[1:],
+        "dtype": [good[0].half()] + good[1:],
+        "channels": [torch.empty(n, C, H, device="cuda").transpose(1, 2)] + good[1:],
+        "kv stride": good[:2] + [torch.empty(n, H, C, device="cuda")],
+    }
+    for what, outs in bad.items():
+        with pytest.raises(RuntimeError, match="gt_bwd_into"):
+            torch.ops.dfgnn.gt_bwd_into(*outs, grad, q, k, v, out, lse, *tail)

@@ -75,14 +75,17 @@ __device__ __forceinline__ bool merge_split_row(const GroupItem& g, int H, int c
 // After this group stored its partials in slot g.slot: merges the split row's
 // plain sums (merge_split_row) and, if this group completes the row, writes them:
 // up to two [slots, H, C] partials p0 / p1 into rows of out0 / out1 ([N, H, C])
-// and one [slots, H] partial ps into out_s ([N, H]); nullptr: not used.
+// and one [slots, H] partial ps into out_s ([N, H]); nullptr: not used. ld: the
+// row stride of out0 / out1 in elements (0: H * C, contiguous rows; more where
+// they are column slices of a joined gradient, glue/autograd.cpp).
 // UNROLL: children loads in flight (1 for the GT dQ kernel, whose registers it
 // would raise from 80 to 88-91).
 template <typename T, int VEC, int G, int NV, int UNROLL = 4>
 __device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int C, int chunk,
                                                  const int* __restrict__ ptr,
                                                  int* __restrict__ counters, float* p0, T* out0,
-                                                 float* p1, T* out1, float* ps, float* out_s) {
+                                                 float* p1, T* out1, float* ps, float* out_s,
+                                                 int64_t ld = 0) {
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
   float acc0[NV][VEC], acc1[NV][VEC], a = 0.f;
@@ -108,8 +111,9 @@ __device__ __forceinline__ void merge_split_sums(const GroupItem& g, int H, int 
     }
   });
   if (!done) return;
-  if (p0 != nullptr) store_row<T, VEC, G, NV>(out0 + g.row * HC + head_off, g.gl, nvec, acc0, 1.f);
-  if (p1 != nullptr) store_row<T, VEC, G, NV>(out1 + g.row * HC + head_off, g.gl, nvec, acc1, 1.f);
+  const int64_t row_off = g.row * (ld > 0 ? ld : HC) + head_off;
+  if (p0 != nullptr) store_row<T, VEC, G, NV>(out0 + row_off, g.gl, nvec, acc0, 1.f);
+  if (p1 != nullptr) store_row<T, VEC, G, NV>(out1 + row_off, g.gl, nvec, acc1, 1.f);
   if (ps != nullptr && g.gl == 0) out_s[g.row * H + g.h] = a;
 }
 

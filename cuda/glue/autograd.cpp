@@ -22,8 +22,10 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <array>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "glue/autograd_common.h"
 
@@ -56,6 +58,12 @@ struct AttentionBackward final : Node {
   int64_t seed_ = 0;
   bool one_launch_ = false;  // gt_bwd's launches, decided with the forward's plan
   bool mma_ = false;         // gt_bwd's tensor-core walks, idem
+  // GT: for q, k and v (in order) that are whole outputs of a JoinedGradients
+  // node (the projections), that node and the output's first column in its
+  // joined gradient, where the backward writes the feature's gradient; column
+  // -1 otherwise.
+  NodePtr sink_[3];
+  int64_t column_[3] = {-1, -1, -1};
 
   std::string name() const override { return kName; }
 
@@ -75,6 +83,12 @@ struct AttentionBackward final : Node {
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
     const Tensor a = a_.unpack(), b = b_.unpack(), c = c_.unpack(), out = out_.unpack(getptr());
     if constexpr (kBwd == kGtBwd) {
+      // Not under create_graph: gt_bwd_into has no autograd kernel.
+      if (!at::GradMode::is_enabled()) {
+        const auto col = joined_columns();
+        if (col[0] >= 0 || col[1] >= 0 || col[2] >= 0)
+          return backward_joined(col, grads[0].contiguous(), a, b, c, out);
+      }
       static const auto op = find_op<GtBwdSig>(kBwd);
       std::tie(res[0], res[1], res[2]) = layout_.backward(
           kName, op, grads[0].contiguous(), a, b, c, out, lse2_, param_, dropout_, seed_,
@@ -86,7 +100,82 @@ struct AttentionBackward final : Node {
     }
     return res;
   }
+
+  // GT without create_graph where some of q, k, v come from a JoinedGradients
+  // node: their gradients are written into column slices of that node's joined
+  // gradient (one buffer per node, [its rows, its width]), which is offered to
+  // it, so that it does not concatenate them again. The slices are the returned
+  // gradients: views with rows `width` elements apart.
+  // column_ as the kernels can write it: dk and dv share one row stride, so both
+  // are slices of buffers of one width or neither is.
+  std::array<int64_t, 3> joined_columns() const {
+    auto width = [&](int i) {
+      return static_cast<const JoinedGradients*>(sink_[i].get())->joined_width();
+    };
+    const bool kv = column_[1] >= 0 && column_[2] >= 0 && width(1) == width(2);
+    return {column_[0], kv ? column_[1] : -1, kv ? column_[2] : -1};
+  }
+
+  variable_list backward_joined(const std::array<int64_t, 3>& column, const Tensor& grad,
+                                const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out) {
+    TORCH_CHECK(!layout_.csc.empty(), kName, ": the forward was called without the CSC "
+                "layout (csc: colptr, row, perm, col_items, col_combine), so it cannot be "
+                "differentiated");
+    const Tensor* feats[3] = {&q, &k, &v};
+    Tensor buffers[3];
+    variable_list res(3);
+    for (int i = 0; i < 3; ++i) {
+      const Tensor& t = *feats[i];
+      if (column[i] < 0) {
+        res[i] = at::empty_like(t);
+        continue;
+      }
+      for (int j = 0; j < i; ++j)
+        if (column[j] >= 0 && sink_[j] == sink_[i]) buffers[i] = buffers[j];
+      if (!buffers[i].defined()) {
+        const auto* sink = static_cast<const JoinedGradients*>(sink_[i].get());
+        buffers[i] = at::empty({t.size(0), sink->joined_width()}, t.options());
+      }
+      // the column slice as [rows, H, C], in one view op (a small graph's
+      // backward is host time)
+      res[i] = buffers[i].as_strided(t.sizes(), {buffers[i].size(1), t.size(2), 1},
+                                     column[i]);
+    }
+    static const auto op = find_op<GtBwdIntoSig>(kGtBwdInto);
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      op.call(res[0], res[1], res[2], grad, q, k, v, out, lse2_, layout_.csr,
+              at::TensorList(layout_.csc), at::IntArrayRef(layout_.sizes), param_, dropout_,
+              seed_, one_launch_, mma_);
+    }
+    for (int i = 0; i < 3; ++i) {
+      bool first = column[i] >= 0;
+      for (int j = 0; j < i && first; ++j) first = !(column[j] >= 0 && sink_[j] == sink_[i]);
+      if (first) static_cast<JoinedGradients*>(sink_[i].get())->offer_joined(buffers[i]);
+    }
+    return res;
+  }
 };
+
+// Where a GT feature `t` [N, H, C] is a view of a whole 2-D output of a
+// JoinedGradients node: that node and the output's first column in its joined
+// gradient; column -1 otherwise. Storage offsets, not data pointers: traced
+// (fake) tensors have none.
+std::pair<NodePtr, int64_t> joined_target(const Tensor& t) {
+  if (!t.is_view()) return {NodePtr(), -1};
+  const Tensor base(t._base());
+  NodePtr fn = base.grad_fn();
+  auto* sink = dynamic_cast<JoinedGradients*>(fn.get());
+  // The node first: only its (eager) outputs reach the shape checks.
+  if (sink == nullptr || base.dim() != 2 || !base.is_contiguous() || !t.is_contiguous() ||
+      base.size(0) != t.size(0) || base.numel() != t.numel() ||
+      base.storage_offset() != t.storage_offset())
+    return {NodePtr(), -1};
+  const int64_t column = sink->joined_column(base.output_nr());
+  if (column < 0) return {NodePtr(), -1};
+  return {fn, column};
+}
 
 // One gt_fwd / gat_fwd call's arguments after the three features (`param`: gt's
 // scale or gat's negative slope; `dense_cells`: gt's only). Refers to the
@@ -151,6 +240,20 @@ Tensor3 attention_autograd(const Tensor& a, const Tensor& b, const Tensor& c,
   node->seed_ = x.seed;
   node->one_launch_ = plan_flag(x.plan, kPlanBwdOneLaunch);
   node->mma_ = plan_flag(x.plan, kPlanMmaBwd);
+  if constexpr (kFwd == kGtFwd) {
+    if (a.is_cuda()) {
+      const Tensor* feats[3] = {&a, &b, &c};
+      for (int i = 0; i < 3; ++i) {
+        std::tie(node->sink_[i], node->column_[i]) = joined_target(*feats[i]);
+        // one writer per slice: a feature passed twice (q is k) gets its own
+        // gradient, which the engine adds to the slice's
+        for (int j = 0; j < i; ++j)
+          if (node->column_[j] >= 0 && node->sink_[j] == node->sink_[i] &&
+              node->column_[j] == node->column_[i])
+            node->column_[i] = -1;
+      }
+    }
+  }
   return {out, lse2, attn};
 }
 

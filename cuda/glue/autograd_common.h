@@ -39,6 +39,11 @@ using GatBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Ten
 using GtBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const CsrList&, at::TensorList,
                          at::IntArrayRef, double, double, int64_t, bool, bool);
+// gt_bwd_into: dq, dk, dv to write, then gt_bwd's arguments.
+using GtBwdIntoSig = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const CsrList&, at::TensorList, at::IntArrayRef, double,
+                          double, int64_t, bool, bool);
 
 // The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
 // c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
@@ -120,7 +125,23 @@ struct KeptLayout {
   }
 };
 
+// A node that joins its outputs' gradients by columns into one [rows, width]
+// buffer before its GEMMs (the GT projections, projections.cpp). A node
+// downstream in the forward that computes some of those gradients (the GT
+// attention's dq, dk, dv) writes them into the buffer's column slices and offers
+// it; the joining node then fills only the other slices instead of
+// concatenating every gradient (docs/design.md, "GT projections").
+struct JoinedGradients : Node {
+  // Output `nr`'s first column in the joined gradient, or -1 where it is not joined.
+  virtual int64_t joined_column(int64_t nr) const = 0;
+  virtual int64_t joined_width() const = 0;
+  // The buffer whose slices a downstream node wrote; the next apply takes it and
+  // uses the slices its gradients are views of.
+  virtual void offer_joined(Tensor joined) = 0;
+};
+
 inline constexpr char kGtFwd[] = "dfgnn::gt_fwd";
 inline constexpr char kGtBwd[] = "dfgnn::gt_bwd";
+inline constexpr char kGtBwdInto[] = "dfgnn::gt_bwd_into";
 
 }  // namespace dfgnn

@@ -231,6 +231,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma);
 }
 
+// An output of gt_bwd_into: on q's device, in its dtype, the rows of `like`, C
+// contiguous and heads C apart, rows at least H * C apart (a column slice of a
+// joined gradient; size-1 dimensions may have any stride).
+void check_grad_out(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "dfgnn::gt_bwd_into: ", name,
+              " must be on the features' device ", like.device(), ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.sizes() == like.sizes(),
+              "dfgnn::gt_bwd_into: ", name, " must have the dtype and shape of its feature ",
+              shape(like.sizes()), ", got ", t.scalar_type(), " ", shape(t.sizes()));
+  const int64_t H = t.size(1), C = t.size(2);
+  TORCH_CHECK((C <= 1 || t.stride(2) == 1) && (H <= 1 || t.stride(1) == C) &&
+                  (t.size(0) <= 1 || t.stride(0) >= H * C),
+              "dfgnn::gt_bwd_into: ", name, " needs rows of H * C elements (C contiguous), "
+              "got strides ", shape(t.strides()));
+}
+
+void gt_bwd_into(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                 const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                 const CsrList& csr, at::TensorList csc, at::IntArrayRef sizes, double scale,
+                 double dropout, int64_t seed, bool one_launch, bool mma) {
+  check_qkv(q, k, v);
+  check_grad_out(dq, "dq", q);
+  check_grad_out(dk, "dk", k);
+  check_grad_out(dv, "dv", v);
+  TORCH_CHECK(dk.size(0) <= 1 || dk.stride(0) == dv.stride(0),
+              "dfgnn::gt_bwd_into: dk and dv need the same row stride, got ",
+              num(dk.stride(0)), " and ", num(dv.stride(0)));
+  check_features(out, "out", q);
+  check_features(grad_out, "grad_out", q);
+  TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0),
+              "dfgnn::gt_bwd_into: out and grad_out must have q's number of rows");
+  check_cuda(lse, "lse", q);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
+                  lse.size(1) == q.size(1),
+              "dfgnn::gt_bwd_into: lse must be float32 [N_dst, H]");
+  const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_bwd_into", q.size(0),
+                                   k.size(0), /*need_csc=*/true);
+  const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
+  const GradsOut into{dq, dk, dv};
+  gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma, &into);
+}
+
 void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
                const LayoutView& L) {
   auto st = x.scalar_type();
@@ -388,6 +431,13 @@ TORCH_LIBRARY(dfgnn, m) {
       "gt_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor?[] csr, Tensor[] csc, int[] sizes, float scale, float dropout, int seed, "
       "bool one_launch, bool mma) -> (Tensor, Tensor, Tensor)");
+  // gt_bwd writing dq, dk, dv into the given tensors, whose rows may be further
+  // apart than H * C (column slices of the joined gradient of the GT projections;
+  // dk and dv equally far): the C++ autograd node's call (glue/autograd.cpp).
+  m.def(
+      "gt_bwd_into(Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor grad_out, Tensor q, "
+      "Tensor k, Tensor v, Tensor out, Tensor lse, Tensor?[] csr, Tensor[] csc, int[] sizes, "
+      "float scale, float dropout, int seed, bool one_launch, bool mma) -> ()");
   m.def(
       "gat_fwd(Tensor a_dst, Tensor a_src, Tensor x, Tensor?[] csr, Tensor[]? csc, int[] sizes, "
       "float negative_slope, float dropout, int seed, bool need_attn, int[] plan) "
@@ -402,6 +452,7 @@ TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {
   m.impl("csr_rowptr", &csr_rowptr);
   m.impl("gt_fwd", &gt_fwd);
   m.impl("gt_bwd", &gt_bwd);
+  m.impl("gt_bwd_into", &gt_bwd_into);
   m.impl("gat_fwd", &gat_fwd);
   m.impl("gat_bwd", &gat_bwd);
   m.impl("l2norm_fwd", &l2norm_fwd);

@@ -97,14 +97,16 @@ Tensor column_sums(const Tensor& g) {
 
 // The node of a call with grad. Edges: x, the n weights, the n biases. Saved:
 // x in the compute dtype where a weight needs a gradient, the weights in it
-// where x does.
-struct ProjectionsBackward final : torch::autograd::Node {
+// where x does. Its joined gradient: the outputs but a row-cut first one, in
+// order (JoinedGradients: the GT attention node writes dq, dk, dv into it).
+struct ProjectionsBackward final : JoinedGradients {
   torch::autograd::SavedVariable x_;
   std::vector<torch::autograd::SavedVariable> ws_;
   std::vector<int64_t> sizes_;     // output columns per projection
   std::vector<int64_t> x_shape_;   // x's sizes, for its gradient
   std::vector<at::ScalarType> dtypes_;  // of x, the weights, the biases (the gradients')
   std::optional<int64_t> rows_;
+  Tensor offered_;  // offer_joined's buffer, until the next apply
 
   std::string name() const override { return "dfgnn::ProjectionsBackward"; }
 
@@ -112,6 +114,60 @@ struct ProjectionsBackward final : torch::autograd::Node {
     std::lock_guard<std::mutex> lock(mutex_);
     x_.reset_data();
     for (auto& w : ws_) w.reset_data();
+    offered_.reset();
+  }
+
+  // The joined outputs where every output has a gradient: all but a first one
+  // cut at rows (gradients() joins the live ones the same way).
+  size_t first_joined() const { return rows_.has_value() ? 1 : 0; }
+
+  int64_t joined_column(int64_t nr) const override {
+    if (nr < static_cast<int64_t>(first_joined()) || nr >= static_cast<int64_t>(sizes_.size()))
+      return -1;
+    int64_t column = 0;
+    for (int64_t i = static_cast<int64_t>(first_joined()); i < nr; ++i) column += sizes_[i];
+    return column;
+  }
+
+  int64_t joined_width() const override {
+    int64_t width = 0;
+    for (size_t i = first_joined(); i < sizes_.size(); ++i) width += sizes_[i];
+    return width;
+  }
+
+  void offer_joined(Tensor joined) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    offered_ = std::move(joined);
+  }
+
+  // G from the offered buffer: where the joined projections are the ones
+  // joined_column assumed and the buffer has their rows, each gradient that is
+  // not already its column slice (the skip's, from the output's addition) is
+  // copied into it. Undefined otherwise (the caller concatenates).
+  Tensor take_offered(const variable_list& grads, const std::vector<size_t>& joined) {
+    Tensor buf = std::move(offered_);
+    offered_.reset();
+    if (!buf.defined() || joined.size() != sizes_.size() - first_joined() ||
+        (!joined.empty() && joined[0] != first_joined()))
+      return Tensor();
+    std::vector<Tensor> parts;
+    for (size_t i : joined) {
+      parts.push_back(grads[i].reshape({-1, sizes_[i]}));
+      if (parts.back().size(0) != buf.size(0)) return Tensor();
+    }
+    const auto* base = static_cast<const char*>(buf.data_ptr());
+    const int64_t width = buf.size(1), item = buf.element_size();
+    int64_t column = 0;
+    for (size_t j = 0; j < joined.size(); ++j) {
+      const Tensor& part = parts[j];
+      const bool in_place = part.data_ptr() == base + column * item &&
+                            (part.size(0) <= 1 || part.stride(0) == width) &&
+                            (part.size(1) <= 1 || part.stride(1) == 1) &&
+                            part.scalar_type() == buf.scalar_type();
+      if (!in_place) buf.narrow(1, column, sizes_[joined[j]]).copy_(part);
+      column += sizes_[joined[j]];
+    }
+    return buf;
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -168,14 +224,12 @@ struct ProjectionsBackward final : torch::autograd::Node {
     for (auto& w : ws_) ws.push_back(w.unpack());
     const int64_t rows = rows_.value_or(0);
     const Tensor gq = cut ? grads[0].narrow(0, 0, rows) : Tensor();
-    Tensor g;  // G [M, sum(out_i)] over the joined projections
+    Tensor g = take_offered(grads, joined);  // G [M, sum(out_i)] over the joined projections
     std::vector<int64_t> sizes;
-    if (!joined.empty()) {
+    for (size_t i : joined) sizes.push_back(sizes_[i]);
+    if (!g.defined() && !joined.empty()) {
       std::vector<Tensor> parts;
-      for (size_t i : joined) {
-        parts.push_back(grads[i].reshape({-1, sizes_[i]}));
-        sizes.push_back(sizes_[i]);
-      }
+      for (size_t i : joined) parts.push_back(grads[i].reshape({-1, sizes_[i]}));
       g = parts.size() > 1 ? at::cat(parts, -1) : parts[0];
     }
     const int64_t in_features = x_shape_.back();

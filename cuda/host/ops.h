@@ -44,10 +44,18 @@ bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const LayoutView& L, double cells_per_edge, at::Tensor& out,
                       at::Tensor& lse2, double scale);
 
+// Outputs a GT backward writes into instead of allocating them: dq [N_dst, H, C],
+// dk and dv [N_src, H, C] with unit stride in C, C apart per head, their rows
+// stride(0) >= H * C elements apart (dk's and dv's equal): column slices of one
+// joined gradient (glue/autograd.cpp).
+struct GradsOut {
+  at::Tensor dq, dk, dv;
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, bool one_launch, bool mma);
+    double dropout, int64_t seed, bool one_launch, bool mma, const GradsOut* into = nullptr);
 
 // The GT backward's dq walk on tensor cores (gt_backward_mma.cu): dq [N_dst, H, C]
 // and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from

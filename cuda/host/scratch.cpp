@@ -18,6 +18,12 @@ void Scratch::place(float* base) {
     ptr_[i] = offset_[i] < 0 ? nullptr : base + offset_[i];
 }
 
+void Scratch::allocate(const at::TensorOptions& opts) {
+  if (floats_ == 0) return;
+  own_ = at::empty({floats_}, opts.dtype(at::kFloat));
+  place(own_.data_ptr<float>());
+}
+
 at::Tensor Scratch::empty_with(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   if (floats_ == 0 || floats_ * 4 > kSharedBytes) {
     if (floats_ > 0) {

@@ -24,6 +24,9 @@ class Scratch {
   // at storage offset 0) and, in the same allocation or one of their own, the
   // scratch regions.
   at::Tensor empty_with(at::IntArrayRef sizes, const at::TensorOptions& opts);
+  // The scratch regions alone, in an allocation of their own (a call whose
+  // outputs the caller allocated); `opts` gives the device.
+  void allocate(const at::TensorOptions& opts);
   float* operator[](size_t i) const { return ptr_[i]; }
 
  private:

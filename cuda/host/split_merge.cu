@@ -28,7 +28,8 @@ template <typename T, int V, bool SOFTMAX>
 __global__ void __launch_bounds__(256)
 reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__ partial_ml,
                     const int* __restrict__ combine, T* __restrict__ out,
-                    float* __restrict__ lse2, int64_t n_units, int H, int C, int W, int P) {
+                    float* __restrict__ lse2, int64_t n_units, int H, int C, int64_t ld,
+                    int W, int P) {
   __shared__ float red[256 * V];
   __shared__ float red_m[256], red_l[256];
   const int span = W * P, t = threadIdx.x;
@@ -102,7 +103,7 @@ reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__
 #pragma unroll
         for (int k = 0; k < V; ++k) acc[k] += cq * red[idx * V + k];
       }
-      T* dst = out + (int64_t)row * HC + (int64_t)h * C + f;
+      T* dst = out + (int64_t)row * ld + (int64_t)h * C + f;
       const float inv = SOFTMAX ? (l > 0.f ? 1.f / l : 0.f) : 1.f;
 #pragma unroll
       for (int k = 0; k < V; ++k)
@@ -124,9 +125,12 @@ inline int slot_group_width(int64_t C, int V) {
 // kernel's chain), fewer while the launch would exceed 2^21 threads and the
 // rows average at most half as many slots (many split rows with few slots
 // each: one block per unit there measured 14-26 % slower on Reddit-like 4 x 32).
+// out: rows of H * C elements, ld apart (a column slice of a joined gradient has
+// ld > H * C).
 template <bool SOFTMAX>
 void reduce_slots(const float* partial, int64_t num_slots, const float* partial_ml,
-                  const at::Tensor& combine, at::Tensor& out, float* lse2, int64_t H, int64_t C) {
+                  const at::Tensor& combine, at::Tensor& out, float* lse2, int64_t H, int64_t C,
+                  int64_t ld) {
   const int64_t n_rows = combine.size(0);
   if (n_rows == 0) return;
   const int V = C % 4 == 0 ? 4 : 1;
@@ -142,7 +146,7 @@ void reduce_slots(const float* partial, int64_t num_slots, const float* partial_
     auto kern = V == 4 ? reduce_slots_kernel<T, 4, SOFTMAX> : reduce_slots_kernel<T, 1, SOFTMAX>;
     kern<<<ceil_div(n_units, per_block), 256, 0, stream>>>(
         partial, partial_ml, combine.data_ptr<int>(),
-        reinterpret_cast<T*>(out.data_ptr<scalar_t>()), lse2, n_units, (int)H, (int)C, W, P);
+        reinterpret_cast<T*>(out.data_ptr<scalar_t>()), lse2, n_units, (int)H, (int)C, ld, W, P);
   });
   check_launch();
 }
@@ -209,13 +213,13 @@ void combine_partials(const float* partial, int64_t num_slots, const at::Tensor&
   if (combine.size(0) == 0) return;  // also: no rows, so no division by out.size(0) = 0
   // Heads are not told apart: each row's H * C values are summed slot by slot.
   reduce_slots<false>(partial, num_slots, nullptr, combine, out, nullptr, 1,
-                      out.numel() / out.size(0));
+                      out.numel() / out.size(0), out.stride(0));
 }
 
 void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
                             const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2) {
   reduce_slots<true>(partial, num_slots, partial_ml, combine, out, lse2.data_ptr<float>(),
-                     out.size(1), out.size(2));
+                     out.size(1), out.size(2), out.size(1) * out.size(2));
 }
 
 void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,

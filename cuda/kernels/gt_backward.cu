@@ -13,6 +13,8 @@
 //     dK_j = scale * sum_i dS_ij q_i, an SpMM with those two weights per edge,
 //     read through the cached CSC permutation (PubMed's backward kernels: 71.4 us
 //     in one launch, which recomputes the weights, against 29.2 + 26.1).
+// dQ, dK and dV rows may lie further apart than H * C (ld_q, ld_kv): column slices of
+// the GT projections' joined gradient (gt_bwd_into, glue/autograd.cpp).
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (gt_bwd_one_launch_kernel).
@@ -40,7 +42,7 @@ __device__ __forceinline__ void gt_bwd_dq(
           const T* __restrict__ v, const T* __restrict__ out, const float* __restrict__ lse2,
           const float* __restrict__ dsum, const int* __restrict__ rowptr,
           const int* __restrict__ col, const int* __restrict__ items, int chunk,
-          T* __restrict__ dq,
+          T* __restrict__ dq, int64_t ld_q,
           float* __restrict__ partial, float2* __restrict__ pds, int64_t n_units, int H,
           int C, float scale, float scale2, float p, uint64_t seed,
           int* __restrict__ counters, unsigned block) {
@@ -108,14 +110,14 @@ __device__ __forceinline__ void gt_bwd_dq(
     }
   });
   if (slot < 0) {
-    store_row<T, VEC, G, NV>(dq + off_i, gl, nvec, acc, scale);
+    store_row<T, VEC, G, NV>(dq + i * ld_q + (int64_t)h * C, gl, nvec, acc, scale);
   } else {
     scale_frag(scale, acc);
     store_partial<VEC, G, NV>(partial + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, acc);
     if constexpr (kMergeInBackward<T>) {
       if (counters != nullptr)
         merge_split_sums<T, VEC, G, NV, 1>(g, H, C, chunk, rowptr, counters, partial, dq,
-                                           nullptr, nullptr, nullptr, nullptr);
+                                           nullptr, nullptr, nullptr, nullptr, ld_q);
     }
   }
 }
@@ -130,7 +132,7 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
            const float* __restrict__ dsum, const int* __restrict__ colptr,
            const int* __restrict__ row, const int* __restrict__ perm,
            const int* __restrict__ items, int chunk, T* __restrict__ dk, T* __restrict__ dv,
-           float* __restrict__ partial_dk, float* __restrict__ partial_dv, int64_t n_units,
+           int64_t ld_kv, float* __restrict__ partial_dk, float* __restrict__ partial_dv, int64_t n_units,
            int H, int C, float scale, float scale2, float p, uint64_t seed,
            int* __restrict__ counters,
            unsigned block) {
@@ -195,8 +197,9 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
     }
   });
   if (slot < 0) {
-    store_row<T, VEC, G, NV>(dk + off_j, gl, nvec, dk_acc, scale);
-    store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);
+    const int64_t out_j = j * ld_kv + (int64_t)h * C;
+    store_row<T, VEC, G, NV>(dk + out_j, gl, nvec, dk_acc, scale);
+    store_row<T, VEC, G, NV>(dv + out_j, gl, nvec, dv_acc, 1.f);
   } else {
     scale_frag(scale, dk_acc);
     store_partial<VEC, G, NV>(partial_dk + (int64_t)slot * HC + (int64_t)h * C, gl, nvec,
@@ -206,7 +209,7 @@ __device__ __forceinline__ void gt_bwd_dkv_recompute(
     if constexpr (kMergeInBackward<T>) {
       if (counters != nullptr)
         merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_dk, dk,
-                                        partial_dv, dv, nullptr, nullptr);
+                                        partial_dv, dv, nullptr, nullptr, ld_kv);
     }
   }
 }
@@ -223,7 +226,7 @@ gt_bwd_dkv_kernel(const typename S::T* __restrict__ dout, const typename S::T* _
                   const float2* __restrict__ pds, const int* __restrict__ colptr,
                   const int* __restrict__ row, const int* __restrict__ perm,
                   const int* __restrict__ items, int chunk, typename S::T* __restrict__ dk,
-                  typename S::T* __restrict__ dv, float* __restrict__ partial_dk,
+                  typename S::T* __restrict__ dv, int64_t ld_kv, float* __restrict__ partial_dk,
                   float* __restrict__ partial_dv, int64_t n_units, int H, int C, float scale,
                   int n_edges, int* __restrict__ counters) {
   using T = typename S::T;
@@ -236,7 +239,6 @@ gt_bwd_dkv_kernel(const typename S::T* __restrict__ dout, const typename S::T* _
   const int64_t j = g.row;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)h * C;
-  const int64_t off_j = j * HC + head_off;
   // Speculative like NbrTile's first tile: needs the edge position only, not the
   // item's end; masked by the neighbour (nt.cur < 0) before use.
   auto weights_of = [&](int e) {
@@ -271,8 +273,9 @@ gt_bwd_dkv_kernel(const typename S::T* __restrict__ dout, const typename S::T* _
     cur = next;
   }
   if (g.slot < 0) {
-    store_row<T, VEC, G, NV>(dk + off_j, gl, nvec, dk_acc, scale);
-    store_row<T, VEC, G, NV>(dv + off_j, gl, nvec, dv_acc, 1.f);
+    const int64_t out_j = j * ld_kv + (int64_t)h * C;
+    store_row<T, VEC, G, NV>(dk + out_j, gl, nvec, dk_acc, scale);
+    store_row<T, VEC, G, NV>(dv + out_j, gl, nvec, dv_acc, 1.f);
   } else {
     scale_frag(scale, dk_acc);
     store_partial<VEC, G, NV>(partial_dk + (int64_t)g.slot * HC + head_off, gl, nvec, dk_acc);
@@ -280,7 +283,7 @@ gt_bwd_dkv_kernel(const typename S::T* __restrict__ dout, const typename S::T* _
     if constexpr (kMergeInBackward<T>) {
       if (counters != nullptr)
         merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, colptr, counters, partial_dk, dk,
-                                        partial_dv, dv, nullptr, nullptr);
+                                        partial_dv, dv, nullptr, nullptr, ld_kv);
     }
   }
 }
@@ -292,13 +295,13 @@ gt_bwd_dq_kernel(const typename S::T* __restrict__ dout, const typename S::T* __
                  const typename S::T* __restrict__ out, const float* __restrict__ lse2,
                  const float* __restrict__ dsum, const int* __restrict__ rowptr,
                  const int* __restrict__ col, const int* __restrict__ items, int chunk,
-                 typename S::T* __restrict__ dq, float* __restrict__ partial,
+                 typename S::T* __restrict__ dq, int64_t ld_q, float* __restrict__ partial,
                  float2* __restrict__ pds, int64_t n_units, int H, int C, float scale, float scale2,
                  float p, uint64_t seed, int* __restrict__ counters) {
   using T = typename S::T;
   constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   gt_bwd_dq<T, VEC, G, NV, DROPOUT, true>(dout, q, k, v, out, lse2, dsum, rowptr, col, items, chunk,
-                                          dq, partial, pds, n_units, H, C, scale, scale2, p,
+                                          dq, ld_q, partial, pds, n_units, H, C, scale, scale2, p,
                                           seed, counters, blockIdx.x);
 }
 
@@ -320,7 +323,8 @@ gt_bwd_one_launch_kernel(const typename S::T* __restrict__ dout,
                          const int* __restrict__ row, const int* __restrict__ perm,
                          const int* __restrict__ col_items, int chunk,
                          typename S::T* __restrict__ dq, typename S::T* __restrict__ dk,
-                         typename S::T* __restrict__ dv, float* __restrict__ partial_q,
+                         typename S::T* __restrict__ dv, int64_t ld_q, int64_t ld_kv,
+                         float* __restrict__ partial_q,
                          float* __restrict__ partial_k, float* __restrict__ partial_v,
                          int64_t n_dst_units, int64_t n_src_units, int H, int C, float scale,
                          float scale2, float p, uint64_t seed, int* __restrict__ counters,
@@ -329,11 +333,11 @@ gt_bwd_one_launch_kernel(const typename S::T* __restrict__ dout,
   constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
   if (blockIdx.x < dq_blocks)
     gt_bwd_dq<T, VEC, G, NV, DROPOUT, false>(dout, q, k, v, out, lse2, dsum, rowptr, col, row_items,
-                                             chunk, dq, partial_q, nullptr, n_dst_units, H, C,
+                                             chunk, dq, ld_q, partial_q, nullptr, n_dst_units, H, C,
                                              scale, scale2, p, seed, counters, blockIdx.x);
   else
     gt_bwd_dkv_recompute<T, VEC, G, NV, DROPOUT>(dout, q, k, v, out, lse2, dsum, colptr, row, perm,
-                                                 col_items, chunk, dk, dv, partial_k,
+                                                 col_items, chunk, dk, dv, ld_kv, partial_k,
                                                  partial_v, n_src_units, H, C, scale, scale2,
                                                  p, seed, counters_kv, blockIdx.x - dq_blocks);
 }
@@ -343,14 +347,21 @@ gt_bwd_one_launch_kernel(const typename S::T* __restrict__ dout,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, bool one_launch, bool mma_plan) {
+    double dropout, int64_t seed, bool one_launch, bool mma_plan, const GradsOut* into) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
                    &perm = L.perm;
   const Work &rw = L.rw, &cw = L.cw;
   const int64_t chunk = L.chunk;
   const int64_t H = q.size(1), C = q.size(2), E = col.numel();
+  // Given outputs may be column slices of a joined gradient (rows ld apart): the
+  // vector stores need each of their rows on a 16-byte boundary too.
+  auto rows_aligned16 = [](const at::Tensor& t) {
+    return is_aligned16(t) && t.stride(0) * (int64_t)t.element_size() % 16 == 0;
+  };
   const bool aligned = is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
-                       is_aligned16(out) && is_aligned16(grad_out);
+                       is_aligned16(out) && is_aligned16(grad_out) &&
+                       (into == nullptr || (rows_aligned16(into->dq) &&
+                                            rows_aligned16(into->dk) && rows_aligned16(into->dv)));
   // The plan's mma_backward: both walks on tensor cores (gt_backward_mma.cu),
   // the dq walk saving (P, dS) for the dkv walk as the CUDA-core one does. A warp
   // walks 8 whole rows or columns (the work items and their partials are unused:
@@ -381,14 +392,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
   const int64_t q_slots = mma ? 0 : rw.num_slots, kv_slots = mma ? 0 : cw.num_slots;
   Scratch scratch({q_slots * H * C, kv_slots * H * C, kv_slots * H * C,
                    one_launch ? 0 : E * H * 2});
-  auto dq = scratch.empty_with(q.sizes(), q.options());
+  at::Tensor dq;
+  if (into != nullptr) {
+    dq = into->dq;
+    scratch.allocate(q.options());
+  } else {
+    dq = scratch.empty_with(q.sizes(), q.options());
+  }
   // dK and dV are allocated after the dq kernel's launch in two launches: a small
   // graph's backward is host-bound, and their allocations then run while the dq
   // kernel does instead of before it.
   at::Tensor dk, dv;
   auto alloc_dkv = [&] {
-    dk = at::empty_like(k);
-    dv = at::empty_like(v);
+    dk = into != nullptr ? into->dk : at::empty_like(k);
+    dv = into != nullptr ? into->dv : at::empty_like(v);
   };
   float *part_q = scratch[0], *part_k = scratch[1], *part_v = scratch[2];
   float2* pds = reinterpret_cast<float2*>(scratch[3]);
@@ -414,7 +431,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
             lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
             rw.items.data_ptr<int>(), colptr.data_ptr<int>(), row.data_ptr<int>(),
             perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq),
-            mptr<T>(dk), mptr<T>(dv), part_q, part_k, part_v, n_dst_units, n_src_units, H, C,
+            mptr<T>(dk), mptr<T>(dv), dq.stride(0), dk.stride(0), part_q, part_k, part_v,
+            n_dst_units, n_src_units, H, C,
             sc, scale2, p, (uint64_t)seed, counters, counters_kv, (unsigned)dq_blocks);
         check_launch();
       }
@@ -427,7 +445,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       kern<<<dq_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), cptr<T>(out),
           lse2.data_ptr<float>(), dsum, rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq), part_q, pds, n_dst_units, H, C,
+          rw.items.data_ptr<int>(), (int)chunk, mptr<T>(dq), dq.stride(0), part_q, pds,
+          n_dst_units, H, C,
           sc, scale2, p, (uint64_t)seed, counters);
       check_launch();
     }
@@ -438,7 +457,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
       gt_bwd_dkv_kernel<S><<<dkv_blocks, kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(q), pds, colptr.data_ptr<int>(), row.data_ptr<int>(),
           perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, mptr<T>(dk), mptr<T>(dv),
-          part_k, part_v, n_src_units, H, C, sc, (int)E, counters_kv);
+          dk.stride(0), part_k, part_v, n_src_units, H, C, sc, (int)E, counters_kv);
       check_launch();
     }
   });

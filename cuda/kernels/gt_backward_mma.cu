@@ -91,10 +91,11 @@ __device__ __forceinline__ void sddmm16(const uint4 (&ra)[C / 32], const uint4 (
 }
 
 // Stores columns 2t and 2t + 1 of acc (times `mul`) as rows c0 + 2t, c0 + 2t + 1
-// of x [n, H, C], in load_v_words' channel order (store_words).
+// of x [n, H, C] (rows ld elements apart), in load_v_words' channel order
+// (store_words).
 template <typename T, int C>
 __device__ __forceinline__ void store_cols(T* __restrict__ x, const float (&acc)[C / 16][4],
-                                           float mul, int64_t c0, int64_t n, int64_t HC,
+                                           float mul, int64_t c0, int64_t n, int64_t ld,
                                            int64_t head_off, int g, int t) {
   uint32_t w0[C / 16], w1[C / 16];
 #pragma unroll
@@ -103,9 +104,9 @@ __device__ __forceinline__ void store_cols(T* __restrict__ x, const float (&acc)
     w1[b] = pack2<T>(acc[b][1] * mul, acc[b][3] * mul);
   }
   if (c0 + 2 * t < n)
-    store_words<C>(reinterpret_cast<uint32_t*>(x + (c0 + 2 * t) * HC + head_off), g, w0);
+    store_words<C>(reinterpret_cast<uint32_t*>(x + (c0 + 2 * t) * ld + head_off), g, w0);
   if (c0 + 2 * t + 1 < n)
-    store_words<C>(reinterpret_cast<uint32_t*>(x + (c0 + 2 * t + 1) * HC + head_off), g, w1);
+    store_words<C>(reinterpret_cast<uint32_t*>(x + (c0 + 2 * t + 1) * ld + head_off), g, w1);
 }
 
 // The CSR walk (see the top of the file): rows [8 blk, 8 blk + 8) of head h.
@@ -115,7 +116,7 @@ gt_bwd_dq_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                      const T* __restrict__ k, const T* __restrict__ v,
                      const float* __restrict__ lse2, const float* __restrict__ dsum,
                      const int* __restrict__ rowptr, const int* __restrict__ col,
-                     T* __restrict__ dq, float2* __restrict__ pds, int64_t n_rows,
+                     T* __restrict__ dq, int64_t ld_q, float2* __restrict__ pds, int64_t n_rows,
                      int64_t n_units, int H, float scale, float scale2) {
   constexpr int KC = C / 32;  // 16-byte slices of a row per lane
   constexpr int NK = C / 16;  // k-steps of the SDDMMs = channel blocks of the SpMM
@@ -183,7 +184,7 @@ gt_bwd_dq_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
     const uint32_t db1 = transpose8x8(pack2<T>(d2, d3));
     spmm16<T, NK>(acc, kw, db0, db1, 8 * t + g);
   }
-  store_cols<T, C>(dq, acc, scale, i0, n_rows, HC, head_off, g, t);
+  store_cols<T, C>(dq, acc, scale, i0, n_rows, ld_q, head_off, g, t);
 }
 
 // The CSC walk on tensor cores: dV_j = sum_i P_ij dO_i and dK_j = scale * sum_i
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(kMmaBwdBlock)
 gt_bwd_dkv_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                       const float2* __restrict__ pds, const int* __restrict__ colptr,
                       const int* __restrict__ row, const int* __restrict__ perm,
-                      T* __restrict__ dk, T* __restrict__ dv, int64_t n_cols, int64_t n_units,
+                      T* __restrict__ dk, T* __restrict__ dv, int64_t ld_kv, int64_t n_cols,
+                      int64_t n_units,
                       int H, float scale) {
   constexpr int NK = C / 16;
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -244,8 +246,8 @@ gt_bwd_dkv_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
     spmm16<T, NK>(acc_v, gw, pack2<T>(w0.x, w1.x), pack2<T>(w2.x, w3.x), src);
     spmm16<T, NK>(acc_k, qw, pack2<T>(w0.y, w1.y), pack2<T>(w2.y, w3.y), src);
   }
-  store_cols<T, C>(dv, acc_v, 1.f, j0, n_cols, HC, head_off, g, t);
-  store_cols<T, C>(dk, acc_k, scale, j0, n_cols, HC, head_off, g, t);
+  store_cols<T, C>(dv, acc_v, 1.f, j0, n_cols, ld_kv, head_off, g, t);
+  store_cols<T, C>(dk, acc_k, scale, j0, n_cols, ld_kv, head_off, g, t);
 }
 
 // launch(TypeTag<T>, IntC<C>, blocks, n_units) for a half dtype and C in {32, 64,
@@ -283,7 +285,7 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
     using T = typename decltype(T_)::type;
     gt_bwd_dq_mma_kernel<T, decltype(C_)::value><<<blocks, kMmaBwdBlock, 0, stream>>>(
         cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(), dsum,
-        L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), mptr<T>(dq),
+        L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), mptr<T>(dq), dq.stride(0),
         reinterpret_cast<float2*>(pds), q.size(0), n_units, (int)q.size(1), sc, scale2);
     check_launch();
   });
@@ -298,7 +300,7 @@ void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const 
     gt_bwd_dkv_mma_kernel<T, decltype(C_)::value><<<blocks, kMmaBwdBlock, 0, stream>>>(
         cptr<T>(grad_out), cptr<T>(q), reinterpret_cast<const float2*>(pds),
         L.colptr.data_ptr<int>(), L.row.data_ptr<int>(), L.perm.data_ptr<int>(), mptr<T>(dk),
-        mptr<T>(dv), dk.size(0), n_units, (int)q.size(1), (float)scale);
+        mptr<T>(dv), dk.stride(0), dk.size(0), n_units, (int)q.size(1), (float)scale);
     check_launch();
   });
 }

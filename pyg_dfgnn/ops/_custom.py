@@ -36,6 +36,12 @@ def _gt_bwd_fake(grad_out, q, k, v, out, lse, csr, csc, sizes, scale, dropout, s
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+@torch.library.register_fake("dfgnn::gt_bwd_into")
+def _gt_bwd_into_fake(dq, dk, dv, grad_out, q, k, v, out, lse, csr, csc, sizes, scale, dropout,
+                      seed, one_launch, mma):
+    return None
+
+
 # ----------------------------------------------------------------------------- GAT
 @torch.library.register_fake("dfgnn::gat_fwd")
 def _gat_fwd_fake(a_dst, a_src, x, csr, csc, sizes, negative_slope, dropout, seed, need_attn,
