@@ -19,10 +19,10 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
+#include <array>
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <array>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -101,11 +101,6 @@ struct AttentionBackward final : Node {
     return res;
   }
 
-  // GT without create_graph where some of q, k, v come from a JoinedGradients
-  // node: their gradients are written into column slices of that node's joined
-  // gradient (one buffer per node, [its rows, its width]), which is offered to
-  // it, so that it does not concatenate them again. The slices are the returned
-  // gradients: views with rows `width` elements apart.
   // column_ as the kernels can write it: dk and dv share one row stride, so both
   // are slices of buffers of one width or neither is.
   std::array<int64_t, 3> joined_columns() const {
@@ -116,12 +111,15 @@ struct AttentionBackward final : Node {
     return {column_[0], kv ? column_[1] : -1, kv ? column_[2] : -1};
   }
 
+  // GT without create_graph where some of q, k, v come from a JoinedGradients
+  // node: their gradients are written into column slices of that node's joined
+  // gradient (one buffer per node, [its rows, its width]), which is offered to
+  // it, so that it does not concatenate them again. The slices are the returned
+  // gradients: views with rows `width` elements apart.
   variable_list backward_joined(const std::array<int64_t, 3>& column, const Tensor& grad,
                                 const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out) {
-    TORCH_CHECK(!layout_.csc.empty(), kName, ": the forward was called without the CSC "
-                "layout (csc: colptr, row, perm, col_items, col_combine), so it cannot be "
-                "differentiated");
+    layout_.check_csc(kName);
     const Tensor* feats[3] = {&q, &k, &v};
     Tensor buffers[3];
     variable_list res(3);

@@ -111,6 +111,12 @@ struct KeptLayout {
       : csr(csr_), csc(csc_.has_value() ? csc_->vec() : std::vector<Tensor>()),
         sizes(sizes_.vec()) {}
 
+  // The error of a backward (`who`, its node) whose forward had no CSC layout.
+  void check_csc(const char* who) const {
+    TORCH_CHECK(!csc.empty(), who, ": the forward was called without the CSC layout (csc: "
+                "colptr, row, perm, col_items, col_combine), so it cannot be differentiated");
+  }
+
   // A backward op (gt_bwd, gat_bwd) on this layout, `plan` its arguments after
   // the seed; `who` names the node in the error of a forward that had no CSC.
   template <typename Sig, typename... Plan>
@@ -118,8 +124,7 @@ struct KeptLayout {
                    const Tensor& grad, const Tensor& a, const Tensor& b, const Tensor& c,
                    const Tensor& out, const Tensor& lse2, double param, double dropout,
                    int64_t seed, Plan... plan) const {
-    TORCH_CHECK(!csc.empty(), who, ": the forward was called without the CSC layout (csc: "
-                "colptr, row, perm, col_items, col_combine), so it cannot be differentiated");
+    check_csc(who);
     return call_backward_op(op, grad, a, b, c, out, lse2, csr, at::TensorList(csc),
                             at::IntArrayRef(sizes), param, dropout, seed, plan...);
   }

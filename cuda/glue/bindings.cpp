@@ -211,22 +211,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
   return gt_forward_cuda(q, k, v, L, scale, dropout, seed, need_attn, p);
 }
 
+// gt_bwd's and gt_bwd_into's arguments past the outputs, checked; the layout.
+LayoutView check_gt_bwd(const char* op, const at::Tensor& grad_out, const at::Tensor& q,
+                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                        const at::Tensor& lse, const CsrList& csr, at::TensorList csc,
+                        at::IntArrayRef sizes) {
+  check_qkv(q, k, v);
+  check_features(out, "out", q);
+  check_features(grad_out, "grad_out", q);
+  TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0), op,
+              ": out and grad_out must have q's number of rows");
+  check_cuda(lse, "lse", q);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
+                  lse.size(1) == q.size(1),
+              op, ": lse must be float32 [N_dst, H]");
+  return layout_view(csr, csc, sizes, q, op, q.size(0), k.size(0), /*need_csc=*/true);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const CsrList& csr, at::TensorList csc,
     at::IntArrayRef sizes, double scale, double dropout, int64_t seed, bool one_launch,
     bool mma) {
-  check_qkv(q, k, v);
-  check_features(out, "out", q);
-  check_features(grad_out, "grad_out", q);
-  TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0),
-              "dfgnn::gt_bwd: out and grad_out must have q's number of rows");
-  check_cuda(lse, "lse", q);
-  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
-                  lse.size(1) == q.size(1),
-              "dfgnn::gt_bwd: lse must be float32 [N_dst, H]");
-  const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_bwd", q.size(0), k.size(0),
-                                   /*need_csc=*/true);
+  const LayoutView L =
+      check_gt_bwd("dfgnn::gt_bwd", grad_out, q, k, v, out, lse, csr, csc, sizes);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma);
 }
@@ -252,23 +260,14 @@ void gt_bwd_into(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& d
                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                  const CsrList& csr, at::TensorList csc, at::IntArrayRef sizes, double scale,
                  double dropout, int64_t seed, bool one_launch, bool mma) {
-  check_qkv(q, k, v);
+  const LayoutView L =
+      check_gt_bwd("dfgnn::gt_bwd_into", grad_out, q, k, v, out, lse, csr, csc, sizes);
   check_grad_out(dq, "dq", q);
   check_grad_out(dk, "dk", k);
   check_grad_out(dv, "dv", v);
   TORCH_CHECK(dk.size(0) <= 1 || dk.stride(0) == dv.stride(0),
               "dfgnn::gt_bwd_into: dk and dv need the same row stride, got ",
               num(dk.stride(0)), " and ", num(dv.stride(0)));
-  check_features(out, "out", q);
-  check_features(grad_out, "grad_out", q);
-  TORCH_CHECK(out.size(0) == q.size(0) && grad_out.size(0) == q.size(0),
-              "dfgnn::gt_bwd_into: out and grad_out must have q's number of rows");
-  check_cuda(lse, "lse", q);
-  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
-                  lse.size(1) == q.size(1),
-              "dfgnn::gt_bwd_into: lse must be float32 [N_dst, H]");
-  const LayoutView L = layout_view(csr, csc, sizes, q, "dfgnn::gt_bwd_into", q.size(0),
-                                   k.size(0), /*need_csc=*/true);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   const GradsOut into{dq, dk, dv};
   gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma, &into);
