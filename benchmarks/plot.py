@@ -5,7 +5,8 @@ r"""PNG bar charts of the kernel and end-to-end benchmark results (matplotlib, A
   and forward + backward, one bar per configuration (heads x channels, dtype),
   one row of panels per model (GT rows, and GAT / AGNN ``score_rows`` when the
   file has them), like the paper's Fig. 9 / 10; where the file has compiled PyG
-  (``pyg-compile``), a hatched bar beside each is the speedup over it.
+  (``pyg-compile``), a hatched bar beside each is the speedup over it, and where
+  it has dense masked SDPA (``dense-sdpa``, batch graphs), a dotted one.
 * ``e2e_speedup.png`` (from ``benchmarks/e2e.py`` JSON): training-step speedup
   (native step time / fused step time) per dataset and model; hatched ``×``
   bars: over the compiled native model (``native_compile``) where measured.
@@ -67,11 +68,22 @@ def _label_bars(ax, bars, fmt="{:.1f}x") -> None:
 
 
 # ------------------------------------------------------------------- kernels
+#: ``(method, key suffix)`` of the yardsticks a fused time is divided into.
+SERIES = (("pyg", ""), ("pyg-compile", "_compiled"), ("dense-sdpa", "_sdpa"))
+#: Bar style and legend text of each yardstick but eager PyG.
+SERIES_STYLE = {"_compiled": ("//", "vs compiled PyG"), "_sdpa": ("..", "vs dense SDPA")}
+
+
+def _measured(d: Dict[str, object]) -> bool:
+    return "error" not in d and d.get("status", "ok") == "ok"
+
+
 def kernel_speedups(data: Dict[str, object]) -> Dict[str, Dict[str, Dict[str, Dict[str, float]]]]:
     r"""``{model: {config: {graph: {"fwd": x, "fwd_bwd": y, "fwd_compiled": ...,
-    "fwd_bwd_compiled": ...}}}}``: speedup of ``fused-auto`` over ``pyg`` and (keys
-    ``*_compiled``) over ``pyg-compile``; missing or failed measurements are left
-    out."""
+    "fwd_bwd_compiled": ..., "fwd_sdpa": ..., "fwd_bwd_sdpa": ...}}}}``: speedup of
+    ``fused-auto`` over ``pyg``, (keys ``*_compiled``) over ``pyg-compile`` and
+    (keys ``*_sdpa``) over ``dense-sdpa``; missing, failed or mismatching
+    measurements (a ``status`` other than ``ok``) are left out."""
     out: Dict[str, Dict[str, Dict[str, Dict[str, float]]]] = {}
     rows = list(data.get("rows", [])) + list(data.get("score_rows", []))
     for r in rows:
@@ -80,11 +92,11 @@ def kernel_speedups(data: Dict[str, object]) -> Dict[str, Dict[str, Dict[str, Di
         model = r.get("model", "gt")
         cfg = f"H={r.get('H')}×C={r.get('C')} {r.get('dtype', '')}".strip()
         sp = {}
-        for other, suffix in (("pyg", ""), ("pyg-compile", "_compiled")):
+        for other, suffix in SERIES:
             p = m.get(other, {})
             for key in ("fwd", "fwd_bwd"):
                 a, b = f.get(f"{key}_ms"), p.get(f"{key}_ms")
-                if a and b and "error" not in f and "error" not in p:
+                if a and b and _measured(f) and _measured(p):
                     sp[key + suffix] = b / a
         if sp:
             out.setdefault(model, {}).setdefault(cfg, {})[r["graph"]] = sp
@@ -100,16 +112,20 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
     for r in list(data.get("rows", [])) + list(data.get("score_rows", [])):
         if r["graph"] not in graphs:
             graphs.append(r["graph"])
-    fig, axes = plt.subplots(2 * len(models), 1, figsize=(max(9, 0.8 * len(graphs) + 2),
+    fig, axes = plt.subplots(2 * len(models), 1, figsize=(max(9, 0.8 * len(graphs) + 5),
                                                           3.3 * 2 * len(models)), squeeze=False)
-    any_compiled = False
+    any_compiled = any_sdpa = False
     for i, model in enumerate(models):
         cfgs = list(sp[model])
-        compiled = any(k.endswith("_compiled") for gs in sp[model].values() for v in gs.values()
-                       for k in v)
-        any_compiled |= compiled
-        # one bar per configuration and yardstick: eager PyG, then compiled PyG (hatched)
-        series = [(cfg, s) for cfg in cfgs for s in ([""] + (["_compiled"] if compiled else []))]
+        present = {sfx for sfx in SERIES_STYLE for gs in sp[model].values()
+                   for v in gs.values() for k in v if k.endswith(sfx)}
+        compiled = bool(present)
+        any_compiled |= "_compiled" in present
+        any_sdpa |= "_sdpa" in present
+        # one bar per configuration and yardstick: eager PyG, then compiled PyG
+        # (hatched) and dense SDPA (dotted), where the model has them
+        suffixes = [""] + [sfx for sfx in SERIES_STYLE if sfx in present]
+        series = [(cfg, s) for cfg in cfgs for s in suffixes]
         width = 0.8 / max(len(series), 1)
         for j, (key, title) in enumerate((("fwd", "forward"), ("fwd_bwd", "forward + backward"))):
             ax = axes[2 * i + j][0]
@@ -117,11 +133,10 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             for k, (cfg, suffix) in enumerate(series):
                 xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(graphs))]
                 ys = [sp[model][cfg].get(g, {}).get(key + suffix, float("nan")) for g in graphs]
+                hatch, text = SERIES_STYLE.get(suffix, (None, "vs PyG"))
                 bars = ax.bar(xs, ys, width, color=colors.get(cfg),
-                              label=cfg + (" vs compiled PyG" if suffix else
-                                           " vs PyG" if compiled else ""),
-                              hatch="//" if suffix else None,
-                              edgecolor="white" if suffix else None)
+                              label=cfg + (" " + text if compiled else ""),
+                              hatch=hatch, edgecolor="white" if suffix else None)
                 colors.setdefault(cfg, bars.patches[0].get_facecolor() if bars.patches else None)
                 _label_bars(ax, bars)
             ax.axhline(1.0, color="black", lw=0.8)
@@ -131,10 +146,11 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             ax.set_title(f"{MODEL_NAMES.get(model, model)} attention kernel, {title}", fontsize=10)
             ax.margins(y=0.3)
             ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7, loc="upper center", ncol=min(len(series), 4), framealpha=0.9)
-    fig.suptitle("Fused attention vs. native PyG message passing"
-                 + (" (eager, and hatched: under torch.compile)" if any_compiled else "")
-                 + " (time ratio, higher is better)", fontsize=11)
+            # beside the panel: nine series would cover the bars
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), framealpha=0.9)
+    fig.suptitle("Fused attention vs. native PyG message passing (time ratio, higher is better)"
+                 + ("\nplain: eager PyG; hatched: PyG under torch.compile" if any_compiled else "")
+                 + ("; dotted: dense masked SDPA" if any_sdpa else ""), fontsize=11)
     _footer(fig, data.get("info", {}))
     fig.tight_layout(rect=(0, 0.02, 1, 0.97))
     fig.savefig(path, dpi=dpi)

@@ -147,6 +147,27 @@ def test_kernel_speedups_vs_compiled(plot, tmp_path):
     _check_png(plot.plot_kernels(data, str(tmp_path / "k.png")))
 
 
+def test_kernel_speedups_vs_dense_sdpa(plot, tmp_path):
+    data = json.loads(KERNELS_JSON.read_text())
+    sp = plot.kernel_speedups(data)
+    rows = [r for r in data["rows"] if r["methods"].get("dense-sdpa", {}).get("status") == "ok"]
+    assert rows, "the committed kernel results have dense SDPA rows"
+    for r in rows:
+        f, d = r["methods"]["fused-auto"], r["methods"]["dense-sdpa"]
+        got = sp["gt"][f"H={r['H']}×C={r['C']} {r['dtype']}"][r["graph"]]
+        assert got["fwd_sdpa"] == pytest.approx(d["fwd_ms"] / f["fwd_ms"])
+        assert got["fwd_bwd_sdpa"] == pytest.approx(d["fwd_bwd_ms"] / f["fwd_bwd_ms"])
+    # a full graph has no dense SDPA; a mismatching one is left out, not plotted
+    full = next(r for r in data["rows"] if "dense-sdpa" not in r["methods"])
+    assert "fwd_sdpa" not in sp["gt"][f"H={full['H']}×C={full['C']} {full['dtype']}"][full["graph"]]
+    bad = copy.deepcopy(data)
+    r0 = next(r for r in bad["rows"] if "dense-sdpa" in r["methods"])
+    r0["methods"]["dense-sdpa"]["status"] = "mismatch"
+    got = plot.kernel_speedups(bad)["gt"][f"H={r0['H']}×C={r0['C']} {r0['dtype']}"][r0["graph"]]
+    assert "fwd_sdpa" not in got and "fwd" in got
+    _check_png(plot.plot_kernels(bad, str(tmp_path / "k.png")))
+
+
 def test_e2e_speedup_vs_compiled(plot, tmp_path):
     data = synthetic_e2e()
     for r in data["rows"][:4]:
