@@ -111,9 +111,21 @@ Usage::
     python -m benchmarks.e2e --quick              # tiny sizes, CPU-friendly (< 2 min)
     python -m benchmarks.e2e --datasets pattern,cora --models gt --out e2e.json
     python -m benchmarks.e2e --datasets cora --mode cudagraph
+    python -m benchmarks.e2e --impls native,fused,native_compile --out e2e.json --resume
 
 Writes JSON (``--out``, rewritten after every run) and prints one table per model
 (eager phases; CUDA-graph step time, speedup and capture time when measured).
+
+A fault in a compiled model's generated code (compiled native ``GATConv`` has
+crashed with a misaligned address) leaves the process without a usable GPU: the
+row records the fault as that impl's result and the process stops. ``--resume``
+with the same ``--out`` and arguments runs only what the file lacks: the
+(dataset, model) rows not in it, and the other impls of a row whose process
+lost its context (the fault stays recorded; the row notes it as
+``context_lost_earlier``). The file's ``info.processes`` lists each process's
+time, arguments and rows; every setting but the datasets, models, impls and
+mode must match the file's, and so must the GPU and torch, so that the rows
+stay one run's.
 """
 from __future__ import annotations
 
@@ -126,7 +138,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -989,6 +1001,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="fusion method of the fused layers (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of --out and run only what it lacks (module docstring)")
     args = p.parse_args(argv)
     defaults = dict(epochs=(2, 10), full_epochs=(3, 100), warmup=(1, 5), train_graphs=(64, 10000),
                     test_graphs=(32, 1024), batch_size=(32, 1024), hidden=(32, 128),
@@ -1025,6 +1039,56 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.adam = "fused" if cuda else "foreach"
     args.modes = list(MODES) if args.mode == "both" else [args.mode]
     return args
+
+
+#: Settings a ``--resume`` run may change: what it runs, not how.
+RESUME_FREE = ("datasets", "models", "impls", "mode")
+#: ``info`` entries a resumed file and the new process must share.
+RESUME_SAME = ("gpu", "torch", "cuda", "torch_geometric", "pyg_dfgnn", "cuda_kernels",
+               "allow_tf32", "float32_matmul_precision")
+
+
+def _row_key(row: Dict[str, object]) -> Tuple[str, str]:
+    return row["key"], row["model"]
+
+
+def _complete(row: Optional[Dict[str, object]]) -> bool:
+    """Whether a recorded row needs no more runs (its process kept a usable GPU)."""
+    return row is not None and not row.get("cuda_context_lost")
+
+
+def resume_report(path: str, report: Dict[str, object]) -> Dict[Tuple[str, str], dict]:
+    r"""The rows of the earlier report at ``path`` by ``(dataset key, model)``, after
+    checking it against this run's ``report`` (settings other than
+    :data:`RESUME_FREE`, and :data:`RESUME_SAME` of ``info``). ``report`` takes
+    the file's ``info`` with a ``processes`` list (each process's time, argv and
+    rows, this one last) and the union of the datasets, models, impls and modes.
+    Raises ``ValueError`` where the file and this run differ."""
+    with open(path) as f:
+        prev = json.load(f)
+    info, config = report["info"], report["config"]
+    for key in RESUME_SAME:
+        if prev["info"].get(key) != info.get(key):
+            raise ValueError(f"--resume: {path} was made with {key} = "
+                             f"{prev['info'].get(key)!r}, this run has {info.get(key)!r}")
+    for key, value in config.items():
+        if key not in RESUME_FREE and key in prev["config"] and prev["config"][key] != value:
+            raise ValueError(f"--resume: {path} was made with {key} = "
+                             f"{prev['config'][key]!r}, this run has {value!r}")
+    processes = prev["info"].get("processes") or [
+        {"time": prev["info"].get("time"), "argv": prev["info"].get("argv"),
+         "rows": [f"{r['dataset']}/{r['model']}" for r in prev["rows"]]}]
+    first = {k: v for k, v in prev["info"].items() if k not in ("time", "argv", "processes")}
+    report["info"] = {**first, "processes": processes + [
+        {"time": info["time"], "argv": info["argv"], "rows": []}]}
+    for key, names in (("datasets", DATASETS), ("models", MODELS), ("impls", ALL_IMPLS)):
+        both = set(prev["config"].get(key, ())) | set(config[key])
+        config[key] = [n for n in names if n in both]
+    modes = {m for c in (prev["config"], config) for m in
+             (MODES if c.get("mode") == "both" else (c.get("mode"),))}
+    config["mode"] = "both" if set(MODES) <= modes else config["mode"]
+    config.update({k: v for k, v in prev["config"].items() if k not in config})
+    return {_row_key(r): r for r in prev["rows"]}
 
 
 def _guarded(fn, device: torch.device) -> Dict[str, object]:
@@ -1071,6 +1135,27 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     if "cudagraph" in args.modes:
         report["config"]["capture_warmup_steps"] = CAPTURE_WARMUP
     out_path = args.out
+    rows: Dict[Tuple[str, str], dict] = {}
+    if args.resume and out_path and os.path.exists(out_path):
+        try:
+            rows = resume_report(out_path, report)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    # (dataset, model) pairs this process runs
+    todo = [(d, m) for d in args.datasets for m in args.models if not _complete(rows.get((d, m)))]
+
+    def order_rows():
+        report["rows"] = sorted(rows.values(), key=lambda r: (DATASETS.index(r["key"]),
+                                                              MODELS.index(r["model"])))
+
+    def add_row(row):
+        rows[_row_key(row)] = row
+        order_rows()
+        if "processes" in report["info"]:
+            report["info"]["processes"][-1]["rows"].append(f"{row['dataset']}/{row['model']}")
+        save()
+
+    order_rows()
 
     def save():
         if out_path:
@@ -1084,7 +1169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     graph_impls = [i for i in args.impls if i not in COMPILED_IMPLS]  # captured: eager models
     runs = sum(len(args.impls) * eager
                + len(graph_impls) * (graphed and d not in ("pattern", "cluster"))
-               for d in args.datasets for _ in args.models)
+               for d, _ in todo)
     bar = tqdm(total=runs, desc="e2e", disable=args.no_progress, file=sys.stderr,
                dynamic_ncols=True)
 
@@ -1093,21 +1178,31 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             bar.set_postfix(step_ms=f"{r['step_ms']:.2f}", acc=f"{r['test_acc']:.3f}")
         bar.update(1)
 
+    stopped = False
     for dname in args.datasets:
+        models = [m for d, m in todo if d == dname]
+        if not models:
+            continue
         bar.set_description(f"e2e {LABELS[dname]}: loading")
         ds = load_dataset(dname, args, device)
         hp = _hparams(ds, args)
-        for model_name in args.models:
+        for model_name in models:
             row = {"dataset": LABELS[dname], "key": dname, "kind": ds.kind, "model": model_name,
                    "nodes": ds.nodes, "edges": ds.edges, "graphs_per_step": ds.graphs_per_step,
                    "steps_per_epoch": ds.steps_per_epoch, "metric": ds.metric,
                    "features": ds.features, "hparams": hp, "impls": {}}
+            lost = (rows.get((dname, model_name)) or {}).get("cuda_context_lost")
+            if lost:  # the fault of an earlier process stays this impl's result
+                row["impls"][lost] = rows[(dname, model_name)]["impls"][lost]
+                row["context_lost_earlier"] = lost
             _seed(args.seed)
             native = build_model(model_name, "native", ds.in_channels, ds.num_classes, args,
                                  hp["dropout"])
             init_state = copy.deepcopy(native.state_dict())
             del native
             for impl in args.impls if eager else ():
+                if impl in row["impls"]:
+                    continue
                 bar.set_description(f"e2e {LABELS[dname]}/{model_name}/{impl}")
                 row["impls"][impl] = _guarded(
                     lambda: train_impl(ds, model_name, impl, init_state, args, device, hp), device)
@@ -1129,11 +1224,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             if "speedup" in row and na.get("peak_MB") and fu.get("peak_MB"):
                 row["memory_ratio"] = na["peak_MB"] / fu["peak_MB"]
             if row.get("cuda_context_lost"):
-                report["rows"].append(row)
-                save()
+                add_row(row)
                 print(f"# {LABELS[dname]}/{model_name}/{row['cuda_context_lost']} left the CUDA "
-                      "context unusable (recorded); stopping: rerun the remaining datasets / "
-                      "models in a new process", file=sys.stderr)
+                      "context unusable (recorded); stopping: run the same command with "
+                      "--resume in a new process for the rest", file=sys.stderr)
+                stopped = True
                 break
             if graphed and ds.kind != "full":
                 row["cudagraph"] = {"skipped": CUDAGRAPH_SKIP}
@@ -1154,10 +1249,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                                   if "step_ms" in row["impls"].get(impl, {})
                                   and "step_ms" in cg[impl]}
                 row["cudagraph"] = cg
-            report["rows"].append(row)
-            save()
+            add_row(row)
         del ds
-        if report["rows"] and report["rows"][-1].get("cuda_context_lost"):
+        if stopped:
             break
     bar.close()
     info = report["info"]

@@ -373,3 +373,79 @@ def test_compiled_native_cuda(e2e, tmp_path):
         assert nc["compile_ms"] > 0 and nc["compile"]["backend"] == "inductor"
         assert nc["first_loss"] == pytest.approx(na["first_loss"], rel=1e-4)
         assert row["speedup_vs_compiled"]["step"] > 0
+
+
+# ----------------------------------------------------------------------------- --resume
+def _counting(e2e, monkeypatch):
+    """Wraps ``train_impl``: the ``(model, impl)`` of every run, in order."""
+    calls, real = [], e2e.train_impl
+
+    def train_impl(ds, model_name, impl, *args, **kwargs):
+        calls.append((model_name, impl))
+        return real(ds, model_name, impl, *args, **kwargs)
+
+    monkeypatch.setattr(e2e, "train_impl", train_impl)
+    return calls
+
+
+def _resume_args(out, models, *extra):
+    # generated graphs: no data folder needed
+    return ["--quick", "--datasets", "pattern", "--models", models, "--impls", "native,fused",
+            "--dropout", "0", "--epochs", "1", "--device", "cpu", "--no-progress",
+            "--out", str(out), "--resume", *extra]
+
+
+def test_resume_runs_only_missing_rows(e2e, tmp_path, monkeypatch):
+    out = tmp_path / "e.json"
+    first = e2e.main(_resume_args(out, "agnn"))     # no file yet: an ordinary run
+    assert "processes" not in first["info"]
+    calls = _counting(e2e, monkeypatch)
+    report = e2e.main(_resume_args(out, "gat,agnn"))
+    assert calls == [("gat", "native"), ("gat", "fused")]
+    assert [(r["key"], r["model"]) for r in report["rows"]] == [("pattern", "gat"),
+                                                                ("pattern", "agnn")]
+    assert report["rows"][1] == first["rows"][0]     # kept as it was, not run again
+    assert report["config"]["models"] == ["gat", "agnn"]
+    procs = report["info"]["processes"]
+    assert [p["rows"] for p in procs] == [["PATTERN/agnn"], ["PATTERN/gat"]]
+    assert all("--resume" in p["argv"] for p in procs)
+    assert json.loads(out.read_text()) == report
+    calls.clear()
+    again = e2e.main(_resume_args(out, "gat,agnn"))  # nothing left to run
+    assert calls == [] and again["rows"] == report["rows"]
+    assert [p["rows"] for p in again["info"]["processes"]] == [["PATTERN/agnn"],
+                                                               ["PATTERN/gat"], []]
+
+
+def test_resume_reruns_the_row_that_lost_the_gpu(e2e, tmp_path, monkeypatch):
+    out = tmp_path / "e.json"
+    report = e2e.main(_resume_args(out, "agnn"))
+    # as a process stops after a fault in generated code: the faulting impl's
+    # result recorded, the impls after it never run
+    row = report["rows"][0]
+    crash = {"error": "AcceleratorError: CUDA error: misaligned address"}
+    row["impls"] = {"native": crash}
+    row["cuda_context_lost"] = "native"
+    out.write_text(json.dumps(report))
+    calls = _counting(e2e, monkeypatch)
+    resumed = e2e.main(_resume_args(out, "agnn"))
+    assert calls == [("agnn", "fused")]
+    (row,) = resumed["rows"]
+    assert row["impls"]["native"] == crash and "step_ms" in row["impls"]["fused"]
+    assert row["context_lost_earlier"] == "native" and "cuda_context_lost" not in row
+    assert "speedup" not in row                       # no native time to divide
+    calls.clear()
+    e2e.main(_resume_args(out, "agnn"))               # complete now
+    assert calls == []
+
+
+def test_resume_refuses_other_settings(e2e, tmp_path):
+    out = tmp_path / "e.json"
+    e2e.main(_resume_args(out, "agnn"))
+    with pytest.raises(SystemExit, match="hidden = 32, this run has 16"):
+        e2e.main(_resume_args(out, "gat", "--hidden", "16", "--heads", "2"))
+    data = json.loads(out.read_text())
+    data["info"]["gpu"] = "another GPU"
+    out.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="gpu = 'another GPU'"):
+        e2e.main(_resume_args(out, "gat"))
