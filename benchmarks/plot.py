@@ -114,14 +114,13 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             graphs.append(r["graph"])
     fig, axes = plt.subplots(2 * len(models), 1, figsize=(max(9, 0.8 * len(graphs) + 5),
                                                           3.3 * 2 * len(models)), squeeze=False)
-    any_compiled = any_sdpa = False
+    shown = set()  # the yardsticks beyond eager PyG that some panel has
     for i, model in enumerate(models):
         cfgs = list(sp[model])
         present = {sfx for sfx in SERIES_STYLE for gs in sp[model].values()
                    for v in gs.values() for k in v if k.endswith(sfx)}
-        compiled = bool(present)
-        any_compiled |= "_compiled" in present
-        any_sdpa |= "_sdpa" in present
+        several = bool(present)  # more than one yardstick: legends and axis name them
+        shown |= present
         # one bar per configuration and yardstick: eager PyG, then compiled PyG
         # (hatched) and dense SDPA (dotted), where the model has them
         suffixes = [""] + [sfx for sfx in SERIES_STYLE if sfx in present]
@@ -135,22 +134,23 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
                 ys = [sp[model][cfg].get(g, {}).get(key + suffix, float("nan")) for g in graphs]
                 hatch, text = SERIES_STYLE.get(suffix, (None, "vs PyG"))
                 bars = ax.bar(xs, ys, width, color=colors.get(cfg),
-                              label=cfg + (" " + text if compiled else ""),
+                              label=cfg + (" " + text if several else ""),
                               hatch=hatch, edgecolor="white" if suffix else None)
                 colors.setdefault(cfg, bars.patches[0].get_facecolor() if bars.patches else None)
                 _label_bars(ax, bars)
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set_xticks(range(len(graphs)))
             ax.set_xticklabels(graphs, rotation=35, ha="right", fontsize=8)
-            ax.set_ylabel("speedup (×)" if compiled else "speedup over PyG (×)")
+            ax.set_ylabel("speedup (×)" if several else "speedup over PyG (×)")
             ax.set_title(f"{MODEL_NAMES.get(model, model)} attention kernel, {title}", fontsize=10)
             ax.margins(y=0.3)
             ax.grid(axis="y", alpha=0.3)
             # beside the panel: nine series would cover the bars
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), framealpha=0.9)
+    keys = [text for sfx, text in (("_compiled", "hatched: PyG under torch.compile"),
+                                   ("_sdpa", "dotted: dense masked SDPA")) if sfx in shown]
     fig.suptitle("Fused attention vs. native PyG message passing (time ratio, higher is better)"
-                 + ("\nplain: eager PyG; hatched: PyG under torch.compile" if any_compiled else "")
-                 + ("; dotted: dense masked SDPA" if any_sdpa else ""), fontsize=11)
+                 + ("\nplain: eager PyG; " + "; ".join(keys) if keys else ""), fontsize=11)
     _footer(fig, data.get("info", {}))
     fig.tight_layout(rect=(0, 0.02, 1, 0.97))
     fig.savefig(path, dpi=dpi)
