@@ -1,6 +1,7 @@
 """Fused :class:`~torch_geometric.nn.conv.GATConv`."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
@@ -28,17 +29,21 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
     products :math:`\mathbf{a}_s^\top \mathbf{x}_j` and :math:`\mathbf{a}_t^\top
     \mathbf{x}_i` of PyG's ``(x * att).sum(-1)``, in PyG's dtype.
 
-    On large fp32 / fp64 inputs as one GEMM, ``x [N, H*C] @ A [H*C, 2H]`` with
-    ``A`` block diagonal (each head's ``att_src`` and ``att_dst``): the backward is
-    then two GEMMs, where the elementwise form writes ``[N, H, C]`` products twice
-    and reduces the parameters' gradients over all nodes. Half precision (and
-    autocast) keeps PyG's form, which multiplies by the float32 ``att`` in
-    float32: the gradient of ``att_dst``, a sum of terms that nearly cancel
-    (softmax is shift invariant up to the LeakyReLU), drifted from float64
-    several times further than PyG's through a half-precision GEMM. Under
-    ``torch.compile`` Inductor fuses the elementwise form itself. With TF32
-    matmuls allowed the GEMM rounds as the layer's projection already does."""
-    if (x_src.dtype.itemsize < 4 or x_src.numel() < TERMS_GEMM_MIN_ELEMENTS
+    On large inputs as one GEMM, ``x [N, H*C] @ A [H*C, 2H]`` with ``A`` block
+    diagonal (each head's ``att_src`` and ``att_dst``): the backward is then two
+    GEMMs, where the elementwise form writes ``[N, H, C]`` products twice and
+    reduces the parameters' gradients over all nodes. The GEMM runs in PyG's
+    dtype, ``x``'s promoted with ``att``'s, outside autocast: half-precision
+    features under autocast (float32 ``att``) are multiplied in float32, as PyG
+    does. A half-precision GEMM would round the gradient of ``att_dst``, a sum of
+    terms that nearly cancel (softmax is shift invariant up to the LeakyReLU):
+    it drifted from float64 several times further than PyG's. So a model whose
+    ``att`` is half precision too keeps PyG's form, and so does
+    ``torch.compile``, where Inductor fuses the elementwise form itself. With
+    TF32 matmuls allowed the GEMM rounds as the layer's projection already
+    does."""
+    dtype = torch.promote_types(x_src.dtype, att_src.dtype)
+    if (dtype.itemsize < 4 or x_src.numel() < TERMS_GEMM_MIN_ELEMENTS
             or torch.compiler.is_compiling()):
         return ((x_src * att_src).sum(-1),
                 None if x_dst is None else (x_dst * att_dst).sum(-1))
@@ -47,12 +52,15 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
     def gemm(x: Tensor, att: Tensor) -> Tensor:
         # att [K, H, C] -> A [H*C, K*H], A[h*C + c, k*H + h] = att[k, h, c]
         a = torch.diag_embed(att.permute(2, 0, 1)).permute(2, 0, 1, 3)
-        return x.reshape(x.shape[0], H * C) @ a.reshape(H * C, -1).to(x.dtype)
+        return x.reshape(x.shape[0], H * C).to(dtype) @ a.reshape(H * C, -1).to(dtype)
 
-    if x_dst is x_src:
-        terms = gemm(x_src, torch.cat([att_src, att_dst]))
-        return terms[:, :H], terms[:, H:]
-    return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
+    device = x_src.device.type
+    with (torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device)
+          else contextlib.nullcontext()):
+        if x_dst is x_src:
+            terms = gemm(x_src, torch.cat([att_src, att_dst]))
+            return terms[:, :H], terms[:, H:]
+        return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
 
 
 class FusedGATConv(GATConv):
