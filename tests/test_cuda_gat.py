@@ -208,6 +208,44 @@ def test_many_split_rows(plan_override, model, H, C):
         assert rel_err(a, b) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("H,C", [(4, 32), (1, 128)])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_half_split_rows_backward(plan_override, dtype, H, C, dropout):
+    """fp16 / bf16 with thousands of split rows (work items of 4 edges and a super
+    node): their D_i and d a_dst_i come from the items' shares
+    (gat_split_dsum_kernel), against float64 without dropout, and with dropout
+    against the fp32 kernels of the same seed (the same mask), which the float64
+    reference has no mask for."""
+    plan_override(chunk=4)
+    torch.manual_seed(H * 100 + C)
+    n = 6_000
+    ei = random_graph(n, n, 60_000, super_deg=3_000)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    assert lay.work("row", 4)[1].shape[0] > 1000
+    # values exact in dtype, so both runs see the same inputs
+    x32, g32 = (torch.randn(n, H, C, device=DEV).to(dtype).float() for _ in range(2))
+    a32 = [torch.randn(n, H, device=DEV).to(dtype).float() for _ in range(2)]
+
+    def run(dt):
+        a_src, a_dst, x = (t.to(dt).requires_grad_() for t in (*a32, x32))
+        torch.manual_seed(5)  # the dropout seed
+        poison()
+        out = ops.gat_attention(lay, a_src, a_dst, x, dropout=dropout, training=dropout > 0,
+                                strategy="smmf")
+        out.backward(g32.to(dt))
+        return out, (a_src.grad, a_dst.grad, x.grad)
+
+    out, grads = run(dtype)
+    if dropout == 0:
+        ref, _, want = ref64(lay, *a32, x32, 0.2, g32)
+    else:
+        ref, want = run(torch.float32)
+    assert rel_err(out, ref) < 1e-2
+    for got, w in zip(grads, want):
+        assert got.dtype == dtype and rel_err(got, w) < 1e-2
+
+
 @pytest.mark.parametrize("pmf", [False, True])
 def test_opcheck_and_bad_input(pmf):
     torch.manual_seed(15)

@@ -15,11 +15,15 @@
 // cancel apart: a row whose one item holds all its edges takes D_i = dO_i .
 // (y+_i + y-_i), recomputed in fp32 (not from the output rounded to T), and a
 // one-edge row then gives d a_dst = 0 exactly, as the softmax's backward does;
-// split rows take D_i = dO_i . O_i from the saved output, or for fp16 / bf16 from
-// O_i recomputed in fp32 (the output rounded to T loses the bits that the
-// difference z dP - D keeps). Each output row is owned by one lane
-// group (split rows: fixed-order combine): no atomics, deterministic. Only lse2
-// [N, H] is saved by the forward.
+// split rows take D_i = dO_i . O_i from the saved output in fp32. In fp16 / bf16
+// the output rounded to T loses the bits that the difference z dP - D keeps, so
+// there each item of a split row stores its shares of D_i (dO_i . (y+ + y-)),
+// of c+ + slope c- and of the dot products, and gat_split_dsum_kernel sums them
+// in slot order into D_i and d a_dst_i = (sum of dots) - D_i (c+ + slope c-)
+// before the CSC walk reads D (recomputing O_i in fp32 instead cost a whole
+// fp32 forward: 0.27 ms of a 2.2 ms bf16 ogbn-arxiv layer step). Each output
+// row is owned by one lane group (split rows: fixed-order combine): no atomics,
+// deterministic. Only lse2 [N, H] is saved by the forward.
 #include "device/dropout.cuh"
 #include "device/edge_walk.cuh"
 #include "device/fragments.cuh"
@@ -41,7 +45,7 @@ __global__ void __launch_bounds__(256)
 gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
                    const typename S::T* __restrict__ a_src, const typename S::T* __restrict__ x,
                    const typename S::T* __restrict__ out, const float* __restrict__ lse2,
-                   const float* __restrict__ dsum_in, const int* __restrict__ rowptr,
+                   float* __restrict__ partial_dc, const int* __restrict__ rowptr,
                    const int* __restrict__ col, const int* __restrict__ items, int chunk,
                    float* __restrict__ da_dst, float* __restrict__ partial,
                    float* __restrict__ dsum, int64_t n_units, int H, int C, float slope, float p,
@@ -88,13 +92,18 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   float s[4] = {dot_frag(gf, y[0]), dot_frag(gf, y[1]), c[0], c[1]};
   group_sum_many<G, 4>(s, g.mask);
   float D = s[0] + s[1];
-  if (g.slot >= 0) {  // part of a row: D_i from dsum_in, else the output (y is free again)
-    if (dsum_in != nullptr) {
-      D = __ldg(dsum_in + i * H + h);
-    } else {
-      load_row<T, VEC, G, NV>(out + off_i, gl, nvec, y[0]);
-      D = group_sum<G>(dot_frag(gf, y[0]), g.mask);
+  if (g.slot >= 0 && partial_dc != nullptr) {  // half inputs: shares for gat_split_dsum_kernel
+    if (gl == 0) {
+      const int64_t k = (int64_t)g.slot * H + h;
+      partial[k] = s[0] + slope * s[1];
+      partial_dc[2 * k] = D;
+      partial_dc[2 * k + 1] = s[2] + slope * s[3];
     }
+    return;
+  }
+  if (g.slot >= 0) {  // part of a row: D_i from the output (y is free again)
+    load_row<T, VEC, G, NV>(out + off_i, gl, nvec, y[0]);
+    D = group_sum<G>(dot_frag(gf, y[0]), g.mask);
   }
   // a split row's items: partial sums of d a_dst
   const float da = (s[0] + slope * s[1]) - D * (s[2] + slope * s[3]);
@@ -108,6 +117,30 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
       merge_split_sums<T, VEC, G, NV>(g, H, C, chunk, rowptr, counters, nullptr, (T*)nullptr,
                                       nullptr, (T*)nullptr, partial, da_dst);
   }
+}
+
+// Half inputs: D_i and d a_dst_i of the split rows (combine: row, first slot,
+// slots) from their items' shares, summed in slot order (deterministic). One
+// thread per (row, head): split rows are few.
+__global__ void __launch_bounds__(256)
+gat_split_dsum_kernel(const float* __restrict__ partial, const float* __restrict__ partial_dc,
+                      const int* __restrict__ combine, int64_t n_units, int H,
+                      float* __restrict__ dsum, float* __restrict__ da_dst) {
+  const int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= n_units) return;
+  const int64_t r = u / H;
+  const int h = (int)(u - r * H);
+  const int64_t row = combine[r * 3], first = combine[r * 3 + 1];
+  const int n = combine[r * 3 + 2];
+  float dots = 0.f, D = 0.f, c = 0.f;
+  for (int q = 0; q < n; ++q) {
+    const int64_t k = (first + q) * H + h;
+    dots += partial[k];
+    D += partial_dc[2 * k];
+    c += partial_dc[2 * k + 1];
+  }
+  dsum[row * H + h] = D;
+  da_dst[row * H + h] = dots - D * c;
 }
 
 // This lane's edge's destination terms for the CSC walk, gathered a tile ahead:
@@ -211,20 +244,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   // walk writes, are allocated after the destination walk's launch: a small
   // graph's backward is host-bound, and their allocations then run while that
   // kernel does.
-  Scratch scratch({N_dst * H, rw.num_slots * H, cw.num_slots * H, cw.num_slots * H * C});
+  // Half inputs: the split rows' partials of d a_dst, then their shares of D and
+  // of c+ + slope c- (gat_split_dsum_kernel).
+  const bool split_d = x.scalar_type() != at::kFloat && rw.num_slots > 0;
+  Scratch scratch({N_dst * H, rw.num_slots * H * (split_d ? 3 : 1), cw.num_slots * H,
+                   cw.num_slots * H * C});
   auto f32 = x.options().dtype(at::kFloat);
   auto da_dst = scratch.empty_with({N_dst, H}, f32);
   at::Tensor dx, da_src;
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
-  at::Tensor dsum_in;
-  if (x.scalar_type() != at::kFloat && rw.num_slots > 0) {  // split rows, half inputs
-    const at::Tensor out32 = std::get<0>(gat_forward_cuda(
-        a_dst.to(at::kFloat), a_src.to(at::kFloat), x.to(at::kFloat), L, negative_slope,
-        dropout, seed, /*need_attn=*/false, KernelPlan{}));
-    dsum_in = at::sum(grad_out.to(at::kFloat) * out32, -1);  // [N_dst, H]
-  }
+  float* part_dc = split_d ? part_d + rw.num_slots * H : nullptr;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -238,11 +269,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_dst_kernel<S, false>;
       kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
-          lse2.data_ptr<float>(), dsum_in.defined() ? dsum_in.data_ptr<float>() : nullptr,
-          rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
+          lse2.data_ptr<float>(), part_dc, rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
           da_dst.data_ptr<float>(), part_d, dsum,
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();
+      if (split_d) {
+        const int64_t units = rw.combine.size(0) * H;
+        gat_split_dsum_kernel<<<ceil_div(units, kThreads), kThreads, 0, stream>>>(
+            part_d, part_dc, rw.combine.data_ptr<int>(), units, (int)H, dsum,
+            da_dst.data_ptr<float>());
+        check_launch();
+      }
     }
     dx = at::empty_like(x);
     da_src = at::empty({N_src, H}, f32);
@@ -259,7 +296,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     }
   });
   if (counters == nullptr) {
-    combine_partials(part_d, rw.num_slots, rw.combine, da_dst);
+    if (!split_d) combine_partials(part_d, rw.num_slots, rw.combine, da_dst);
     combine_partials(part_a, cw.num_slots, cw.combine, da_src);
     combine_partials(part_x, cw.num_slots, cw.combine, dx);
   }
