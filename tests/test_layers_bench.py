@@ -62,7 +62,7 @@ def test_bf16_autocast(lb, tmp_path):
 
 def test_batch_graph_and_layer_self_loops(lb, tmp_path):
     doc = run(lb, tmp_path, "--graphs", "PATTERN", "--models", "agnn", "--self-loops", "layer",
-              "--in-channels", "16", "--methods", "pyg,fused")
+              "--in-channels", "16", "--methods", "pyg,fused", "--dtypes", "fp32")
     (r,) = doc["rows"]
     assert r["kind"] == "batch" and r["nodes"] > 8 * 40
     assert set(r["methods"]) == {"pyg", "fused"}
@@ -169,3 +169,12 @@ def test_quick_run_on_gpu(lb, tmp_path):
         assert d["status"] == "ok", (meth, d)
         assert d["fwd_ms"] > 0 and d["fwd_bwd_ms"] > 0 and d["peak_MB"] > 0
         assert d["rel_err"] < 1e-4, (meth, d["rel_err"])
+
+
+def test_default_grid_runs_every_model_in_both_dtypes(lb):
+    cases, methods = lb.plan(lb.parse_args(["--device", "cpu"]))
+    assert len(cases) == len(lb.GRAPHS) * len(lb.MODELS) * 2
+    assert {(c[1], c[4]) for c in cases} == {(m, d) for m in lb.MODELS for d in ("fp32", "bf16")}
+    assert methods == list(lb.METHODS)
+    narrowed, _ = lb.plan(lb.parse_args(["--device", "cpu", "--bf16-models", "gt"]))
+    assert {c[1] for c in narrowed if c[4] == "bf16"} == {"gt"}
