@@ -30,6 +30,13 @@ batch's shapes); a compiler failure is recorded in the results, not raised.
 
     python -m benchmarks.minibatch --quick                  # one configuration
     python -m benchmarks.minibatch --out results.json       # the full grid
+    python -m benchmarks.minibatch --out results.json --resume  # the rows it lacks
+
+The JSON is rewritten after every row. ``--resume`` keeps the rows ``--out`` has
+(measured on the same GPU and torch, with the same steps, warm-up and Adam, and
+every requested variant) and runs the rest: a grid longer than one process or one
+device call becomes one file of one GPU model and software stack, and
+``meta.processes`` lists the processes' dates.
 
 The real ``NeighborLoader`` needs ``pyg-lib`` or ``torch_sparse``; without them
 :func:`sample_batches` uses a vectorised stand-in with the same conventions (seeds
@@ -437,6 +444,34 @@ def _ints(text: str) -> List[int]:
     return [int(t) for t in text.split(",") if t]
 
 
+#: ``meta`` entries that a ``--resume`` run and the file it extends must share: a
+#: row measured on another GPU or torch, or over other steps, would not compare.
+RESUME_SAME = ("device", "torch", "steps", "warmup", "adam")
+
+
+def row_key(row: dict) -> tuple:
+    """The configuration a row measured: (dataset, model, seeds, fan-out, dtype)."""
+    return row["dataset"], row["model"], row["seeds"], tuple(row["fanouts"]), row["dtype"]
+
+
+def resumed_rows(path: Path, meta: dict, variants: Sequence[str]) -> List[dict]:
+    """The rows of an earlier run's ``path`` that a ``--resume`` run keeps: those that
+    measured every one of ``variants``. ``meta["processes"]`` gets the earlier
+    processes' dates and this one's.
+
+    Raises:
+        SystemExit: ``path`` was made with other :data:`RESUME_SAME` settings.
+    """
+    prev = json.loads(path.read_text())
+    old = prev.get("meta", {})
+    for key in RESUME_SAME:
+        if old.get(key) != meta[key]:
+            raise SystemExit(f"--resume: {path} was made with {key} = {old.get(key)!r}, "
+                             f"this run has {meta[key]!r}")
+    meta["processes"] = old.get("processes", [old.get("date")]) + [meta["date"]]
+    return [r for r in prev.get("rows", []) if set(variants) <= set(r["variants"])]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -458,6 +493,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                    help="Adam's implementation (default: fused on CUDA, foreach on CPU)")
     p.add_argument("--out", default=None, help="JSON results (default: a new temporary file)")
     p.add_argument("--plot", default=None, help="PNG speed-up plot (default: next to --out)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows --out already has (same GPU, torch, steps, warm-up "
+                        "and Adam) and run the rest of the grid")
     a = p.parse_args(argv)
     if a.quick:
         a.datasets, a.models, a.seeds, a.fanouts, a.dtypes = "arxiv", "gat,gt", "1024", "25,10", \
@@ -472,24 +510,38 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "steps": a.steps, "warmup": a.warmup, "adam": a.adam}
     out.parent.mkdir(parents=True, exist_ok=True)
+    variants = a.variants.split(",")
+    if a.resume and out.exists():
+        rows = resumed_rows(out, meta, variants)
+    done = {row_key(r) for r in rows}
+    models, dtypes = a.models.split(","), a.dtypes.split(",")
+
+    def todo(name, seeds, fan):
+        return [(kind, dtype) for kind in models for dtype in dtypes
+                if (name, kind, seeds, tuple(_ints(fan)), dtype) not in done]
+
     for name in a.datasets.split(","):
+        if not any(todo(name, seeds, fan) for seeds in _ints(a.seeds)
+                   for fan in a.fanouts.split(";")):
+            continue
         data = load_dataset(name, a.data)
         gen = torch.Generator().manual_seed(0)
         emb = torch.randn(data.num_nodes, FEATURES, generator=gen).to(device)
         for seeds in _ints(a.seeds):
             for fan in a.fanouts.split(";"):
+                configs = todo(name, seeds, fan)
+                if not configs:
+                    continue
                 # Sampled once for every model and dtype: PyG's NeighborLoader
                 # without pyg-lib takes 0.4 s per 8,192-seed arxiv batch.
                 sampled = sample_batches(data, seeds, _ints(fan), a.steps + a.warmup)
-                for kind in a.models.split(","):
-                    for dtype in a.dtypes.split(","):
-                        row = run_config(data, emb, kind, seeds, _ints(fan), dtype,
-                                         a.variants.split(","), a.steps, a.warmup, device,
-                                         a.profile, sampled, a.adam)
-                        rows.append(row)
-                        print(markdown([row]).splitlines()[-1], flush=True)
-                        # After every row: a run cut short keeps what it measured.
-                        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                for kind, dtype in configs:
+                    row = run_config(data, emb, kind, seeds, _ints(fan), dtype, variants,
+                                     a.steps, a.warmup, device, a.profile, sampled, a.adam)
+                    rows.append(row)
+                    print(markdown([row]).splitlines()[-1], flush=True)
+                    # After every row: a run cut short keeps what it measured.
+                    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, Path(a.plot) if a.plot else out.with_suffix(".png"))
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, Adam {meta['adam']}\n")
     print(markdown(rows))
