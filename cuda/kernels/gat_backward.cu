@@ -269,8 +269,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                           : gat_bwd_dst_kernel<S, false>;
       kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
           cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
-          lse2.data_ptr<float>(), part_dc, rowptr.data_ptr<int>(), col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)chunk,
-          da_dst.data_ptr<float>(), part_d, dsum,
+          lse2.data_ptr<float>(), part_dc, rowptr.data_ptr<int>(), col.data_ptr<int>(),
+          rw.items.data_ptr<int>(), (int)chunk, da_dst.data_ptr<float>(), part_d, dsum,
           n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
       check_launch();
       if (split_d) {
