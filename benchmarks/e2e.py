@@ -432,13 +432,20 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def adam(params, impl: str, **kwargs) -> torch.optim.Adam:
+    r"""Adam in implementation ``impl``: ``"fused"`` (one launch per step) or
+    ``"foreach"``; ``kwargs`` go to :class:`torch.optim.Adam` (also used by
+    :mod:`benchmarks.minibatch`)."""
+    return torch.optim.Adam(params, **({"fused": True} if impl == "fused" else {"foreach": True}),
+                            **kwargs)
+
+
 def make_optimizer(model: nn.Module, hp, args, capturable: bool = False) -> torch.optim.Adam:
-    r"""Adam with ``--adam``'s implementation (``fused`` or ``foreach``), identical for
-    both conv implementations; ``capturable=True`` for a captured step (keeps the
-    step count on the device, so ``step`` launches no host work)."""
-    impl = {"fused": True} if args.adam == "fused" else {"foreach": True}
-    return torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
-                            capturable=capturable, **impl)
+    r"""Adam with ``--adam``'s implementation, identical for both conv
+    implementations; ``capturable=True`` for a captured step (keeps the step count
+    on the device, so ``step`` launches no host work)."""
+    return adam(model.parameters(), args.adam, lr=hp["lr"], weight_decay=hp["weight_decay"],
+                capturable=capturable)
 
 
 def reset_training_state(model: nn.Module, opt: torch.optim.Optimizer, init_state) -> None:

@@ -65,6 +65,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
 
+from benchmarks import e2e
 from pyg_dfgnn.layout import GraphLayout, get_layout
 from pyg_dfgnn.nn import fuse
 
@@ -309,8 +310,7 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
         step_model = torch.compile(model, dynamic=True)
     else:
         step_model = model
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3,
-                           **({"fused": True} if adam == "fused" else {"foreach": True}))
+    opt = e2e.adam(model.parameters(), adam, lr=1e-3)
     # A fresh edge_index per step: the fused step builds its layout every time.
     graphs = [b["edge_index"].clone() for b in batches]
     if device.type == "cuda":
