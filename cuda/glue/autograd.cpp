@@ -121,6 +121,17 @@ struct AttentionBackward final : Node {
                                 const Tensor& out) {
     layout_.check_csc(kName);
     const Tensor* feats[3] = {&q, &k, &v};
+    // owner[i]: the first joined feature with feature i's sink; it allocates
+    // that sink's buffer and offers it, once
+    int owner[3];
+    for (int i = 0; i < 3; ++i) {
+      owner[i] = i;
+      for (int j = 0; j < i; ++j)
+        if (column[i] >= 0 && column[j] >= 0 && sink_[j] == sink_[i]) {
+          owner[i] = j;
+          break;
+        }
+    }
     Tensor buffers[3];
     variable_list res(3);
     for (int i = 0; i < 3; ++i) {
@@ -129,9 +140,9 @@ struct AttentionBackward final : Node {
         res[i] = at::empty_like(t);
         continue;
       }
-      for (int j = 0; j < i; ++j)
-        if (column[j] >= 0 && sink_[j] == sink_[i]) buffers[i] = buffers[j];
-      if (!buffers[i].defined()) {
+      if (owner[i] != i) {
+        buffers[i] = buffers[owner[i]];
+      } else {
         const auto* sink = static_cast<const JoinedGradients*>(sink_[i].get());
         buffers[i] = at::empty({t.size(0), sink->joined_width()}, t.options());
       }
@@ -147,11 +158,9 @@ struct AttentionBackward final : Node {
               at::TensorList(layout_.csc), at::IntArrayRef(layout_.sizes), param_, dropout_,
               seed_, one_launch_, mma_);
     }
-    for (int i = 0; i < 3; ++i) {
-      bool first = column[i] >= 0;
-      for (int j = 0; j < i && first; ++j) first = !(column[j] >= 0 && sink_[j] == sink_[i]);
-      if (first) static_cast<JoinedGradients*>(sink_[i].get())->offer_joined(buffers[i]);
-    }
+    for (int i = 0; i < 3; ++i)
+      if (column[i] >= 0 && owner[i] == i)
+        static_cast<JoinedGradients*>(sink_[i].get())->offer_joined(buffers[i]);
     return res;
   }
 };
