@@ -519,7 +519,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         lo, hi, vals = vals[0:2], vals[2:4], vals[4:]
         if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
             raise _out_of_range(lo, hi, num_src, num_dst)
-    counts, vals = (vals[:5], vals[5:]) if have_deg else ([0] * 5, vals)
+    counts, vals = (vals[:6], vals[6:]) if have_deg else ([0] * 6, vals)
     kept = vals.pop(0) if keep is not None else E0
     unsorted = bool(vals.pop(0)) if check_sorted else not sorted_by_dst and E0 > 1
     E = kept + n
@@ -542,17 +542,20 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     extent = max(hi[1] + 1 if E0 else 0, n)  # removed self-loops only overstate it
     layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, counts[4], loops,
                          csr_row=csr_row, dst_extent=extent)
+    if have_deg:
+        layout.derived.max_out_degree = counts[5]
     return _finish(layout, dout, extra, counts, chunk, with_csc)
 
 
 def _count_parts(deg: Tensor, extra: Tensor, num_dst: int, num_src: int) -> list:
-    """Device values the work items need, for one read: extra items of the CSR and
-    of CSR + CSC, split rows of the CSR and of both, the largest in-degree."""
+    """Device values the work items and the plan need, for one read: extra items of
+    the CSR and of CSR + CSC, split rows of the CSR and of both, the largest in-
+    and out-degree."""
     ex_cum = extra.cumsum(0)
     sp_cum = (extra > 0).cumsum(0)
     return [ex_cum.as_strided((2,), (num_src,), num_dst - 1),
             sp_cum.as_strided((2,), (num_src,), num_dst - 1),
-            deg[:num_dst].amax(0, keepdim=True)]
+            deg[:num_dst].amax(0, keepdim=True), deg[num_dst:].amax(0, keepdim=True)]
 
 
 def _finish(layout: GraphLayout, dout: Tensor, extra: Tensor, counts: list, chunk: int,
@@ -609,6 +612,7 @@ def _narrow(parent: GraphLayout, edge_index: Tensor, num_src: int, num_dst: int,
         return None
     layout = GraphLayout(rowptr, col, edge_perm, None, num_src, num_dst, vals[7], False,
                          csr_row=parent.csr_row[:ek], dst_extent=parent.dst_extent)
+    layout.derived.max_out_degree = vals[8]
     return _finish(layout, deg[num_dst:], extra, vals[3:7], chunk, with_csc)
 
 

@@ -29,7 +29,7 @@ _INT32_MAX = 2**31 - 1
 INDEX_DTYPES = (torch.int32, torch.int64)
 # Positions in the op's int64 `info` output (LayoutBuildInfo in cuda/kernels/layout_build.h).
 _STATUS, _LO_SRC, _LO_DST, _HI_SRC, _HI_DST, _KEPT, _UNSORTED, _MAX_IN, _ROW_SLOTS, \
-    _COL_SLOTS, _NUM_EDGES = range(11)
+    _COL_SLOTS, _NUM_EDGES, _MAX_OUT = range(12)
 
 
 def available(device: torch.device) -> bool:
@@ -93,6 +93,7 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
                          num_dst, info[_MAX_IN], loops, csr_row=csr_row, dst_extent=extent)
     if with_csc:
         layout._csc = (colptr, row, perm)
+        layout.derived.max_out_degree = info[_MAX_OUT]
     if default and chunk_for(info[_NUM_EDGES]) != chunk:
         # removed self-loops moved E across the chunk threshold (as _finish does)
         return layout.prepare(with_csc)

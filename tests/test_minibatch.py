@@ -383,6 +383,7 @@ def _same_layout(a: GraphLayout, b: GraphLayout):
     from pyg_dfgnn.work_items import chunk_for
     assert (a.num_src, a.num_dst, a.num_edges, a.max_in_degree, a.self_loops) == \
         (b.num_src, b.num_dst, b.num_edges, b.max_in_degree, b.self_loops)
+    assert a.derived.max_out_degree == b.max_out_degree  # read by the narrowing's sync
     for name in ("rowptr", "col", "csr_row", "edge_perm", "colptr", "row", "perm", "edge_index"):
         x, y = getattr(a, name), getattr(b, name)
         assert torch.equal(x, y) and x.dtype == y.dtype and x.is_contiguous(), name

@@ -832,6 +832,7 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   inf[kInfoRowSlots] = seg_d[3];
   inf[kInfoColSlots] = with_csc ? seg_s[3] : 0;
   inf[kInfoNumEdges] = E;
+  inf[kInfoMaxOutDegree] = with_csc ? seg_s[kMaxCol] : 0;
 
   // ---- phase 2: the int32 outputs in one allocation, edge_perm in its own
   const bool removed = loops && kept < E0;

@@ -24,6 +24,7 @@ enum LayoutBuildInfo : int {
   kInfoRowSlots,       // partial slots of the CSR work items
   kInfoColSlots,       // partial slots of the CSC work items (with_csc)
   kInfoNumEdges,       // E: kept + one loop per node below min(N_src, N_dst)
+  kInfoMaxOutDegree,   // largest out-degree, self-loops included (with_csc; else 0)
   kInfoSize
 };
 

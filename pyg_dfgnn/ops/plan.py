@@ -57,6 +57,13 @@ TWO_ROWS_MIN_EDGES = 1 << 18
 #: edges: Cora backward kernels 14.9 us in one launch, 9.6 + 9.6 in two; PubMed
 #: (89K edges) 71.4 us in one, 29.2 + 26.1 in two.
 ONE_LAUNCH_BWD_MAX_EDGES = 1 << 16
+#: The tensor-core backward walks 8 whole CSC columns per warp, so its longest
+#: column is one warp's serial chain; where that column holds more than this
+#: share of the edges, the CUDA-core walks (columns split into work items) run
+#: instead. bf16 GT mini-batch step ([25, 10], 8,192 seeds), GPU ms tensor /
+#: CUDA cores: GitHub (longest column 1/45 of the edges) 1.38 / 1.09, ogbn-arxiv
+#: (1/238) 2.66 / 2.69.
+MMA_BWD_MAX_COLUMN_SHARE = 1 / 128
 #: A graph runs the dense-tile forward when at least this fraction of its
 #: 64-row blocks can run dense ...
 DENSE_MIN_FRACTION = 0.5
@@ -133,8 +140,9 @@ def override(**fields) -> Iterator[None]:
         mma (bool): the fp16 / bf16 tensor-core GT forward.
         mma_backward (bool): the GT backward's CSR and CSC walks on tensor
             cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; by
-            default on where no row is split and the graph is past the one-launch
-            backward). The CSC walk reads the CSR walk's per-edge weights, so the
+            default on where no row is split, no column holds more than
+            :data:`MMA_BWD_MAX_COLUMN_SHARE` of the edges and the graph is past
+            the one-launch backward). The CSC walk reads the CSR walk's per-edge weights, so the
             backward runs in two launches.
         dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
             or a bound on window cells per edge per block; the dense-tile forward
@@ -362,11 +370,12 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     dense_cells, final = (_dense_cells(layout, o.get("dense_tiles")) if mma and tiles
                           else (0.0, True))
     # On where the A/B measured it faster: whole rows (a walk takes 8 whole rows, so
-    # split rows leave warps idle behind hub rows) and graphs past the one-launch
-    # backward (docs/design.md, "Backward").
+    # split rows leave warps idle behind hub rows), no hub column (likewise for the
+    # CSC walk) and graphs past the one-launch backward (docs/design.md, "Backward").
     one_launch = layout.num_edges < ONE_LAUNCH_BWD_MAX_EDGES
     mma_bwd = _forced(o, "mma_backward",
-                      can_mma and not split and not one_launch and o.get("bwd_launches", 2) == 2,
+                      can_mma and not split and not one_launch and o.get("bwd_launches", 2) == 2
+                      and layout.max_out_degree <= MMA_BWD_MAX_COLUMN_SHARE * layout.num_edges,
                       can_mma and o.get("bwd_launches", 2) == 2,
                       f"the tensor-core backward needs dot-product or cosine scores, SMMF, "
                       f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout, no attention weights "
