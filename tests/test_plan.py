@@ -200,7 +200,7 @@ def test_mma_backward_off_with_a_hub_column():
     n, deg = 3000, 30  # 90K edges, whole rows
     dst = torch.arange(n).repeat_interleave(deg)
 
-    def with_hub(rows):  # source 0 first in `rows` rows: a column of about `rows` edges
+    def with_hub(rows):  # source 0 first in `rows` rows: a column of `rows` edges
         src = torch.randint(1, n, (n * deg,))
         src[torch.arange(rows) * deg] = 0
         return GraphLayout.from_edge_index(torch.stack([src, dst]), (n, n))
@@ -209,7 +209,7 @@ def test_mma_backward_off_with_a_hub_column():
     hub = with_hub(int(2 * limit))
     assert hub.max_out_degree > limit and hub.work("row", 128).num_slots == 0
     assert not plan.plan_for(hub, BF16, 64).mma_backward
-    with plan.override(mma_backward=True):  # whole columns are no obstacle either
+    with plan.override(mma_backward=True):  # forced on, the walks still run
         assert plan.plan_for(hub, BF16, 64).mma_backward
     below = with_hub(int(limit) - 60)
     assert below.max_out_degree <= limit

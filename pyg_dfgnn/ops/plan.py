@@ -142,8 +142,8 @@ def override(**fields) -> Iterator[None]:
             cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; by
             default on where no row is split, no column holds more than
             :data:`MMA_BWD_MAX_COLUMN_SHARE` of the edges and the graph is past
-            the one-launch backward). The CSC walk reads the CSR walk's per-edge weights, so the
-            backward runs in two launches.
+            the one-launch backward). The CSC walk reads the CSR walk's per-edge
+            weights, so the backward runs in two launches.
         dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
             or a bound on window cells per edge per block; the dense-tile forward
             then runs wherever the tensor-core forward does.
