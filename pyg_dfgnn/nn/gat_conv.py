@@ -1,7 +1,6 @@
 """Fused :class:`~torch_geometric.nn.conv.GATConv`."""
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
@@ -54,9 +53,7 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
         a = torch.diag_embed(att.permute(2, 0, 1)).permute(2, 0, 1, 3)
         return x.reshape(x.shape[0], H * C).to(dtype) @ a.reshape(H * C, -1).to(dtype)
 
-    device = x_src.device.type
-    with (torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device)
-          else contextlib.nullcontext()):
+    with torch.autocast(x_src.device.type, enabled=False):
         if x_dst is x_src:
             terms = gemm(x_src, torch.cat([att_src, att_dst]))
             return terms[:, :H], terms[:, H:]
