@@ -70,8 +70,9 @@ def _label_bars(ax, bars, fmt="{:.1f}x") -> None:
 # ------------------------------------------------------------------- kernels
 #: ``(method, key suffix)`` of the yardsticks a fused time is divided into.
 SERIES = (("pyg", ""), ("pyg-compile", "_compiled"), ("dense-sdpa", "_sdpa"))
-#: Bar style and legend text of each yardstick but eager PyG.
-SERIES_STYLE = {"_compiled": ("//", "vs compiled PyG"), "_sdpa": ("..", "vs dense SDPA")}
+#: Bar hatch, legend text and title key of each yardstick but eager PyG.
+SERIES_STYLE = {"_compiled": ("//", "vs compiled PyG", "hatched: PyG under torch.compile"),
+                "_sdpa": ("..", "vs dense SDPA", "dotted: dense masked SDPA")}
 
 
 def _measured(d: Dict[str, object]) -> bool:
@@ -132,7 +133,7 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             for k, (cfg, suffix) in enumerate(series):
                 xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(graphs))]
                 ys = [sp[model][cfg].get(g, {}).get(key + suffix, float("nan")) for g in graphs]
-                hatch, text = SERIES_STYLE.get(suffix, (None, "vs PyG"))
+                hatch, text, _ = SERIES_STYLE.get(suffix, (None, "vs PyG", None))
                 bars = ax.bar(xs, ys, width, color=colors.get(cfg),
                               label=cfg + (" " + text if several else ""),
                               hatch=hatch, edgecolor="white" if suffix else None)
@@ -147,8 +148,7 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
             ax.grid(axis="y", alpha=0.3)
             # beside the panel: nine series would cover the bars
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), framealpha=0.9)
-    keys = [text for sfx, text in (("_compiled", "hatched: PyG under torch.compile"),
-                                   ("_sdpa", "dotted: dense masked SDPA")) if sfx in shown]
+    keys = [style[2] for sfx, style in SERIES_STYLE.items() if sfx in shown]
     fig.suptitle("Fused attention vs. native PyG message passing (time ratio, higher is better)"
                  + ("\nplain: eager PyG; " + "; ".join(keys) if keys else ""), fontsize=11)
     _footer(fig, data.get("info", {}))
