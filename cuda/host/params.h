@@ -31,13 +31,20 @@ struct LayoutView {
   int64_t chunk = 0;   // edges per work item, both walks
 };
 
-// The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan).
+// The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan): the
+// plan is the only place a kernel is chosen. Host code obeys each field or
+// raises (TORCH_CHECK) where the call cannot run it; it never picks another
+// kernel silently.
 struct KernelPlan {
   bool pmf = false;             // edge-parallel scores, then softmax + SpMM
+  bool vector_rows = true;      // 16-byte vector row accesses (else one element per access)
   bool two_rows = false;        // two rows per warp in the SMMF forward
-  bool mma = false;             // the fp16 / bf16 tensor-core GT forward
-  bool bwd_one_launch = false;  // the GT backward's two walks in one launch
+  bool mma = false;             // the fp16 / bf16 tensor-core forward of the dot score
   double dense_cells = 0.0;     // > 0: the tile plan's blocks run dense up to this bound
+  bool merge_in_kernel = true;  // split rows merged by the forward kernel (else merge launches)
+  bool bwd_one_launch = false;  // the backward's CSR and CSC walks in one launch
+  bool mma_backward = false;    // the dot score's backward walks on tensor cores
+  bool bwd_merge_in_kernel = true;  // split rows merged by the backward kernels
 };
 
 }  // namespace dfgnn

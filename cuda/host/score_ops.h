@@ -1,0 +1,68 @@
+// A score function's host entry points, as the generic attention ops see them
+// (glue/attention.cpp: dfgnn::attention_fwd / attention_bwd). Each score's own
+// file (cuda/scores/<name>.cu) defines its kernels and registers one ScoreOps
+// under the name its Python spec uses (pyg_dfgnn/ops/scores/<name>.py); the ops
+// find it through the call's plan, so adding a score touches no shared file.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "host/params.h"
+
+namespace dfgnn {
+
+// One call of a fused attention op: the score's inputs in its spec's order,
+// the layout and the plan's decisions, the score's scalar parameters, and what
+// every score shares (attention dropout, its seed, returned weights).
+struct AttentionCall {
+  at::TensorList inputs;
+  const LayoutView& L;
+  const KernelPlan& plan;
+  at::ArrayRef<double> params;
+  double dropout = 0.0;
+  int64_t seed = 0;
+  bool need_attn = false;
+};
+
+// A forward's results: out [N_dst, H, C], lse2 [N_dst, H] (float32, base 2),
+// attn [E, H] (float32, CSR order; [0] unless need_attn) and the tensors the
+// score's backward needs beyond its inputs, out and lse2 (may be empty).
+struct ForwardOut {
+  at::Tensor out, lse2, attn;
+  std::vector<at::Tensor> saved;
+};
+
+// `into`: tensors the backward writes the gradients of its inputs into, one per
+// input (undefined: allocate it), or empty; only scores with writes_into take it.
+using ScoreForward = ForwardOut (*)(const AttentionCall& call);
+using ScoreBackward = std::vector<at::Tensor> (*)(const at::Tensor& grad_out, const at::Tensor& out,
+                                                  const at::Tensor& lse2,
+                                                  at::TensorList saved, const AttentionCall& call,
+                                                  at::TensorList into);
+// Raises (TORCH_CHECK) on inputs the score cannot take: shapes, dtypes, the
+// number of parameters, against the layout's sizes.
+using ScoreCheck = void (*)(const AttentionCall& call, int64_t n_dst, int64_t n_src);
+
+struct ScoreOps {
+  const char* name = nullptr;  // the spec's name (pyg_dfgnn/ops/scores)
+  ScoreCheck check = nullptr;
+  ScoreForward forward = nullptr;
+  ScoreBackward backward = nullptr;
+  bool writes_into = false;    // the backward takes `into`
+};
+
+// The registered score of `name`; raises for an unknown one.
+const ScoreOps& find_score(const std::string& name);
+
+// Registers a score at load time (a static object in the score's file):
+//   DFGNN_REGISTER_SCORE(gatv2, ScoreOps{"gatv2", &check, &forward, &backward});
+struct ScoreRegistrar {
+  explicit ScoreRegistrar(const ScoreOps& ops);
+};
+
+#define DFGNN_REGISTER_SCORE(ID, ...) \
+  static const ::dfgnn::ScoreRegistrar dfgnn_score_registrar_##ID{__VA_ARGS__}
+
+}  // namespace dfgnn
