@@ -9,7 +9,7 @@ model's ``state_dict``, so both start from identical weights. Each is trained fo
 a few epochs (Adam, cross-entropy) and every training step is timed in phases:
 
 * **preprocess**: building the fused layers' CSR/CSC layout of the step's graph
-  (``pyg_dfgnn.layout.get_layout``, called explicitly before the forward; the
+  (``pyg_dfgnn.layout_cache.get_layout``, called explicitly before the forward; the
   layers then find it cached on ``edge_index``). A batch of graphs is a new
   ``edge_index`` every step, so its layout is built every step; a full graph
   keeps its ``edge_index``, so its layout is built once (first step, reported
@@ -545,7 +545,7 @@ def _memory_baseline(device: torch.device) -> int:
 def train_impl(ds, model_name: str, impl: str, init_state, args, device, hp) -> Dict[str, object]:
     r"""Eager mode: trains one implementation and times every step in phases.
     Returns its results."""
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
 
     _seed(args.seed)
     model = build_model(model_name, impl, ds.in_channels, ds.num_classes, args, hp["dropout"])
@@ -659,7 +659,7 @@ def train_impl_cudagraph(ds, model_name: str, impl: str, init_state, args, devic
     Raises:
         CaptureError: the capture failed (for example a host sync inside the step).
     """
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
 
     if ds.kind != "full":
         raise ValueError(CUDAGRAPH_SKIP)

@@ -22,7 +22,7 @@ import sys
 import torch
 
 from pyg_dfgnn import layout_build
-from pyg_dfgnn.layout import LayoutIndexError, _build
+from pyg_dfgnn.layout import LayoutIndexError, _build, gpu_build
 
 
 def _graph(ns: int, nd: int, e: int, hub: int, gen: torch.Generator) -> torch.Tensor:
@@ -58,7 +58,7 @@ def _same(a, b) -> bool:
 def compare(ei: torch.Tensor, ns: int, nd: int, loops: bool, with_csc: bool, chunk=None,
             long_first: bool = True) -> list:
     """Names of the fields where the two builds differ."""
-    got = layout_build.build(ei, ns, nd, loops, with_csc, chunk, long_first)
+    got = gpu_build(ei, ns, nd, loops, with_csc, chunk, long_first)
     want = _build(ei, ns, nd, loops, with_csc, None, kernel=False)
     if got is None:
         return ["not built"]
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         print(f"graph ns={ns} nd={nd} e={e} hub={hub}: {cases} cases equal", flush=True)
     for bad_ei in ([[0, 1, 70000], [1, 2, 0]], [[0, -1], [1, 2]], [[0, 1], [1, 5]]):
         try:
-            layout_build.build(torch.tensor(bad_ei, device="cuda"), 5, 5, True, True)
+            gpu_build(torch.tensor(bad_ei, device="cuda"), 5, 5, True, True)
         except LayoutIndexError:
             cases += 1
         else:

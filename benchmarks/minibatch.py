@@ -66,7 +66,8 @@ from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
 
 from benchmarks import e2e
-from pyg_dfgnn.layout import GraphLayout, get_layout
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.layout_cache import get_layout
 from pyg_dfgnn.nn import fuse
 
 VARIANTS = ("native", "native_compile", "fused", "fused_compile")

@@ -25,8 +25,10 @@ def has_cuda_kernels() -> bool:
     return HAS_EXTENSION and torch.cuda.is_available()
 
 
-from . import ops, layout, transforms  # noqa: E402,F401
-from .layout import GraphLayout, get_layout  # noqa: E402,F401
+from . import ops, layout, layout_cache, transforms  # noqa: E402,F401
+from .layout import GraphLayout  # noqa: E402,F401
+from .layout_cache import get_layout, invalidate  # noqa: E402,F401
+from .explain import explain  # noqa: E402,F401
 
-__all__ = ["has_cuda_kernels", "load_error", "GraphLayout", "get_layout", "ops", "layout",
-           "transforms", "__version__"]
+__all__ = ["has_cuda_kernels", "load_error", "explain", "GraphLayout", "get_layout", "invalidate", "ops",
+           "layout", "layout_cache", "transforms", "__version__"]

@@ -66,6 +66,18 @@ class Derived:
         self.plans: Dict[Hashable, object] = {}
         self.calls: Dict[Hashable, tuple] = {}
 
+    def __getstate__(self) -> dict:
+        # A copy (pickle, copy, deepcopy) keeps what the graph determines; plans
+        # and prepared calls are rebuilt on first use (the calls hold extension
+        # objects that do not pickle).
+        state = {name: getattr(self, name) for name in self.__slots__}
+        state["plans"], state["calls"] = {}, {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name in self.__slots__:
+            setattr(self, name, state.get(name, {} if name in ("plans", "calls") else None))
+
     def to(self, device: torch.device) -> "Derived":
         """A copy with every tensor on ``device``. Kernel plans and prepared call
         arguments are dropped: plans depend on the device (a CPU layout has no

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import layout_build
+from .layout_build import LayoutIndexError, out_of_range  # noqa: F401  (re-export)
 from .derived import Derived
 from .node_order import ITEM_ORDERS, degree_rank, rcm_rank
 from .work_items import Work, chunk_for, order_items, split_work, work_items, work_stats
@@ -435,15 +436,30 @@ def _csc(col: Tensor, csr_row: Tensor, colptr: Tensor) -> Tuple[Tensor, Tensor, 
     return colptr, csr_row[perm], perm.to(col.dtype)
 
 
-class LayoutIndexError(IndexError, ValueError):
-    """An ``edge_index`` entry is negative or not below the node count. An
-    :class:`IndexError` as PyG raises it, and a :class:`ValueError` for callers
-    that caught the earlier type."""
+def _from_gpu_build(b, num_src: int, num_dst: int, loops: bool, with_csc: bool) -> GraphLayout:
+    """The :class:`GraphLayout` of a :func:`pyg_dfgnn.layout_build.build`, with its
+    CSC and work items cached as the torch build caches them."""
+    layout = GraphLayout(b.rowptr, b.col, b.edge_perm, None, num_src, num_dst, b.max_in_degree,
+                         loops, csr_row=b.csr_row, dst_extent=b.dst_extent)
+    if with_csc:
+        layout._csc = b.csc
+        layout.derived.max_out_degree = b.max_out_degree
+    if b.rechunk:
+        return layout.prepare(with_csc)
+    work = layout.derived.work
+    work[("row", b.chunk, b.long_first, "row")] = b.row_work
+    if with_csc:
+        work[("col", b.chunk, b.long_first, "row")] = b.col_work
+    return layout
 
 
-def _out_of_range(lo, hi, num_src: int, num_dst: int) -> "LayoutIndexError":
-    return LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
-                            f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+def gpu_build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
+              chunk: Optional[int] = None, long_first: bool = True) -> Optional[GraphLayout]:
+    r"""The :class:`GraphLayout` of ``ei`` built by the layout-build kernels
+    (:func:`pyg_dfgnn.layout_build.build`, same arguments), or ``None`` where they
+    do not apply."""
+    built = layout_build.build(ei, num_src, num_dst, loops, with_csc, chunk, long_first)
+    return None if built is None else _from_gpu_build(built, num_src, num_dst, loops, with_csc)
 
 
 def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
@@ -464,15 +480,15 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     only a hint here).
     """
     if kernel and ei.is_cuda:
-        layout = layout_build.build(ei, num_src, num_dst, loops, with_csc)
-        if layout is not None:
-            return layout
+        built = layout_build.build(ei, num_src, num_dst, loops, with_csc)
+        if built is not None:
+            return _from_gpu_build(built, num_src, num_dst, loops, with_csc)
     E0 = ei.size(1)
     dev = ei.device
     n = min(num_src, num_dst) if loops else 0
     if E0 and (num_src == 0 or num_dst == 0):
         lo, hi = torch.aminmax(ei, dim=1)
-        raise _out_of_range(lo.tolist(), hi.tolist(), num_src, num_dst)
+        raise out_of_range(lo.tolist(), hi.tolist(), num_src, num_dst)
     wd = torch.int32 if max(E0 + n, num_src, num_dst) <= _INT32_MAX else torch.int64
     chunk = chunk_for(E0 + n)  # exact unless existing self-loops are removed
     src, dst = ei[0], ei[1]
@@ -518,7 +534,7 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     if E0:
         lo, hi, vals = vals[0:2], vals[2:4], vals[4:]
         if min(lo) < 0 or hi[0] >= num_src or hi[1] >= num_dst:
-            raise _out_of_range(lo, hi, num_src, num_dst)
+            raise out_of_range(lo, hi, num_src, num_dst)
     counts, vals = (vals[:6], vals[6:]) if have_deg else ([0] * 6, vals)
     kept = vals.pop(0) if keep is not None else E0
     unsorted = bool(vals.pop(0)) if check_sorted else not sorted_by_dst and E0 > 1
@@ -660,8 +676,3 @@ def _csr_with_loops(ei: Tensor, keep: Optional[Tensor], kept: int, n: int, rowpt
     pair = torch.empty(2, E + 1, dtype=idx, device=dev)
     pair.index_copy_(1, pos, ei.to(idx)).index_copy_(1, loop_pos, loop.to(idx).expand(2, n))
     return pair[0, :E], pair[1, :E], edge_perm[:E]
-
-
-# The cache lives in its own module; get_layout and friends stay importable from here.
-from .layout_cache import (StaleLayoutError, attach_layout, get_layout,  # noqa: E402,F401
-                           invalidate)

@@ -14,7 +14,7 @@ the reference the tests compare with. Layouts are built outside compiled regions
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -32,6 +32,38 @@ _STATUS, _LO_SRC, _LO_DST, _HI_SRC, _HI_DST, _KEPT, _UNSORTED, _MAX_IN, _ROW_SLO
     _COL_SLOTS, _NUM_EDGES, _MAX_OUT = range(12)
 
 
+class LayoutIndexError(IndexError, ValueError):
+    """An ``edge_index`` entry is negative or not below the node count. An
+    :class:`IndexError` as PyG raises it, and a :class:`ValueError` for callers
+    that caught the earlier type."""
+
+
+def out_of_range(lo, hi, num_src: int, num_dst: int) -> LayoutIndexError:
+    """The error of indices in ``[lo, hi]`` (per side: src, dst) for the node counts."""
+    return LayoutIndexError(f"edge_index out of range: src in [{lo[0]}, {hi[0]}] for N_src="
+                            f"{num_src}, dst in [{lo[1]}, {hi[1]}] for N_dst={num_dst}")
+
+
+class GpuBuild(NamedTuple):
+    """What :func:`build` makes: the tensors and statistics of a
+    :class:`~pyg_dfgnn.layout.GraphLayout`, which ``pyg_dfgnn.layout`` assembles."""
+    rowptr: Tensor
+    col: Tensor
+    csr_row: Tensor
+    edge_perm: Optional[Tensor]  #: ``None`` where it is the identity
+    csc: Optional[Tuple[Tensor, Tensor, Tensor]]  #: ``(colptr, row, perm)`` with ``with_csc``
+    row_work: Work
+    col_work: Optional[Work]
+    chunk: int
+    long_first: bool
+    max_in_degree: int
+    max_out_degree: int
+    dst_extent: int
+    #: removed self-loops moved ``E`` across a chunk threshold: the default
+    #: chunk differs from the one built (the layout rebuilds its work items)
+    rechunk: bool
+
+
 def available(device: torch.device) -> bool:
     """Whether the op can run on ``device`` (a CUDA device and an extension that
     registers ``dfgnn::layout_build``)."""
@@ -41,9 +73,9 @@ def available(device: torch.device) -> bool:
 
 
 def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
-          chunk: Optional[int] = None, long_first: bool = True):
-    r"""The :class:`~pyg_dfgnn.layout.GraphLayout` of ``ei`` built on its GPU, or
-    ``None`` where the op does not apply (see the module docstring).
+          chunk: Optional[int] = None, long_first: bool = True) -> Optional[GpuBuild]:
+    r"""The layout tensors of ``ei`` built on its GPU, or ``None`` where the op
+    does not apply (see the module docstring).
 
     Args:
         ei (Tensor): ``[2, E0]`` int32 / int64 CUDA tensor (src, dst), not an alias
@@ -58,15 +90,14 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         long_first (bool): work-item order (:func:`~pyg_dfgnn.work_items.work_items`).
 
     Returns:
-        the layout, with ``rowptr``, ``col``, ``csr_row``, ``edge_perm`` (``None``
+        GpuBuild: ``rowptr``, ``col``, ``csr_row``, ``edge_perm`` (``None``
         where it is the identity: grouped input without self-loops), the CSC
-        (``with_csc``) and the work items cached as the torch build caches them.
+        (``with_csc``) and the work items, as the torch build makes them.
 
     Raises:
         LayoutIndexError: an index is negative or not below its node count
             (found from the one statistics read, before any scatter).
     """
-    from .layout import GraphLayout, _out_of_range
     E0 = ei.size(1)
     n = min(num_src, num_dst) if loops else 0
     if (num_src <= 0 or num_dst <= 0 or max(E0 + n, num_src, num_dst) > _INT32_MAX
@@ -84,21 +115,15 @@ def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
         ei, num_src, num_dst, loops, with_csc, chunk, bool(long_first))
     info = info.tolist()  # a CPU tensor: no synchronisation
     if info[_STATUS]:
-        raise _out_of_range([info[_LO_SRC], info[_LO_DST]], [info[_HI_SRC], info[_HI_DST]],
+        raise out_of_range([info[_LO_SRC], info[_LO_DST]], [info[_HI_SRC], info[_HI_DST]],
                             num_src, num_dst)
     # Outputs not built come back empty: edge_perm where it is the identity (only
     # ever for E > 0), the CSC without with_csc.
     extent = max(info[_HI_DST] + 1 if E0 else 0, n)  # removed self-loops only overstate it
-    layout = GraphLayout(rowptr, col, edge_perm if edge_perm.numel() else None, None, num_src,
-                         num_dst, info[_MAX_IN], loops, csr_row=csr_row, dst_extent=extent)
-    if with_csc:
-        layout._csc = (colptr, row, perm)
-        layout.derived.max_out_degree = info[_MAX_OUT]
-    if default and chunk_for(info[_NUM_EDGES]) != chunk:
-        # removed self-loops moved E across the chunk threshold (as _finish does)
-        return layout.prepare(with_csc)
-    work = layout.derived.work
-    work[("row", chunk, long_first, "row")] = Work(row_items, row_combine, info[_ROW_SLOTS])
-    if with_csc:
-        work[("col", chunk, long_first, "row")] = Work(col_items, col_combine, info[_COL_SLOTS])
-    return layout
+    return GpuBuild(
+        rowptr, col, csr_row, edge_perm if edge_perm.numel() else None,
+        (colptr, row, perm) if with_csc else None,
+        Work(row_items, row_combine, info[_ROW_SLOTS]),
+        Work(col_items, col_combine, info[_COL_SLOTS]) if with_csc else None,
+        chunk, bool(long_first), info[_MAX_IN], info[_MAX_OUT], extent,
+        default and chunk_for(info[_NUM_EDGES]) != chunk)

@@ -134,7 +134,7 @@ def _check_layout(index: Tuple[Tensor, ...], stamp: Tensor,
         raise StaleLayoutError(
             "pyg_dfgnn: edge_index changed since its GraphLayout was cached (in-place "
             "edit), and a compiled model cannot rebuild the layout. Pass a new edge_index "
-            "tensor, or call pyg_dfgnn.layout.invalidate(edge_index) and run the model "
+            "tensor, or call pyg_dfgnn.layout_cache.invalidate(edge_index) and run the model "
             "once eagerly (or apply CacheLayout) before the next compiled call.")
 
 

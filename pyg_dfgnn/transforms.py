@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.transforms import BaseTransform
 
-from .layout import attach_layout, get_layout
+from .layout_cache import attach_layout, get_layout
 
 
 class CacheLayout(BaseTransform):

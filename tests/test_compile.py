@@ -14,8 +14,11 @@ from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
 from torch._dynamo.utils import counters
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
-from pyg_dfgnn.layout import GraphLayout, get_layout, layout_of
+from pyg_dfgnn.layout import GraphLayout, layout_of
+from pyg_dfgnn.layout_cache import get_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+import pyg_dfgnn
+from pyg_dfgnn import ops
 from pyg_dfgnn.ops import reference
 
 F_IN, HEADS, C = 16, 2, 8
@@ -97,8 +100,8 @@ def recording(backend: str, targets: set):
     return compile_fn
 
 
-ENTRY = {"gt": "pyg_dfgnn.gt_attention.default", "gat": "pyg_dfgnn.gat_attention.default",
-         "agnn": "pyg_dfgnn.gt_attention.default"}
+ENTRY = {"gt": "pyg_dfgnn.dot_attention.default", "gat": "pyg_dfgnn.additive_attention.default",
+         "agnn": "pyg_dfgnn.dot_attention.default"}
 
 
 # ------------------------------------------------------------------ the mini-batch case
@@ -240,16 +243,18 @@ def _layout(num_src, num_dst=None, **kw):
 
 
 def _gt_call(lay, dropout=0.0, need_grad=True):
+    """pyg_dfgnn::dot_attention on ``lay``: (out, lse, token)."""
     def call(q, k, v):
-        return torch.ops.pyg_dfgnn.gt_attention(q, k, v, lay.handle, 0.4, dropout, need_grad,
-                                                "auto", "dot")
+        return torch.ops.pyg_dfgnn.dot_attention(q, k, v, lay.handle, 0.4, dropout, need_grad,
+                                                 "auto")[:3]
     return call
 
 
 def _gat_call(lay, dropout=0.0, need_grad=True):
+    """pyg_dfgnn::additive_attention on ``lay``: (out, lse, token)."""
     def call(a_dst, a_src, x):
-        return torch.ops.pyg_dfgnn.gat_attention(a_dst, a_src, x, lay.handle, 0.2, dropout,
-                                                 need_grad, "auto", "additive")
+        return torch.ops.pyg_dfgnn.additive_attention(a_dst, a_src, x, lay.handle, 0.2, dropout,
+                                                      need_grad, "auto")[:3]
     return call
 
 
@@ -324,49 +329,42 @@ def test_op_token_names_the_forward_plan_overrides():
 
 
 class StandInKernels:
-    """CPU stand-ins for torch.ops.dfgnn's forward and backward ops, with their
-    schemas' argument order: they compute the reference from the CSR they are
-    given and record the calls, so the kernel branch of the compiled ops (the
+    """CPU stand-ins for torch.ops.dfgnn's attention ops, with their schemas'
+    argument order: they compute the score's reference on the CSR the plan object
+    holds and record the calls, so the kernel branch of the compiled ops (the
     arguments it passes, forward to backward) runs without a GPU."""
 
     def __init__(self):
         self.calls = []
 
     def __call__(self, name):
-        return lambda *args: getattr(self, name)(*args)
+        return getattr(self, name)
 
-    def _fwd(self, name, a, b, c, csr, csc, sizes, param, dropout, seed, need_attn, plan, fn):
-        self.calls.append((name, sizes, csc is not None, seed, tuple(plan)))
-        assert not need_attn and len(plan) == 5
-        out = fn(csr[0], csr[1], a, b, c, param)[0]  # dropout: seeds are checked
-        return out, torch.zeros(a.size(0), c.size(1)), torch.empty(0)
+    @staticmethod
+    def _reference(plan, inputs, params):
+        from types import SimpleNamespace
+        lay = SimpleNamespace(rowptr=plan.layout_tensor("rowptr"), col=plan.layout_tensor("col"))
+        return ops.spec.get(plan.score()).reference(lay, inputs, params, 0.0, False)[0]
 
-    def _bwd(self, name, grad, a, b, c, out, lse, csr, csc, sizes, param, dropout, seed, fn):
-        self.calls.append((name, sizes, len(csc) == 5, seed))
-        leaves = [t.detach().requires_grad_() for t in (a, b, c)]
+    def attention_fwd(self, inputs, plan, params, dropout, seed, need_attn):
+        self.calls.append(("fwd", plan.chunk(), plan.has_csc(), seed))
+        assert not need_attn
+        out = self._reference(plan, inputs, params)  # dropout: seeds are checked
+        return out, torch.zeros(out.shape[:2]), torch.empty(0), []
+
+    def attention_bwd(self, grad, inputs, out, lse, saved, plan, params, dropout, seed):
+        self.calls.append(("bwd", plan.chunk(), plan.has_csc(), seed))
+        leaves = [t.detach().requires_grad_() for t in inputs]
         with torch.enable_grad():
-            ref = fn(csr[0], csr[1], *leaves, param)[0]
-            return torch.autograd.grad(ref, leaves, grad)
-
-    def gt_fwd(self, q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn, plan, dense):
-        return self._fwd("gt_fwd", q, k, v, csr, csc, sizes, scale, dropout, seed, need_attn,
-                         plan, reference.dot_attention)
-
-    def gt_bwd(self, grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout, seed, one_launch,
-               mma):
-        assert isinstance(one_launch, bool) and isinstance(mma, bool)
-        return self._bwd("gt_bwd", grad, q, k, v, out, lse, csr, csc, sizes, scale, dropout,
-                         seed, reference.dot_attention)
-
-    def gat_fwd(self, a_dst, a_src, x, csr, csc, sizes, slope, dropout, seed, need_attn, plan):
-        return self._fwd("gat_fwd", a_dst, a_src, x, csr, csc, sizes, slope, dropout, seed,
-                         need_attn, plan, reference.additive_attention)
-
-    def gat_bwd(self, grad, a_dst, a_src, x, out, lse, csr, csc, sizes, slope, dropout, seed):
-        return self._bwd("gat_bwd", grad, a_dst, a_src, x, out, lse, csr, csc, sizes, slope,
-                         dropout, seed, reference.additive_attention)
+            return list(torch.autograd.grad(self._reference(plan, leaves, params), leaves, grad))
 
 
+# The stand-ins read the layout from the extension's plan object.
+needs_extension = pytest.mark.skipif(not pyg_dfgnn.HAS_EXTENSION,
+                                     reason="needs the compiled extension pyg_dfgnn._C")
+
+
+@needs_extension
 @pytest.mark.parametrize("op", ["gt", "gat"])
 def test_kernel_branch_arguments(op, monkeypatch):
     """The compiled ops' kernel branch: the forward passes the prepared layout with
@@ -386,14 +384,15 @@ def test_kernel_branch_arguments(op, monkeypatch):
     got = torch.autograd.grad(out, inputs, g)
     want = torch.autograd.grad(_reference(op, lay, *inputs), inputs, g)
     assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, want))
-    (fwd, fwd_sizes, with_csc, _, _), (bwd, bwd_sizes, bwd_csc, _) = kernels.calls
-    assert (fwd, bwd) == (f"{op}_fwd", f"{op}_bwd") and with_csc and bwd_csc
-    assert fwd_sizes == bwd_sizes and fwd_sizes[2] == 8  # the forward's chunk
+    (fwd, fwd_chunk, with_csc, _), (bwd, bwd_chunk, bwd_csc, _) = kernels.calls
+    assert (fwd, bwd) == ("fwd", "bwd") and with_csc and bwd_csc
+    assert fwd_chunk == bwd_chunk == 8  # the forward's chunk
     with torch.no_grad():
         (_gt_call if op == "gt" else _gat_call)(lay, need_grad=False)(*inputs)
     assert kernels.calls[-1][2] is False  # no backward: no CSC
 
 
+@needs_extension
 @pytest.mark.parametrize("name", ["gt", "gat"])
 def test_kernel_branch_under_compile_keeps_the_forward_seed(name, monkeypatch):
     """Through AOTAutograd's saved tensors, each layer's backward gets the seed
@@ -409,8 +408,8 @@ def test_kernel_branch_under_compile_keeps_the_forward_seed(name, monkeypatch):
     for x, ei in batches(3):
         kernels.calls.clear()
         step(model, x, ei)
-        fwd = [c[3] for c in kernels.calls if c[0].endswith("fwd")]
-        bwd = [c[3] for c in kernels.calls if c[0].endswith("bwd")]
+        fwd = [c[3] for c in kernels.calls if c[0] == "fwd"]
+        bwd = [c[3] for c in kernels.calls if c[0] == "bwd"]
         assert len(fwd) == 2 and bwd == fwd[::-1] and all(s > 0 for s in fwd)
         seeds += fwd
     assert len(set(seeds)) == len(seeds)
@@ -420,9 +419,9 @@ def test_kernel_branch_under_compile_keeps_the_forward_seed(name, monkeypatch):
 def test_opcheck(op):
     lay = _layout(14, num_edges=50)
     inputs = [t.detach().float().requires_grad_() for t in _inputs(op, lay)]
-    fn = torch.ops.pyg_dfgnn.gt_attention if op == "gt" else torch.ops.pyg_dfgnn.gat_attention
-    param, score = (0.4, "dot") if op == "gt" else (0.2, "additive")
-    torch.library.opcheck(fn, (*inputs, lay.handle, param, 0.0, True, "auto", score))
+    fn = torch.ops.pyg_dfgnn.dot_attention if op == "gt" else torch.ops.pyg_dfgnn.additive_attention
+    param = 0.4 if op == "gt" else 0.2
+    torch.library.opcheck(fn, (*inputs, lay.handle, param, 0.0, True, "auto"))
 
 
 def test_op_checks_shapes_when_it_runs():
@@ -538,9 +537,9 @@ def test_cuda_opcheck_and_kernels_match_reference(op, dtype):
     assert layout_of(int(lay.handle[0])) is lay and lay.handle.device.type == "cpu"
     assert layout_of(int(cpu_layout.handle[0])) is cpu_layout
     inputs = [t.detach().to(dtype).requires_grad_() for t in _inputs(op, lay, device=DEV)]
-    fn = torch.ops.pyg_dfgnn.gt_attention if op == "gt" else torch.ops.pyg_dfgnn.gat_attention
-    param, score = (0.4, "dot") if op == "gt" else (0.2, "additive")
-    args = (*inputs, lay.handle, param, 0.0, True, "auto", score)
+    fn = torch.ops.pyg_dfgnn.dot_attention if op == "gt" else torch.ops.pyg_dfgnn.additive_attention
+    param = 0.4 if op == "gt" else 0.2
+    args = (*inputs, lay.handle, param, 0.0, True, "auto")
     torch.library.opcheck(fn, args)
     out = fn(*args)[0]
     want = _reference(op, lay, *[t.double() for t in inputs])

@@ -22,7 +22,8 @@ from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
 from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
 from pyg_dfgnn import ops
-from pyg_dfgnn.layout import GraphLayout, attach_layout
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.layout_cache import attach_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
 
 LAYERS = {

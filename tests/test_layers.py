@@ -628,7 +628,7 @@ def test_transformer_query_prefix_on_cuda(bipartite, mode):
     ei = random_graph(ns, nd, num_edges=2500, num_isolated=0, num_duplicates=10)
     ei = ei[:, ei[1] < extent].cuda()
     x, xs, native, fused = _gt_pair_on_cuda(ns, nd, bipartite)
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
     assert get_layout(ei, size=(ns, nd)).dst_extent == extent
     dbl = tuple(t.double() for t in xs) if bipartite else x.double()
     if mode == "no_grad":
@@ -734,7 +734,7 @@ def test_joined_gradient_feature_passed_twice(same):
     which autograd adds; the gradients equal those of the same call on copies
     (no joined buffer)."""
     from pyg_dfgnn import ops
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
     n, H, C = 300, 2, 16
     ei = random_graph(n, num_edges=2500).cuda()
     lay = get_layout(ei, size=(n, n), add_self_loops=False)
@@ -762,7 +762,7 @@ def test_gt_bwd_into_checks_its_outputs():
     buffer, and refuses outputs it cannot write (a wrong shape or dtype, channels
     that are not contiguous, dk and dv rows apart by different strides) with a
     RuntimeError, never a fault."""
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
     from pyg_dfgnn.ops import gt_op_args
     n, H, C = 40, 2, 8
     ei = random_graph(n, num_edges=200).cuda()

@@ -11,7 +11,8 @@ from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_c
                                    to_torch_csc_tensor, to_torch_csr_tensor)
 
 from conftest import random_graph
-from pyg_dfgnn.layout import GraphLayout, get_layout
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.layout_cache import get_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
 from pyg_dfgnn.work_items import chunk_for, split_work
 from pyg_dfgnn.transforms import CacheLayout

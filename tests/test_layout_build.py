@@ -10,7 +10,7 @@ from torch import Tensor
 
 from conftest import random_graph
 from pyg_dfgnn import layout_build
-from pyg_dfgnn.layout import GraphLayout, LayoutIndexError, _build
+from pyg_dfgnn.layout import GraphLayout, LayoutIndexError, _build, gpu_build
 from pyg_dfgnn.work_items import SMALL_GRAPH_CHUNK, SMALL_GRAPH_EDGES
 
 try:
@@ -76,7 +76,7 @@ def assert_same_layout(got: GraphLayout, want: GraphLayout, with_csc: bool = Tru
 def build_both(ei: Tensor, ns: int, nd: int, loops: bool, with_csc: bool = True,
                chunk=None, long_first: bool = True):
     """``(kernel layout, torch layout)`` of the same input (its own copy each)."""
-    got = layout_build.build(ei.clone(), ns, nd, loops, with_csc, chunk, long_first)
+    got = gpu_build(ei.clone(), ns, nd, loops, with_csc, chunk, long_first)
     assert got is not None, "the kernel build did not apply"
     want = _build(ei.clone(), ns, nd, loops, with_csc, None, kernel=False)
     return got, want
@@ -93,7 +93,7 @@ def check(ei: Tensor, ns: int, nd: int, loops: bool, with_csc: bool = True, chun
 def test_not_applied_on_the_cpu():
     ei = random_graph(20, num_edges=50)
     assert not layout_build.available(torch.device("cpu"))
-    assert layout_build.build(ei, 20, 20, False, True) is None
+    assert gpu_build(ei, 20, 20, False, True) is None
 
 
 def test_kernel_flag_keeps_the_cpu_build():
@@ -247,7 +247,7 @@ def test_trimmed_view_input():
     ei = _grouped(random_graph(400, num_edges=3000)).cuda()
     view = ei.narrow(1, 0, 1700)
     assert not view.is_contiguous()
-    got = layout_build.build(view, 400, 400, False, True)
+    got = gpu_build(view, 400, 400, False, True)
     want = _build(view.contiguous(), 400, 400, False, True, None, kernel=False)
     assert_same_layout(got, want)
 
@@ -266,7 +266,7 @@ def test_outputs_save_and_load(tmp_path):
     """The int32 outputs share one allocation (edge_perm, int64, has its own):
     torch.save takes them, and they load equal, with the right strides."""
     ei = random_graph(500, num_edges=4000, num_self_loops=10).cuda()
-    lay = layout_build.build(ei, 500, 500, True, True)
+    lay = gpu_build(ei, 500, 500, True, True)
     tensors = [lay.rowptr, lay.col, lay._csr_row, lay._edge_perm, *lay._csc]
     tensors += [t for w in lay.derived.work.values() for t in (w.items, w.combine)]
     torch.save(tensors, tmp_path / "layout.pt")
@@ -281,8 +281,8 @@ def test_outputs_save_and_load(tmp_path):
 @pytest.mark.cuda
 def test_deterministic():
     ei = _hubs(random_graph(3000, num_edges=50000, num_self_loops=40), 3000, 3000, 900).cuda()
-    a = layout_build.build(ei, 3000, 3000, True, True)
-    b = layout_build.build(ei, 3000, 3000, True, True)
+    a = gpu_build(ei, 3000, 3000, True, True)
+    b = gpu_build(ei, 3000, 3000, True, True)
     assert_same_layout(a, b)
 
 
@@ -301,7 +301,7 @@ def test_deterministic():
 def test_out_of_range_raises_as_the_torch_build(bad, size, loops):
     ei = torch.tensor(bad, device="cuda")
     with pytest.raises(LayoutIndexError) as got:
-        layout_build.build(ei, size[0], size[1], loops, True)
+        gpu_build(ei, size[0], size[1], loops, True)
     with pytest.raises(LayoutIndexError) as want:
         _build(ei, size[0], size[1], loops, True, None, kernel=False)
     assert str(got.value) == str(want.value)
@@ -328,7 +328,7 @@ def test_op_rejects_bad_arguments():
 @pytest.mark.cuda
 def test_empty_side_falls_back_to_the_torch_build():
     ei = torch.tensor([[0], [0]], device="cuda")
-    assert layout_build.build(ei, 0, 3, False, True) is None
+    assert gpu_build(ei, 0, 3, False, True) is None
     with pytest.raises(LayoutIndexError):
         GraphLayout.from_edge_index(ei, (0, 3))
 
@@ -338,8 +338,8 @@ def test_empty_side_falls_back_to_the_torch_build():
 def test_one_synchronisation(loops):
     from benchmarks.layout import count_syncs
     ei = _grouped(random_graph(3000, num_edges=30000)).cuda()
-    layout_build.build(ei, 3000, 3000, loops, True)  # warm-up
-    assert count_syncs(lambda: layout_build.build(ei, 3000, 3000, loops, True)) == 1
+    gpu_build(ei, 3000, 3000, loops, True)  # warm-up
+    assert count_syncs(lambda: gpu_build(ei, 3000, 3000, loops, True)) == 1
 
 
 # ----------------------------------------------------------------------------- property

@@ -16,7 +16,8 @@ from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.node_order import ITEM_ORDERS, degree_rank, rcm_rank
 from pyg_dfgnn.ops import plan
-from pyg_dfgnn.ops._args import prepared
+from pyg_dfgnn.ops.calls import prepare
+from pyg_dfgnn.ops.spec import get as get_spec
 from pyg_dfgnn.work_items import order_items, split_work
 
 F32 = torch.float32
@@ -190,6 +191,14 @@ def test_moved_layout_keeps_orders():
 
 
 # ---------------------------------------------------------------------------- plan
+def _same_items(prep, row_work, col_work):
+    """The plan object holds exactly these work items (its tensors, not copies)."""
+    if prep.obj is None:  # without the extension there is no plan object
+        return
+    assert prep.obj.layout_tensor("row_items").data_ptr() == row_work.items.data_ptr()
+    assert prep.obj.layout_tensor("col_items").data_ptr() == col_work.items.data_ptr()
+
+
 def test_item_order_override():
     lay = _hub_graph()
     default = plan.plan_for(lay, F32, 32)
@@ -197,16 +206,15 @@ def test_item_order_override():
     with plan.override(item_order="rcm"):
         p = plan.plan_for(lay, F32, 32)
         assert p.item_order == "rcm" and p is not default
-        prep = prepared(lay, F32, 32, "dot", "auto", False, False, True)
-        assert prep.csr[2] is lay.work("row", p.chunk, True, "rcm").items
-        assert prep.csc[3] is lay.work("col", p.chunk, True, "rcm").items
+        prep = prepare(get_spec("dot"), lay, F32, 32, "auto", False, False, True)
+        _same_items(prep, lay.work("row", p.chunk, True, "rcm"),
+                    lay.work("col", p.chunk, True, "rcm"))
         with plan.override(item_order=None, long_items_first=False):  # nested: back to rows
             q = plan.plan_for(lay, F32, 32)
             assert q.item_order == "row" and not q.long_items_first
     assert plan.plan_for(lay, F32, 32) is default  # nothing leaks out
-    prep = prepared(lay, F32, 32, "dot", "auto", False, False, True)
-    assert prep.csr[2] is lay.work("row", default.chunk, True).items
-    assert prep.csc[3] is lay.work("col", default.chunk, True).items
+    prep = prepare(get_spec("dot"), lay, F32, 32, "auto", False, False, True)
+    _same_items(prep, lay.work("row", default.chunk, True), lay.work("col", default.chunk, True))
 
 
 @pytest.mark.parametrize("value", ["bfs", True, 1, "RCM"])

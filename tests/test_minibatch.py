@@ -372,7 +372,7 @@ def test_fuse_then_layout_is_built_once(build_count):
     fuse(model)
     model(torch.randn(b.num_nodes, 16), b.edge_index)
     assert build_count() == 1
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
     lay = get_layout(b.edge_index, (b.num_nodes, b.num_nodes), add_self_loops=True)
     assert build_count() == 1  # the layers' layout, from the cache
     assert isinstance(lay, GraphLayout) and lay.self_loops
@@ -462,7 +462,7 @@ def test_trimmed_view_layout_comes_from_the_parent(monkeypatch):
     build) and it equals a fresh build."""
     from torch_geometric.utils import trim_to_layer
 
-    from pyg_dfgnn.layout import get_layout
+    from pyg_dfgnn.layout_cache import get_layout
     b = make_batch("conventions")
     if getattr(b, "num_sampled_nodes", None) is None:
         pytest.skip("torch_sparse's sampler does not count hops (trim_to_layer needs pyg-lib)")

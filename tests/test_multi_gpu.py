@@ -22,7 +22,7 @@ import torch
 
 from conftest import ROOT, random_graph, rel_err
 from pyg_dfgnn import ops
-from pyg_dfgnn.layout import get_layout
+from pyg_dfgnn.layout_cache import get_layout
 
 EXAMPLE = ROOT / "examples" / "multi_gpu.py"
 

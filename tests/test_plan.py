@@ -148,7 +148,7 @@ def test_override_rejects_bad_fields(fields, msg):
 def test_forced_decisions_a_call_cannot_run_raise():
     lay = _layout(2000, 4000, hub=500)  # split rows at the default chunk
     with plan.override(two_rows=True):
-        with pytest.raises(ValueError, match="two rows per warp need SMMF and no split rows"):
+        with pytest.raises(ValueError, match="two rows per warp need SMMF, no split rows"):
             plan.plan_for(lay, F32, 32)
     with plan.override(mma=True):
         assert plan.plan_for(lay, BF16, 64).mma  # whole rows: split rows are no obstacle
@@ -217,12 +217,14 @@ def test_mma_backward_off_with_a_hub_column():
 
 
 def test_mma_backward_reaches_the_op_flags():
-    from pyg_dfgnn.ops import _args
+    from pyg_dfgnn.ops import calls, spec
+    dot = spec.get("dot")
     lay = _layout(300, 3000)
-    assert _args.prepared(lay, BF16, 64, "dot", "auto", False, False, True).flags[4] == 0
+    assert calls.prepare(dot, lay, BF16, 64, "auto", False, False, True).plan.flags()[
+        "mma_backward"] == 0
     with plan.override(mma_backward=True):
-        flags = _args.prepared(lay, BF16, 64, "dot", "auto", False, False, True).flags
-    assert flags[3:] == (0, 1)  # two launches, tensor-core dq walk
+        flags = calls.prepare(dot, lay, BF16, 64, "auto", False, False, True).plan.flags()
+    assert (flags["bwd_one_launch"], flags["mma_backward"]) == (0, 1)  # two launches
 
 
 def test_override_reaches_the_reference_path_rule():

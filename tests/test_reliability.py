@@ -15,8 +15,9 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
-import pyg_dfgnn.layout as L
-from pyg_dfgnn.layout import GraphLayout, LayoutIndexError, StaleLayoutError, get_layout
+import pyg_dfgnn.layout_cache as L
+from pyg_dfgnn.layout import GraphLayout, LayoutIndexError
+from pyg_dfgnn.layout_cache import StaleLayoutError, get_layout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
 from pyg_dfgnn.transforms import CacheLayout
 

@@ -1,6 +1,6 @@
-// What the C++ autograd kernels of the fused ops share (autograd.cpp for GT, GAT
-// and the normalisation, agnn.cpp for AGNN): the typed op handles, the grad
-// check, and the layout a backward keeps.
+// What the C++ autograd kernels share (attention.cpp for the attention ops,
+// projections.cpp for the GT projections): node allocation, typed op handles,
+// the grad check, backward op calls and the joined-gradient protocol.
 #pragma once
 #include <ATen/FuncTorchTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -15,35 +15,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "glue/layout_args.h"
-
 namespace dfgnn {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
-using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
-
-// The schemas of the attention ops (glue/bindings.cpp): the features, the
-// layout (csr, csc, sizes), the call's scalars, then the plan.
-using GatFwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const CsrList&,
-                          const OptTensorList&, at::IntArrayRef, double, double, int64_t, bool,
-                          at::IntArrayRef);
-using GtFwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const CsrList&,
-                         const OptTensorList&, at::IntArrayRef, double, double, int64_t, bool,
-                         at::IntArrayRef, double);
-using GatBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const CsrList&, at::TensorList,
-                          at::IntArrayRef, double, double, int64_t);
-using GtBwdSig = Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const CsrList&, at::TensorList,
-                         at::IntArrayRef, double, double, int64_t, bool, bool);
-// gt_bwd_into: dq, dk, dv to write, then gt_bwd's arguments.
-using GtBwdIntoSig = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const CsrList&, at::TensorList, at::IntArrayRef, double,
-                          double, int64_t, bool, bool);
 
 // The pointer autograd holds its nodes by: std::shared_ptr<Node> in torch 2.11,
 // c10::intrusive_ptr<Node> in torch 2.14. Node::getptr() returns it in both.
@@ -95,41 +72,6 @@ auto call_backward_op(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
   return op.call(std::forward<Args>(args)...);
 }
 
-// A forward call's layout arguments (csr, csc, sizes) as a backward keeps them:
-// by value, the CSC empty where the call passed none. The csr list is shared
-// with the call, not copied: the ops never change their arguments. A node keeps
-// them as plain members, not saved variables: none is an input that requires a
-// gradient or a differentiable output, so the version checks and graph edges of
-// saved variables have nothing to guard.
-struct KeptLayout {
-  CsrList csr;
-  std::vector<Tensor> csc;
-  std::vector<int64_t> sizes;
-
-  KeptLayout() = default;
-  KeptLayout(const CsrList& csr_, const OptTensorList& csc_, at::IntArrayRef sizes_)
-      : csr(csr_), csc(csc_.has_value() ? csc_->vec() : std::vector<Tensor>()),
-        sizes(sizes_.vec()) {}
-
-  // The error of a backward (`who`, its node) whose forward had no CSC layout.
-  void check_csc(const char* who) const {
-    TORCH_CHECK(!csc.empty(), who, ": the forward was called without the CSC layout (csc: "
-                "colptr, row, perm, col_items, col_combine), so it cannot be differentiated");
-  }
-
-  // A backward op (gt_bwd, gat_bwd) on this layout, `plan` its arguments after
-  // the seed; `who` names the node in the error of a forward that had no CSC.
-  template <typename Sig, typename... Plan>
-  Tensor3 backward(const char* who, const c10::TypedOperatorHandle<Sig>& op,
-                   const Tensor& grad, const Tensor& a, const Tensor& b, const Tensor& c,
-                   const Tensor& out, const Tensor& lse2, double param, double dropout,
-                   int64_t seed, Plan... plan) const {
-    check_csc(who);
-    return call_backward_op(op, grad, a, b, c, out, lse2, csr, at::TensorList(csc),
-                            at::IntArrayRef(sizes), param, dropout, seed, plan...);
-  }
-};
-
 // A node that joins its outputs' gradients by columns into one [rows, width]
 // buffer before its GEMMs (the GT projections, projections.cpp). A node
 // downstream in the forward that computes some of those gradients (the GT
@@ -144,9 +86,5 @@ struct JoinedGradients : Node {
   // uses the slices its gradients are views of.
   virtual void offer_joined(Tensor joined) = 0;
 };
-
-inline constexpr char kGtFwd[] = "dfgnn::gt_fwd";
-inline constexpr char kGtBwd[] = "dfgnn::gt_bwd";
-inline constexpr char kGtBwdInto[] = "dfgnn::gt_bwd_into";
 
 }  // namespace dfgnn

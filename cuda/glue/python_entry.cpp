@@ -2,21 +2,22 @@
 // registrations (bindings.cpp, autograd.cpp), and it holds a direct entry to the
 // forward ops (and the GT projections) for the eager host path.
 //
-// A small graph's training step is host-bound (docs/design.md, "Host path"), and
-// torch.ops.dfgnn.gt_fwd(*args) parses its arguments against the
+// A small graph's training step is host-bound (docs/host_path.md), and
+// torch.ops.dfgnn.attention_fwd(*args) parses its arguments against the
 // schema in Python's op wrapper (torch function checks, JIT type matching per
-// argument) before the dispatcher sees them. _C.gt_fwd(*args) takes the same
+// argument) before the dispatcher sees them. _C.attention_fwd(*args) takes the same
 // positional arguments, converts them by the schema's argument kinds and calls the
 // same operator through the dispatcher, boxed: autograd (the Autograd kernel in
 // autograd.cpp), the profiler's record, inference mode and Python dispatch modes
 // act as on the torch.ops path. Python-level dispatch (__torch_function__ of tensor
 // subclasses and TorchFunctionModes) does not: a tensor argument that is not an
 // exact torch.Tensor returns NotImplemented, and pyg_dfgnn.ops takes the torch.ops
-// path for it, for torch function modes and under torch.compile (ops/__init__.py,
-// _call_op).
+// path for it, for torch function modes and under torch.compile
+// (pyg_dfgnn/ops/direct.py, call_op).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <optional>
 #include <string>
@@ -44,7 +45,7 @@ Pushed type_error(const char* op, const c10::Argument& arg, const char* want, Py
 }
 
 // Converts a list or tuple `o` for a list argument of element type `elem`
-// (Tensor, Tensor? or int: the layout and plan arguments) into `stack`.
+// (Tensor, Tensor?, int or float) into `stack`.
 Pushed push_list(PyObject* o, const c10::Argument& arg, const c10::TypePtr& elem, const char* op,
                  torch::jit::Stack& stack) {
   if (!PyList_Check(o) && !PyTuple_Check(o)) return type_error(op, arg, "a list or tuple", o);
@@ -52,6 +53,19 @@ Pushed push_list(PyObject* o, const c10::Argument& arg, const c10::TypePtr& elem
   PyObject** items = PySequence_Fast_ITEMS(o);
   const bool optional = elem->kind() == c10::TypeKind::OptionalType;
   const c10::TypePtr inner = optional ? elem->castRaw<c10::OptionalType>()->getElementType() : elem;
+  if (inner->kind() == c10::TypeKind::FloatType && !optional) {
+    c10::List<double> list;
+    list.reserve(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!PyFloat_Check(items[i]) && !(PyLong_Check(items[i]) && !PyBool_Check(items[i])))
+        return type_error(op, arg, "a list of floats", items[i]);
+      const double v = PyFloat_AsDouble(items[i]);
+      if (v == -1.0 && PyErr_Occurred()) return Pushed::kError;
+      list.push_back(v);
+    }
+    stack.emplace_back(std::move(list));
+    return Pushed::kOk;
+  }
   if (inner->kind() == c10::TypeKind::IntType && !optional) {
     c10::List<int64_t> list;
     list.reserve(n);
@@ -134,6 +148,13 @@ Pushed push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::ji
       if (!PyBool_Check(o)) return type_error(op, arg, "a bool", o);
       stack.emplace_back(o == Py_True);
       return Pushed::kOk;
+    case c10::TypeKind::ClassType:  // a torch.classes object (the plan)
+      try {
+        stack.emplace_back(torch::jit::toIValue(o, type));
+      } catch (const std::exception&) {
+        return type_error(op, arg, type->str().c_str(), o);
+      }
+      return Pushed::kOk;
     default:
       PyErr_Format(PyExc_RuntimeError,
                    "%s: argument '%s' has a type the direct entry does not convert: %s", op,
@@ -165,17 +186,30 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
     GilRelease no_gil;
     op.callBoxed(stack);
   }
-  // The outputs: a schema's tensors, or the tensors of its one Tensor[] output.
-  std::vector<at::Tensor> results;
-  if (stack.size() == 1 && stack[0].isTensorList()) {
-    results = stack[0].toTensorVector();
-  } else {
-    for (auto& v : stack) results.push_back(v.toTensor());
-  }
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(results.size()));
+  // The outputs: a schema's tensors (a Tensor[] output as a list), or the tensors
+  // of its one Tensor[] output.
+  auto wrap_list = [](const std::vector<at::Tensor>& ts) -> PyObject* {
+    PyObject* l = PyList_New(static_cast<Py_ssize_t>(ts.size()));
+    if (l == nullptr) throw python_error();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      PyObject* t = THPVariable_Wrap(ts[i]);
+      if (t == nullptr) {
+        Py_DECREF(l);
+        throw python_error();
+      }
+      PyList_SET_ITEM(l, static_cast<Py_ssize_t>(i), t);
+    }
+    return l;
+  };
+  const bool one_list = stack.size() == 1 && stack[0].isTensorList();
+  const std::vector<at::Tensor> flat = one_list ? stack[0].toTensorVector() : std::vector<at::Tensor>();
+  const size_t n_out = one_list ? flat.size() : stack.size();
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(n_out));
   if (out == nullptr) throw python_error();
-  for (size_t i = 0; i < results.size(); ++i) {
-    PyObject* t = THPVariable_Wrap(results[i]);
+  for (size_t i = 0; i < n_out; ++i) {
+    PyObject* t = one_list                     ? THPVariable_Wrap(flat[i])
+                  : stack[i].isTensorList() ? wrap_list(stack[i].toTensorVector())
+                                              : THPVariable_Wrap(stack[i].toTensor());
     if (t == nullptr) {
       Py_DECREF(out);
       throw python_error();
@@ -186,18 +220,14 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
-constexpr char kGtFwd[] = "dfgnn::gt_fwd";
-constexpr char kGatFwd[] = "dfgnn::gat_fwd";
-constexpr char kAgnnFwd[] = "dfgnn::agnn_fwd";
+constexpr char kAttentionFwd[] = "dfgnn::attention_fwd";
 constexpr char kProjections[] = "dfgnn::projections";
 
 PyMethodDef methods[] = {
-    {"gt_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kGtFwd>)),
-     METH_FASTCALL, "torch.ops.dfgnn.gt_fwd without the Python op wrapper (same arguments)"},
-    {"gat_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kGatFwd>)),
-     METH_FASTCALL, "torch.ops.dfgnn.gat_fwd without the Python op wrapper (same arguments)"},
-    {"agnn_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kAgnnFwd>)),
-     METH_FASTCALL, "torch.ops.dfgnn.agnn_fwd without the Python op wrapper (same arguments)"},
+    {"attention_fwd",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kAttentionFwd>)),
+     METH_FASTCALL,
+     "torch.ops.dfgnn.attention_fwd without the Python op wrapper (same arguments)"},
     {"projections",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kProjections>)),
      METH_FASTCALL, "torch.ops.dfgnn.projections without the Python op wrapper (same arguments)"},

@@ -22,7 +22,8 @@ from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from .._ext import HAS_EXTENSION
-from ..ops import _call_op
+if HAS_EXTENSION:
+    from ..ops.direct import call_op
 
 # Forwards that are exactly F.linear(x, weight, bias), so a join of them is too.
 _PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
@@ -215,7 +216,7 @@ def joined_linear(x: Tensor, weights: List[Tensor], biases: List[Optional[Tensor
     if len(weights) == 1 and rows is None:
         return [F.linear(x, weights[0], biases[0])]
     if HAS_EXTENSION and not torch.compiler.is_compiling():
-        return _call_op("projections", (x, rows, weights, biases))
+        return call_op("projections", (x, rows, weights, biases))
     return Projections.apply(x, rows, *weights, *biases)
 
 

@@ -5,7 +5,7 @@ from torch import Tensor
 from torch_geometric.nn.conv import AGNNConv
 from torch_geometric.typing import Adj
 
-from ..layout import get_layout
+from ..layout_cache import get_layout
 from ..ops import agnn_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)

@@ -10,7 +10,7 @@ from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
 from torch_geometric.utils import is_torch_sparse_tensor
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..layout import get_layout
+from ..layout_cache import get_layout
 from ..ops import gat_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)

@@ -11,7 +11,7 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor
 
-from ..layout import get_layout
+from ..layout_cache import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
                       propagate_is_customised, use_own_propagate)

@@ -1,27 +1,27 @@
-r"""The fused ops as ``torch.compile`` sees them: custom ops that take the
-layout as its ``handle`` tensor.
+r"""The fused ops as ``torch.compile`` sees them: one custom op per score
+function, ``pyg_dfgnn::<score>_attention``, that takes the layout as its
+``handle`` tensor. They are defined from the score specs
+(:mod:`pyg_dfgnn.ops.spec`), with their fakes and autograd, by :func:`define`.
 
-Inside a compiled region, :func:`~pyg_dfgnn.ops.gt_attention` and
-:func:`~pyg_dfgnn.ops.gat_attention` (and :func:`~pyg_dfgnn.ops.agnn_attention`,
-through the GT op) call ``pyg_dfgnn::gt_attention`` / ``pyg_dfgnn::gat_attention``
-instead of reading the layout in Python. The compiled graph then depends on
-tensors and on static configuration only: the handle is a graph input read from
-the layout on each call, so a new graph (a mini-batch) is a new input value, not a
-recompile. Everything that reads the layout's integers runs inside the op when it
-runs, exactly as an eager call runs it: the shape checks, the int64-index
-``NotImplementedError``, the kernel plan and its work items
-(:func:`~pyg_dfgnn.ops._args.prepared`) and the dropout seed (drawn on each call
+Inside a compiled region the score's op (:func:`~pyg_dfgnn.ops.attention.attention`)
+calls its custom op instead of reading the layout in Python. The compiled graph
+then depends on tensors and on static configuration only: the handle is a graph
+input read from the layout on each call, so a new graph (a mini-batch) is a new
+input value, not a recompile. Everything that reads the layout's integers runs
+inside the op when it runs, exactly as an eager call runs it: the input checks,
+the int64-index ``NotImplementedError``, the kernel plan and its work items
+(:func:`~pyg_dfgnn.ops.calls.prepare`) and the dropout seed (drawn on each call
 from torch's CPU generator and returned in the ``token`` output for the
 backward).
 
-The backward ops (``*_bwd``, wired with :func:`torch.library.register_autograd`)
-take that token: the seed, the plan overrides of the forward (so the backward
-walks the forward's work items) and the layout, which the token's storage keeps
-alive until the backward has run. On CUDA with kernel support they call
-``torch.ops.dfgnn.gt_bwd`` / ``gat_bwd`` with the arguments the C++ autograd
-node passes (``cuda/glue/autograd.cpp``); elsewhere they differentiate
-:mod:`pyg_dfgnn.ops.reference`, recomputed with the forward's dropout mask (a
-generator seeded from the token).
+The backward op (``<score>_attention_bwd``, wired with
+:func:`torch.library.register_autograd`) takes that token: the seed, the plan
+overrides of the forward (so the backward walks the forward's work items) and
+the layout, which the token's storage keeps alive until the backward has run. On
+CUDA with kernel support it calls ``torch.ops.dfgnn.attention_bwd`` with what
+the C++ autograd node passes (``cuda/glue/attention.cpp``); elsewhere it
+differentiates the score's reference, recomputed with the forward's dropout mask
+(a generator seeded from the token).
 
 The ops carry the ``cudagraph_unsafe`` tag: a CUDA graph that Inductor records
 (``mode="reduce-overhead"``) would replay the launches of one layout for every
@@ -30,19 +30,17 @@ later handle, so they run outside the recorded graphs.
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Dict, List, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..layout import layout_of
-from . import _check_features, _check_gat, _runs_kernels, _seed
+from . import calls
 from . import plan as _plan
-from . import reference
-from ._args import gat_args, gt_args, prepared
 from .plan import choose_strategy
+from .spec import ScoreSpec
 
 _LIB = torch.library.Library("pyg_dfgnn", "FRAGMENT")
 _FLOAT = torch.float32
@@ -58,6 +56,7 @@ _FWD_TAGS = _BWD_TAGS + tuple(getattr(torch.Tag, name) for name in ("nondetermin
 # a handful of distinct overrides, so the table stays small.
 _OVERRIDE_IDS: Dict[tuple, int] = {}
 _OVERRIDES: List[tuple] = []
+_DEFINED: Dict[str, ScoreSpec] = {}
 
 
 class _Keep(np.ndarray):
@@ -94,152 +93,131 @@ def _dropout_rng(seed: int, dropout: float, device: torch.device):
         yield
 
 
-class _Family(NamedTuple):
-    """One fused op family: its compiled entry's name, the argument names of its
-    three features and scalar, its checks, kernel ops and reference."""
-    name: str
-    names: tuple  # (a, b, c, param): the schema's argument names
-    check: Callable  # (layout, a, b, c)
-    kernel_fwd: str
-    kernel_bwd: str
-    args: Callable  # (prep, a, b, c, param, dropout, seed, need_attn) -> op args
-    reference: Callable  # (layout, a, b, c, param, dropout) -> out
-    one_launch: bool  # the backward op takes the plan's bwd_one_launch and mma_backward
-
-
-def _gt_reference(layout, q, k, v, scale, dropout):
-    return reference.dot_attention(layout.rowptr, layout.col, q, k, v, scale, dropout,
-                                   training=dropout > 0)[0]
-
-
-def _gat_reference(layout, a_dst, a_src, x, negative_slope, dropout):
-    return reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x,
-                                        negative_slope, dropout, training=dropout > 0)[0]
-
-
-def _check_gt(layout, q, k, v):
-    _check_features(layout, q, k, v, "gt_attention")
-
-
-def _check_gat_call(layout, a_dst, a_src, x):
-    _check_gat(layout, a_src, a_dst, x)
-
-
-GT = _Family("gt_attention", ("q", "k", "v", "scale"), _check_gt, "gt_fwd", "gt_bwd", gt_args,
-             _gt_reference, True)
-GAT = _Family("gat_attention", ("a_dst", "a_src", "x", "negative_slope"), _check_gat_call,
-              "gat_fwd", "gat_bwd", gat_args, _gat_reference, False)
-
-
 def _kernel(name: str):
     """``torch.ops.dfgnn.<name>.default`` (a function: tests stand in for the
     kernels on machines without them)."""
     return getattr(torch.ops.dfgnn, name).default
 
 
-def _forward(fam: _Family, a: Tensor, b: Tensor, c: Tensor, handle: Tensor, param: float,
-             dropout: float, need_grad: bool, strategy: str, score: str):
+def _runs_kernels(layout, is_cuda: bool, head_size: int, dtype: torch.dtype) -> bool:
+    return calls.runs_kernels(layout, is_cuda, head_size, dtype)
+
+
+def _forward(spec: ScoreSpec, inputs: List[Tensor], handle: Tensor, params: List[float],
+             dropout: float, need_grad: bool, strategy: str):
     handle_id = int(handle[0])
     layout = layout_of(handle_id)
-    fam.check(layout, a, b, c)
-    head_size, dtype = c.size(2), c.dtype
-    if _runs_kernels(layout, c.is_cuda, head_size, dtype):
-        prep = prepared(layout, dtype, head_size, score, strategy, dropout > 0, False, need_grad)
-        seed = _seed() if dropout > 0 else 0
-        args = fam.args(prep, a.contiguous(), b.contiguous(), c.contiguous(), param, dropout,
-                        seed, False)
-        out, lse, _attn = _kernel(fam.kernel_fwd)(*args)
+    spec.check(layout, *inputs)
+    value = inputs[spec.value_input]
+    head_size, dtype = value.size(2), value.dtype
+    if _runs_kernels(layout, value.is_cuda, head_size, dtype):
+        prep = calls.prepare(spec, layout, dtype, head_size, strategy, dropout > 0, False,
+                             need_grad)
+        seed = calls.seed() if dropout > 0 else 0
+        out, lse, _attn, saved = _kernel("attention_fwd")(
+            calls.kernel_inputs(spec, inputs), prep.obj, params, dropout, seed, False)
     else:
-        choose_strategy(layout.max_in_degree, score, c.element_size(), strategy)  # checks
-        seed = _seed() if dropout > 0 else 0
-        with _dropout_rng(seed, dropout, c.device):
-            out = fam.reference(layout, a, b, c, param, dropout).contiguous()
-        lse = c.new_zeros((a.size(0), c.size(1)), dtype=_FLOAT)  # the kernels' only
-    return out, lse, _token(seed, layout, handle_id)
+        choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
+        seed = calls.seed() if dropout > 0 else 0
+        with _dropout_rng(seed, dropout, value.device):
+            out = spec.reference(layout, inputs, params, dropout, dropout > 0)[0].contiguous()
+        dst = inputs[spec.dst_input]
+        lse = value.new_zeros((dst.size(0), value.size(1)), dtype=_FLOAT)  # the kernels' only
+        saved = [torch.zeros_like(t) for t in spec.saved_like(inputs)]
+    return out, lse, _token(seed, layout, handle_id), list(saved)
 
 
-def _backward(fam: _Family, grad: Tensor, a: Tensor, b: Tensor, c: Tensor, out: Tensor,
-              lse: Tensor, token: Tensor, param: float, dropout: float, strategy: str,
-              score: str):
+def _backward(spec: ScoreSpec, grad: Tensor, inputs: List[Tensor], out: Tensor, lse: Tensor,
+              token: Tensor, saved: List[Tensor], params: List[float], dropout: float,
+              strategy: str) -> List[Tensor]:
     seed, oid, handle_id = token.tolist()
     layout = layout_of(handle_id)  # alive: the token's storage holds it
-    head_size, dtype = c.size(2), c.dtype
-    if _runs_kernels(layout, c.is_cuda, head_size, dtype):
-        prep = prepared(layout, dtype, head_size, score, strategy, dropout > 0, False, True,
-                        overrides=_OVERRIDES[oid])
-        extra = (bool(prep.flags[3]), bool(prep.flags[4])) if fam.one_launch else ()
-        return _kernel(fam.kernel_bwd)(
-            grad.contiguous(), a.contiguous(), b.contiguous(), c.contiguous(), out, lse,
-            prep.csr, prep.csc, prep.sizes, param, dropout, seed, *extra)
+    value = inputs[spec.value_input]
+    head_size, dtype = value.size(2), value.dtype
+    if _runs_kernels(layout, value.is_cuda, head_size, dtype):
+        prep = calls.prepare(spec, layout, dtype, head_size, strategy, dropout > 0, False, True,
+                             overrides=_OVERRIDES[oid])
+        return list(_kernel("attention_bwd")(
+            grad.contiguous(), calls.kernel_inputs(spec, inputs), out, lse, saved, prep.obj,
+            params, dropout, seed))
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (a, b, c)]
-        with _dropout_rng(seed, dropout, c.device):
-            ref = fam.reference(layout, *leaves, param, dropout)
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        with _dropout_rng(seed, dropout, value.device):
+            ref = spec.reference(layout, leaves, params, dropout, dropout > 0)[0]
         grads = torch.autograd.grad(ref, leaves, grad, allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
-                 for g, t in zip(grads, leaves))
+    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(grads, leaves)]
 
 
-def _define(fam: _Family) -> None:
-    a, b, c, param = fam.names
-    feats = f"Tensor {a}, Tensor {b}, Tensor {c}"
-    _LIB.define(f"{fam.name}({feats}, Tensor handle, float {param}, float dropout, "
-                "bool need_grad, str strategy, str score) -> (Tensor, Tensor, Tensor)",
-                tags=_FWD_TAGS)
-    _LIB.define(f"{fam.name}_bwd(Tensor grad_out, {feats}, Tensor out, Tensor lse, "
-                f"Tensor token, float {param}, float dropout, str strategy, str score) "
-                "-> (Tensor, Tensor, Tensor)", tags=_BWD_TAGS)
-    _LIB.impl(fam.name, lambda *args: _forward(fam, *args), "CompositeExplicitAutograd")
-    _LIB.impl(f"{fam.name}_bwd", lambda *args: _backward(fam, *args),
-              "CompositeExplicitAutograd")
+def define(spec: ScoreSpec) -> None:
+    """Defines ``pyg_dfgnn::<spec.name>_attention`` and its backward op, with
+    fakes and autograd (once per score)."""
+    if spec.name in _DEFINED:
+        return
+    _DEFINED[spec.name] = spec
+    n_in, n_par = len(spec.inputs), len(spec.params)
+    name = f"{spec.name}_attention"
+    feats = ", ".join(f"Tensor {a}" for a in spec.inputs)
+    params = "".join(f", float {p}" for p in spec.params)
+    _LIB.define(f"{name}({feats}, Tensor handle{params}, float dropout, bool need_grad, "
+                "str strategy) -> (Tensor, Tensor, Tensor, Tensor[])", tags=_FWD_TAGS)
+    _LIB.define(f"{name}_bwd(Tensor grad_out, {feats}, Tensor out, Tensor lse, Tensor token, "
+                f"Tensor[] saved{params}, float dropout, str strategy) -> Tensor[]",
+                tags=_BWD_TAGS)
 
-    def fake_forward(a, b, c, handle, param, dropout, need_grad, strategy, score):
-        out = c.new_empty((a.size(0), c.size(1), c.size(2)))
-        lse = c.new_empty((a.size(0), c.size(1)), dtype=_FLOAT)
-        return out, lse, torch.empty(3, dtype=torch.int64)
+    def forward(*args):
+        inputs, handle = list(args[:n_in]), args[n_in]
+        params_, (dropout, need_grad, strategy) = list(args[n_in + 1:n_in + 1 + n_par]), \
+            args[n_in + 1 + n_par:]
+        return _forward(spec, inputs, handle, params_, dropout, need_grad, strategy)
 
-    def fake_backward(grad, a, b, c, out, lse, token, param, dropout, strategy, score):
-        return a.new_empty(a.shape), b.new_empty(b.shape), c.new_empty(c.shape)
+    def backward_op(grad, *args):
+        inputs = list(args[:n_in])
+        out, lse, token, saved = args[n_in:n_in + 4]
+        params_ = list(args[n_in + 4:n_in + 4 + n_par])
+        dropout, strategy = args[n_in + 4 + n_par:]
+        return _backward(spec, grad, inputs, out, lse, token, list(saved), params_, dropout,
+                         strategy)
 
-    torch.library.register_fake(f"pyg_dfgnn::{fam.name}", fake_forward, lib=_LIB)
-    torch.library.register_fake(f"pyg_dfgnn::{fam.name}_bwd", fake_backward, lib=_LIB)
+    _LIB.impl(name, forward, "CompositeExplicitAutograd")
+    _LIB.impl(f"{name}_bwd", backward_op, "CompositeExplicitAutograd")
+
+    def fake_forward(*args):
+        inputs = args[:n_in]
+        dst, value = inputs[spec.dst_input], inputs[spec.value_input]
+        out = value.new_empty((dst.size(0), value.size(1), value.size(2)))
+        lse = value.new_empty((dst.size(0), value.size(1)), dtype=_FLOAT)
+        return out, lse, torch.empty(3, dtype=torch.int64), spec.saved_like(inputs)
+
+    def fake_backward(grad, *args):
+        return [t.new_empty(t.shape) for t in args[:n_in]]
+
+    torch.library.register_fake(f"pyg_dfgnn::{name}", fake_forward, lib=_LIB)
+    torch.library.register_fake(f"pyg_dfgnn::{name}_bwd", fake_backward, lib=_LIB)
 
     def setup_context(ctx, inputs, output):
-        a, b, c, _handle, param, dropout, _need_grad, strategy, score = inputs
-        out, lse, token = output
-        ctx.save_for_backward(a, b, c, out, lse, token)
-        ctx.config = (param, dropout, strategy, score)
+        out, lse, token, saved = output
+        ctx.save_for_backward(*inputs[:n_in], out, lse, token, *saved)
+        ctx.n_saved = len(saved)
+        ctx.config = tuple(inputs[n_in + 1:n_in + 1 + n_par]) + (inputs[n_in + 1 + n_par],
+                                                                   inputs[-1])
 
-    def backward(ctx, grad_out, _grad_lse, _grad_token):
-        a, b, c, out, lse, token = ctx.saved_tensors
-        grads = getattr(torch.ops.pyg_dfgnn, f"{fam.name}_bwd").default(
-            grad_out, a, b, c, out, lse, token, *ctx.config)
-        return (*grads, None, None, None, None, None, None)
+    def backward(ctx, grad_out, _grad_lse, _grad_token, _grad_saved):
+        t = ctx.saved_tensors
+        feats, (out, lse, token), saved = t[:n_in], t[n_in:n_in + 3], list(t[n_in + 3:])
+        grads = getattr(torch.ops.pyg_dfgnn, f"{name}_bwd").default(
+            grad_out, *feats, out, lse, token, saved, *ctx.config)
+        return (*grads, None, *([None] * n_par), None, None, None)
 
-    torch.library.register_autograd(f"pyg_dfgnn::{fam.name}", backward,
+    torch.library.register_autograd(f"pyg_dfgnn::{name}", backward,
                                     setup_context=setup_context, lib=_LIB)
 
 
-_define(GT)
-_define(GAT)
-
-
-def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
-                 dropout: float, need_grad: bool, strategy: str, score: str) -> Tensor:
-    """:func:`~pyg_dfgnn.ops.gt_attention` without attention weights, through
-    ``pyg_dfgnn::gt_attention`` (the layout as its handle); ``dropout`` is the
-    probability the call applies (0 outside training)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, _lse, _token = torch.ops.pyg_dfgnn.gt_attention.default(
-        q, k, v, layout.handle, scale, dropout, need_grad, strategy, score)
-    return out
-
-
-def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float,
-                  dropout: float, need_grad: bool, strategy: str) -> Tensor:
-    """:func:`~pyg_dfgnn.ops.gat_attention` without attention weights, through
-    ``pyg_dfgnn::gat_attention`` (``dropout`` as in :func:`gt_attention`)."""
-    out, _lse, _token = torch.ops.pyg_dfgnn.gat_attention.default(
-        a_dst, a_src, x, layout.handle, float(negative_slope), dropout, need_grad, strategy,
-        "additive")
+def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequence[float],
+              dropout: float, need_grad: bool, strategy: str) -> Tensor:
+    """:func:`~pyg_dfgnn.ops.attention.attention` without attention weights,
+    through ``pyg_dfgnn::<score>_attention`` (the layout as its handle);
+    ``dropout`` is the probability the call applies (0 outside training)."""
+    op = getattr(torch.ops.pyg_dfgnn, f"{spec.name}_attention").default
+    out, _lse, _token, _saved = op(*inputs, layout.handle, *(float(p) for p in params),
+                                   float(dropout), bool(need_grad), strategy)
     return out

@@ -1,16 +1,18 @@
 r"""The kernel plan: which fused kernels a call runs, decided in one place.
 
-A :class:`Plan` holds every decision the CUDA side used to make for itself:
-the fusion method (SMMF or PMF, paper §4.2), the work-item chunk and order, two
-rows per warp, the tensor-core and dense-tile forward, and the one- or
-two-launch backward. :func:`plan_for` computes it once per (layout, dtype, head
-size, flags) and keeps it in the layout's :class:`~pyg_dfgnn.derived.Derived`;
-the ops pass its fields to ``torch.ops.dfgnn`` as explicit arguments, and the C++
-side only checks that a decision is possible there (a forced choice that cannot
-run raises before any launch).
+A :class:`Plan` holds every kernel choice of a call: the fusion method (SMMF or
+PMF, paper §4.2), the work-item chunk and order, vector or scalar row accesses,
+two rows per warp, the tensor-core and dense-tile forward, how split rows are
+merged, and the backward's launches and tensor-core walks. :func:`plan_for`
+computes it once per (layout, score, dtype, head size, flags) from everything the
+CUDA side could look at and keeps it in the layout's
+:class:`~pyg_dfgnn.derived.Derived`; the ops pass it to ``torch.ops.dfgnn`` in the
+plan object (:mod:`pyg_dfgnn.ops.calls`), and the C++ side runs exactly what it
+says or raises where a call cannot run it. :func:`Plan.kernels` names what runs
+and why (:func:`pyg_dfgnn.explain` shows it for a layer's call).
 
 This module is the only home of the thresholds and support tables below, each
-measured on an H100 (``docs/design.md`` has the numbers). The default chunk
+measured on an H100 (``docs/kernel_plan.md`` has the numbers). The default chunk
 (:func:`pyg_dfgnn.work_items.chunk_for`) lives below the layout, whose build
 needs it.
 
@@ -30,16 +32,16 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
 from ..node_order import ITEM_ORDERS
 from ..work_items import chunk_for
+from . import spec as _spec
 from .tiles import layout_tiles
 
 STRATEGIES = ("auto", "smmf", "pmf")
-SCORES = ("dot", "cosine", "additive")
 RULES = ("measured", "paper")
 #: Largest head row (bytes) the vectorised kernels hold in registers
 #: (``dispatch_row_shape`` in ``cuda/host/dispatch.cuh``).
@@ -207,10 +209,22 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
     :data:`MAX_SCALAR_C`. Unsupported sizes run the reference."""
     if dtype not in (torch.float32, torch.float16, torch.bfloat16) or head_size <= 0:
         return False
+    return vector_rows(head_size, dtype) or head_size <= MAX_SCALAR_C
+
+
+def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
+    """Whether heads of ``head_size`` channels of ``dtype`` are read as 16-byte
+    vectors (``dispatch_row_shape``); the ops pass the kernels 16-byte aligned
+    rows (:func:`pyg_dfgnn.ops.calls.aligned`)."""
     row_bytes = head_size * dtype.itemsize
-    if row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES:
-        return True
-    return head_size <= MAX_SCALAR_C
+    return row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES
+
+
+def two_rows_shape(head_size: int, dtype: torch.dtype) -> bool:
+    """Whether the fp32 SMMF forward has a two-rows-per-warp shape for
+    ``head_size``: 4-float vectors, 5 to 32 of them per row (``kHasTwoRowsShape``
+    in ``cuda/host/dispatch.cuh``; fp16 / bf16 would spill)."""
+    return dtype == torch.float32 and head_size % 4 == 0 and 20 <= head_size <= 128
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,11 +247,13 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
     kernel keeps scores in registers and splits long rows into work items, and
     beat PMF on every graph measured, super nodes included (Reddit-like 2.06 ms
     against 3.68 forward), so the ``"measured"`` rule runs SMMF everywhere.
-    Additive scores (GAT) are SMMF under both rules (paper Fig. 12).
+    Additive scores (GAT) are SMMF under both rules (paper Fig. 12); a score
+    without a PMF path always is.
 
     Args:
         max_in_degree (int): largest in-degree of the graph.
-        score (str): ``"dot"`` (GT), ``"cosine"`` (AGNN) or ``"additive"`` (GAT).
+        score (str): a registered score (:mod:`pyg_dfgnn.ops.spec`): ``"dot"``
+            (GT), ``"cosine"`` (AGNN), ``"additive"`` (GAT), ``"gatv2"``, ...
         elem_size (int): bytes per feature element (4 fp32, 2 fp16/bf16).
         strategy (str): ``"auto"``, or ``"smmf"`` / ``"pmf"`` to force one.
         capacity (int, optional): shared memory per block in bytes, for the paper
@@ -250,15 +266,14 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if score not in SCORES:
-        raise ValueError(f"score must be 'dot', 'cosine' or 'additive', got {score!r}")
+    spec = _spec.get(score)
     if rule is None:
         rule = _get("rule", "measured")
     if rule not in RULES:
         raise ValueError(f"rule must be 'measured' or 'paper', got {rule!r}")
     if strategy != "auto":
         return strategy
-    if score == "additive" or rule == "measured":
+    if not spec.pmf_rule or rule == "measured":
         return "smmf"
     capacity = shared_memory_per_block() if capacity is None else capacity
     return "pmf" if max_in_degree >= capacity // max(elem_size, 1) else "smmf"
@@ -270,42 +285,123 @@ class Plan:
     r"""The kernels one fused call runs (:func:`plan_for`).
 
     Attributes:
+        score (str): the score function (:mod:`pyg_dfgnn.ops.spec`).
+        half (bool): the features are fp16 / bf16.
         method (str): ``"smmf"`` (node-parallel, fused) or ``"pmf"``
             (edge-parallel scores, then softmax + SpMM).
         chunk (int): edges per work item.
         long_items_first (bool): work items of split rows ordered longest first.
         item_order (str): node order of the work items of both walks
             (:data:`~pyg_dfgnn.node_order.ITEM_ORDERS`).
+        vector_rows (bool): rows read as 16-byte vectors (else one element per
+            access, any ``C`` up to :data:`MAX_SCALAR_C`).
         two_rows (bool): two rows per warp in the SMMF forward (fp32 head shapes
             with that variant; needs SMMF and no split rows).
-        mma (bool): the tensor-core GT forward (fp16 / bf16, ``C`` in
+        mma (bool): the tensor-core forward (fp16 / bf16, ``C`` in
             :data:`MMA_HEAD_SIZES`, SMMF, no dropout, no attention weights).
         dense_cells (float): ``0``: no dense tiles; else the forward runs over
             the layout's tile plan, a block dense while its window holds at most
             this many cells per edge (needs ``mma``).
-        bwd_one_launch (bool): the GT backward's CSR and CSC walks in one launch.
-        mma_backward (bool): the GT backward's two walks on tensor cores
+        split_rows (bool): some row is longer than a work item (its items merge
+            their partial results).
+        merge_in_kernel (bool): the forward's split rows merge in the kernel
+            (arrival counters) rather than in merge launches after it (PMF, and
+            calls captured into a CUDA graph, where the counters cannot be
+            reset between replays).
+        bwd_one_launch (bool): the backward's CSR and CSC walks in one launch.
+        mma_backward (bool): the backward's two walks on tensor cores
             (``cuda/kernels/gt_backward_mma.cu``; needs what ``mma`` needs and
             ``bwd_one_launch=False``; a warp walks 8 whole rows or columns).
+        bwd_merge_in_kernel (bool): the backward's split rows merge in its
+            kernels (fp32 kernels carry the merge, outside graph capture).
+        why (tuple): ``(decision, reason)`` pairs: why each choice was made.
     """
+    score: str
+    half: bool
     method: str
     chunk: int
     long_items_first: bool
     item_order: str
+    vector_rows: bool
     two_rows: bool
     mma: bool
     dense_cells: float
+    split_rows: bool
+    merge_in_kernel: bool
     bwd_one_launch: bool
     mma_backward: bool
+    bwd_merge_in_kernel: bool
+    why: Tuple[Tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def pmf(self) -> bool:
         return self.method == "pmf"
 
+    def flags(self) -> dict:
+        """The decisions as the C++ plan object takes them (0 / 1)."""
+        return {"pmf": int(self.pmf), "vector_rows": int(self.vector_rows),
+                "two_rows": int(self.two_rows), "mma": int(self.mma),
+                "merge_in_kernel": int(self.merge_in_kernel),
+                "bwd_one_launch": int(self.bwd_one_launch),
+                "mma_backward": int(self.mma_backward),
+                "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel)}
+
+    def kernels(self, backward: bool = False) -> List[Tuple[str, str]]:
+        r"""``(kernel, what it does)`` for each kernel the forward (or the
+        backward) of this plan launches, in launch order."""
+        merge = "merge launch: the split rows' partial results, in slot order"
+        name = self.score
+        if backward:
+            res = []
+            if name == "additive":
+                res += [(f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"),
+                        (f"{name}:bwd_src", "CSC walk over sources: dx and d a_src")]
+            else:
+                if self.half:
+                    res.append((f"{name}:dsum", "D_i = sum_j P'_ij (dO_i . v_j) in fp32 over "
+                                                "the half-precision inputs"))
+                if self.bwd_one_launch:
+                    res.append((f"{name}:bwd_one_launch", "the CSR (dq) and CSC (dk, dv) walks "
+                                "side by side in one launch, the CSC walk recomputing its "
+                                "weights"))
+                elif self.mma_backward:
+                    res += [(f"{name}:dq_mma", "CSR walk on tensor cores, 8 whole rows per "
+                                               "warp; saves (P', dS) per edge and head"),
+                            (f"{name}:dkv_mma", "CSC walk on tensor cores: SpMM with the saved "
+                                                "weights")]
+                else:
+                    res += [(f"{name}:dq_walk", "CSR walk: scores, softmax backward and dq; "
+                                                "saves (P', dS) per edge and head"),
+                            (f"{name}:dkv_walk", "CSC walk: dk and dv as an SpMM with the saved "
+                                                 "weights")]
+            if self.split_rows and not self.bwd_merge_in_kernel and not self.mma_backward:
+                res.append(("combine_partials", merge))
+            return res
+        if self.mma:
+            if self.dense_cells > 0:
+                return [("dot:fwd_dense", "tensor cores over dense 64-row tiles (blocks whose "
+                                          "window is too sparse run 16-edge units)")]
+            return [("dot:fwd_mma", "tensor cores, 16-edge units, 8 whole rows per warp")]
+        if self.pmf:
+            res = [(f"{self.score}:sddmm", "edge-parallel scores [E, H] (PMF, paper §4.1)"),
+                   ("softmax_spmm", "edge softmax + SpMM over work items")]
+            if self.split_rows:
+                res.append(("combine_partials", merge))
+            return res
+        shape = "two rows per warp" if self.two_rows else "one row per lane group"
+        access = "16-byte vectors" if self.vector_rows else "one element per access"
+        res = [(f"{self.score}:smmf", f"SMMF: scores, online softmax and SpMM in one pass "
+                                      f"({shape}, {access})")]
+        if self.split_rows:
+            res.append(("merge_softmax_partials", merge) if not self.merge_in_kernel else
+                       (f"{self.score}:smmf", "split rows merged in the kernel by their last "
+                                              "item"))
+        return res
+
 
 def plan_for(layout, dtype: torch.dtype, head_size: int, score: str = "dot",
              strategy: str = "auto", dropout: bool = False, need_attn: bool = False,
-             tiles: bool = True) -> Plan:
+             tiles: bool = True, capturing: bool = False) -> Plan:
     r"""The :class:`Plan` of a fused call, made once per key and kept in
     ``layout.derived.plans``.
 
@@ -313,25 +409,29 @@ def plan_for(layout, dtype: torch.dtype, head_size: int, score: str = "dot",
         layout (GraphLayout): the graph.
         dtype (torch.dtype): the features' dtype.
         head_size (int): channels per head ``C``.
-        score (str): ``"dot"``, ``"cosine"`` or ``"additive"``.
+        score (str): a registered score (``"dot"``, ``"cosine"``, ``"additive"``,
+            ``"gatv2"``, ...).
         strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
         dropout (bool): the call applies attention dropout.
         need_attn (bool): the call returns the attention weights.
-        tiles (bool): the op can take a tile plan (``agnn_fwd`` cannot); without,
-            ``dense_cells`` is 0 and no tile plan is built.
+        tiles (bool): the call may run dense tiles (where the score has them);
+            without, ``dense_cells`` is 0 and no tile plan is built.
+        capturing (bool): the call is captured into a CUDA graph (split rows then
+            merge in merge launches).
 
     Raises:
         ValueError: a bad ``strategy`` or ``score``, or an :func:`override` that
             forces a decision this call cannot run.
     """
     return kept_plan(layout, (dtype, head_size, score, strategy, bool(dropout),
-                              bool(need_attn), bool(tiles), _current()))[0]
+                              bool(need_attn), bool(tiles), bool(capturing), _current()))[0]
 
 
 def kept_plan(layout, key: tuple) -> Tuple[Plan, bool]:
     """:func:`plan_for` by its key ``(dtype, head_size, score, strategy, dropout,
-    need_attn, tiles, overrides)``; also whether the plan is kept on the layout
-    (callers that cache what they derive from it must not cache otherwise)."""
+    need_attn, tiles, capturing, overrides)``; also whether the plan is kept on
+    the layout (callers that cache what they derive from it must not cache
+    otherwise)."""
     plan = layout.derived.plans.get(key)
     if plan is not None:
         return plan, True
@@ -348,46 +448,82 @@ def _forced(o: dict, name: str, default, possible: bool, why: str):
     return value
 
 
-def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles, o) -> tuple:
+def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles, capturing,
+            o) -> tuple:
     """``(plan, final)``; ``final`` is False where the plan rests on data not
     built yet (a tile plan inside ``torch.compile``) and must not be kept."""
+    spec = _spec.get(score)
+    why = []
+    if not spec.pmf and strategy == "pmf":
+        raise ValueError(f"the {score} score has no PMF path; use strategy='smmf' or 'auto'")
     method = choose_strategy(layout.max_in_degree, score, dtype.itemsize, strategy,
                              rule=o.get("rule"))
+    why.append(("method", f"strategy={strategy!r}" if strategy != "auto" else
+                ("paper rule (§4.2): a row longer than shared memory" if method == "pmf" else
+                 "SMMF measured faster than PMF on every graph (docs/kernel_plan.md)")))
     chunk = o.get("chunk") or chunk_for(layout.num_edges)
     long_first = o.get("long_items_first", True)
-    # Node ids by default (docs/design.md, "Item order").
+    # Node ids by default (docs/kernel_plan.md, "Item order").
     item_order = o.get("item_order", "row")
     smmf = method == "smmf"
     split = layout.work("row", chunk, long_first).num_slots > 0
-    two_rows = _forced(o, "two_rows", smmf and not split and layout.num_edges >= TWO_ROWS_MIN_EDGES,
-                       smmf and not split, "two rows per warp need SMMF and no split rows "
-                       "(a row longer than the chunk)")
-    can_mma = (smmf and score != "additive" and not dropout and not need_attn
+    if split:
+        why.append(("split_rows", f"a row of {layout.max_in_degree} edges is longer than a "
+                                  f"work item ({chunk} edges)"))
+    vec = vector_rows(head_size, dtype)
+    has_two = spec.two_rows and two_rows_shape(head_size, dtype)
+    two_rows = _forced(o, "two_rows", has_two and smmf and not split and
+                       layout.num_edges >= TWO_ROWS_MIN_EDGES,
+                       has_two and smmf and not split,
+                       "two rows per warp need SMMF, no split rows (a row longer than the "
+                       "chunk), a score with that variant and an fp32 head of 20 to 128 "
+                       "channels (a multiple of 4)")
+    if has_two and smmf and not split:
+        why.append(("two_rows", f"{layout.num_edges} edges "
+                                f"{'>=' if two_rows else '<'} {TWO_ROWS_MIN_EDGES}: two rows per "
+                                f"warp {'on' if two_rows else 'off'}"))
+    can_mma = (spec.mma and smmf and not dropout and not need_attn
                and dtype in HALF_DTYPES and head_size in MMA_HEAD_SIZES)
     mma = _forced(o, "mma", can_mma and not split, can_mma,
-                  f"the tensor-core forward needs dot-product or cosine scores, SMMF, fp16 / "
-                  f"bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
-    dense_cells, final = (_dense_cells(layout, o.get("dense_tiles")) if mma and tiles
-                          else (0.0, True))
+                  f"the tensor-core forward needs a score with it (dot, cosine), SMMF, "
+                  f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
+    if can_mma:
+        why.append(("mma", "tensor-core forward" if mma else
+                    "split rows: the CUDA-core forward (a warp of the tensor-core forward takes "
+                    "8 whole rows)"))
+    dense_cells, final = (_dense_cells(layout, o.get("dense_tiles"))
+                          if mma and tiles and spec.dense_tiles else (0.0, True))
+    if dense_cells > 0:
+        why.append(("dense_tiles", "most 64-row blocks have narrow source windows"))
     # On where the A/B measured it faster: whole rows (a walk takes 8 whole rows, so
     # split rows leave warps idle behind hub rows), no hub column (likewise for the
-    # CSC walk) and graphs past the one-launch backward (docs/design.md, "Backward").
+    # CSC walk) and graphs past the one-launch backward (docs/backward.md).
     one_launch = layout.num_edges < ONE_LAUNCH_BWD_MAX_EDGES
     mma_bwd = _forced(o, "mma_backward",
                       can_mma and not split and not one_launch and o.get("bwd_launches", 2) == 2
                       and layout.max_out_degree <= MMA_BWD_MAX_COLUMN_SHARE * layout.num_edges,
                       can_mma and o.get("bwd_launches", 2) == 2,
-                      f"the tensor-core backward needs dot-product or cosine scores, SMMF, "
+                      f"the tensor-core backward needs a score with it (dot, cosine), SMMF, "
                       f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout, no attention weights "
                       f"and two backward launches")
-    if score == "additive":
-        bwd_one_launch = False  # the GAT backward has one form
+    if not spec.one_launch_backward:
+        if o.get("bwd_launches") == 1:
+            raise ValueError(f"plan.override(bwd_launches=1): the {score} score's backward "
+                             "has one form")
+        bwd_one_launch = False
     elif mma_bwd:
         bwd_one_launch = False  # the dq walk writes the CSC walk's weights
     else:
         bwd_one_launch = o.get("bwd_launches", 1 if one_launch else 2) == 1
-    return Plan(method, chunk, long_first, item_order, bool(two_rows), bool(mma), dense_cells,
-                bwd_one_launch, bool(mma_bwd)), final
+    if spec.one_launch_backward:
+        why.append(("bwd_launches", "tensor-core walks" if mma_bwd else
+                    f"{layout.num_edges} edges {'<' if one_launch else '>='} "
+                    f"{ONE_LAUNCH_BWD_MAX_EDGES}: {'one launch' if bwd_one_launch else 'two'}"))
+    merge = smmf and not capturing
+    bwd_merge = dtype == torch.float32 and not capturing
+    return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec, bool(two_rows), bool(mma),
+                dense_cells, split, merge, bwd_one_launch, bool(mma_bwd), bwd_merge,
+                tuple(why)), final
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:

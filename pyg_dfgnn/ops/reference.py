@@ -31,8 +31,8 @@ from torch import Tensor
 from torch_geometric.utils import segment, softmax
 
 
-def _csr_dst(rowptr: Tensor, num_edges: int) -> Tensor:
-    """Destination node of each CSR edge."""
+def csr_dst(rowptr: Tensor, num_edges: int) -> Tensor:
+    """Destination node ``[E]`` (int64) of each CSR edge."""
     deg = rowptr[1:] - rowptr[:-1]
     return torch.repeat_interleave(torch.arange(deg.numel(), device=rowptr.device), deg.long(),
                                    output_size=num_edges)
@@ -56,7 +56,9 @@ def gather_rows(x: Tensor, index: Tensor) -> Tensor:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _float32(*tensors: Tensor) -> Tuple[Tensor, ...]:
+def to_float32(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    """The tensors, float16 / bfloat16 ones as float32 (the kernels accumulate in
+    float32)."""
     return tuple(t.float() if t.dtype in _HALF else t for t in tensors)
 
 
@@ -74,11 +76,15 @@ def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tens
         # No edges: zeros, still connected to the inputs (out.backward() works and
         # gives zero gradients, as with PyG's scatter), which segment() would not do.
         out = value.new_zeros(rowptr.numel() - 1, value.size(1), value.size(2))
-        return out.index_add(0, _csr_dst(rowptr, msg.size(0)), msg)
+        return out.index_add(0, csr_dst(rowptr, msg.size(0)), msg)
     return segment(msg, rowptr.long(), reduce="sum")
 
 
-def _finish(rowptr, col, scores, value, dropout, training):
+def softmax_aggregate(rowptr: Tensor, col: Tensor, scores: Tensor, value: Tensor,
+                      dropout: float, training: bool) -> Tuple[Tensor, Tensor]:
+    r"""Edge softmax of ``scores`` ``[E, H]``, attention dropout, then the SpMM over
+    ``value`` ``[N_src, H, C]``: ``(out [N_dst, H, C], alpha [E, H])``, ``alpha``
+    before dropout."""
     alpha = edge_softmax(scores, rowptr)
     a = F.dropout(alpha, p=dropout, training=training) if dropout > 0 else alpha
     return aggregate(rowptr, col, a, value), alpha
@@ -105,10 +111,10 @@ def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     dtype = v.dtype
-    q, k, v = _float32(q, k, v)
-    dst = _csr_dst(rowptr, col.numel())
+    q, k, v = to_float32(q, k, v)
+    dst = csr_dst(rowptr, col.numel())
     scores = (gather_rows(q, dst) * gather_rows(k, col)).sum(-1) * scale
-    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training)
     return out.to(dtype), alpha.to(dtype)
 
 
@@ -129,12 +135,12 @@ def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, 
     if squeeze:
         x_dst, x_src = x_dst.unsqueeze(1), x_src.unsqueeze(1)
     dtype = x_src.dtype
-    x_dst, x_src = _float32(x_dst, x_src)
+    x_dst, x_src = to_float32(x_dst, x_src)
     xn_dst = F.normalize(x_dst, p=2.0, dim=-1)
     xn_src = F.normalize(x_src, p=2.0, dim=-1)
-    dst = _csr_dst(rowptr, col.numel())
+    dst = csr_dst(rowptr, col.numel())
     scores = beta * (gather_rows(xn_dst, dst) * gather_rows(xn_src, col)).sum(-1)
-    out, alpha = _finish(rowptr, col, scores, x_src, dropout, training)
+    out, alpha = softmax_aggregate(rowptr, col, scores, x_src, dropout, training)
     return (out.squeeze(1) if squeeze else out).to(dtype), alpha.to(dtype)
 
 
@@ -154,9 +160,9 @@ def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor
         ``(out [N_dst, H, C], alpha [E, H])``.
     """
     dtype = v.dtype
-    a_dst, a_src, v = _float32(a_dst, a_src, v)
-    dst = _csr_dst(rowptr, col.numel())
+    a_dst, a_src, v = to_float32(a_dst, a_src, v)
+    dst = csr_dst(rowptr, col.numel())
     scores = F.leaky_relu(gather_rows(a_dst, dst) + gather_rows(a_src, col),
                           negative_slope)
-    out, alpha = _finish(rowptr, col, scores, v, dropout, training)
+    out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training)
     return out.to(dtype), alpha.to(dtype)

@@ -1,0 +1,110 @@
+r"""Host path of one fused op call: the latency of a forward (one call, then
+synchronise) on Cora, per score function, with the kernel's own GPU time beside
+it (CUDA events over the same call), so the difference is host time.
+
+    python -m benchmarks.host_path --data DIR --calls 1000 --out out/host_path.json
+
+Each row: median and 10th / 90th percentile of ``calls`` single calls (perf_counter
+around call + synchronize, after 50 warm-up calls), the median GPU time of the
+kernels (CUDA events), under ``no_grad`` and with autograd recording (the node).
+Needs a CUDA GPU and the compiled extension.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import pyg_dfgnn
+from benchmarks.datasets import planetoid
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout_cache import get_layout
+
+HEADS, C = 8, 8  # the training example's first layer on Cora
+
+
+def _inputs(score, lay, requires_grad):
+    n_dst, n_src, dev = lay.num_dst, lay.num_src, lay.device
+
+    def rand(*shape):
+        return torch.randn(*shape, device=dev, requires_grad=requires_grad)
+
+    if score == "dot":
+        args = [rand(n_dst, HEADS, C), rand(n_src, HEADS, C), rand(n_src, HEADS, C)]
+        return lambda: ops.gt_attention(lay, *args), args
+    if score == "additive":
+        args = [rand(n_src, HEADS), rand(n_dst, HEADS), rand(n_src, HEADS, C)]
+        return lambda: ops.gat_attention(lay, *args), args
+    if score == "gatv2":
+        args = [rand(n_src, HEADS, C), rand(n_dst, HEADS, C), rand(HEADS, C)]
+        return lambda: ops.gatv2_attention(lay, *args), args
+    x = rand(n_src, 1, 16)
+    beta = torch.ones(1, device=dev)
+    return lambda: ops.agnn_attention(lay, x, None, beta), [x]
+
+
+def measure(fn, calls: int) -> dict:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    wall, gpu = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e6)
+        gpu.append(start.elapsed_time(end) * 1e3)
+    q = statistics.quantiles(wall, n=10)
+    return {"median_us": statistics.median(wall), "p10_us": q[0], "p90_us": q[-1],
+            "gpu_median_us": statistics.median(gpu)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--data", default=None, help="folder holding Planetoid/Cora/raw/ "
+                        "(default: $PYG_DFGNN_DATA, else PyG downloads it)")
+    parser.add_argument("--calls", type=int, default=1000, help="timed calls per row")
+    parser.add_argument("--scores", default="dot,additive,gatv2,cosine",
+                        help="comma-separated score functions")
+    parser.add_argument("--out", default="host_path.json", help="JSON output")
+    args = parser.parse_args(argv)
+    if not pyg_dfgnn.has_cuda_kernels():
+        print("benchmarks.host_path needs a CUDA GPU and the compiled extension "
+              "(python -m pyg_dfgnn info says which is missing)", file=sys.stderr)
+        return 1
+    data = planetoid("Cora", root=args.data).to("cuda")
+    rows = []
+    for score in args.scores.split(","):
+        lay = get_layout(data.edge_index, size=(data.num_nodes, data.num_nodes),
+                         add_self_loops=score in ("additive", "gatv2", "cosine"))
+        for grad in (False, True):
+            fn, _ = _inputs(score, lay, grad)
+            if grad:
+                row = measure(fn, args.calls)
+            else:
+                with torch.no_grad():
+                    row = measure(fn, args.calls)
+            row.update(score=score, autograd=grad)
+            rows.append(row)
+            print(f"{score:9s} {'grad' if grad else 'no_grad':8s} median {row['median_us']:7.1f} us"
+                  f" (p10 {row['p10_us']:6.1f}, p90 {row['p90_us']:6.1f}); kernels "
+                  f"{row['gpu_median_us']:6.1f} us", flush=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

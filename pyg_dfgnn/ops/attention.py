@@ -1,0 +1,82 @@
+r"""The fused attention op of any score function: SDDMM -> edge softmax -> SpMM
+in one call (paper §3-4), forward and backward.
+
+Each score's public op (:func:`~pyg_dfgnn.ops.gt_attention`,
+:func:`~pyg_dfgnn.ops.gat_attention`, ...) checks its arguments and calls
+:func:`attention` with its :class:`~pyg_dfgnn.ops.spec.ScoreSpec`. On CUDA
+tensors, with the extension built and a supported head size, that runs the
+kernels the plan (:mod:`pyg_dfgnn.ops.plan`) picks through
+``torch.ops.dfgnn.attention_fwd`` (autograd in C++); otherwise the score's
+pure-PyTorch reference. Both compute the same function. Inside
+``torch.compile`` it is the score's custom op (:mod:`pyg_dfgnn.ops.compiled`).
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .._ext import HAS_EXTENSION
+from . import calls, compiled
+from .plan import choose_strategy
+from .spec import ScoreSpec
+
+if HAS_EXTENSION:
+    from .direct import call_op
+
+OpResult = Union[Tensor, Tuple[Tensor, Tensor]]
+
+
+def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequence[float],
+              dropout: float = 0.0, training: bool = True, return_attention: bool = False,
+              strategy: str = "auto") -> OpResult:
+    r"""Attention with the score ``spec`` over ``layout``'s in-edges.
+
+    Args:
+        spec (ScoreSpec): the score function.
+        layout (GraphLayout): the graph (``N_src`` sources, ``N_dst`` destinations).
+        inputs (sequence of Tensor): the score's inputs, in ``spec.inputs`` order
+            (float32 / float16 / bfloat16, one dtype).
+        params (sequence of float): the score's scalars, in ``spec.params`` order.
+        dropout (float): dropout probability on the attention weights (in-kernel,
+            counter-based RNG seeded from torch's generator).
+        training (bool): dropout is applied only when ``True``.
+        return_attention (bool): also return the softmax weights (before dropout)
+            ``[E, H]`` in the layout's input edge order (not differentiable on the
+            kernel path).
+        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]``, or ``(out, alpha)``.
+
+    Raises:
+        ValueError: inputs the score rejects, a bad ``strategy``, or ``dropout``
+            outside ``[0, 1)``.
+    """
+    who = f"{spec.name} attention"
+    p = calls.dropout_p(dropout, training, who)
+    if torch.compiler.is_compiling() and not return_attention:
+        return compiled.attention(spec, layout, inputs, params, p,
+                                  calls.needs_grad(inputs), strategy)
+    spec.check(layout, *inputs)
+    value = inputs[spec.value_input]
+    head_size, dtype = value.shape[-1], value.dtype
+    if calls.runs_kernels(layout, value.is_cuda, head_size, dtype):
+        need_grad = calls.needs_grad(inputs)
+        # The kernel plan; it checks strategy.
+        prep = calls.prepare(spec, layout, dtype, head_size, strategy, p > 0, return_attention,
+                             need_grad)
+        calls.record(spec, layout, prep.plan, need_grad, value)
+        out, _lse, attn, _saved = call_op("attention_fwd", (
+            calls.kernel_inputs(spec, inputs), prep.obj, params, p,
+            calls.seed() if p > 0 else 0, return_attention))
+    else:
+        choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
+        calls.record(spec, layout, None, calls.needs_grad(inputs), value,
+                     calls.reference_reason(layout, value))
+        out, attn = spec.reference(layout, inputs, params, p, p > 0)
+    if return_attention:
+        # Kernel path: the weights are an output without a gradient; reference path: as PyG.
+        return out, layout.to_input_order(attn.to(dtype))
+    return out

@@ -1,0 +1,75 @@
+r"""The additive score of GAT (``GATConv``):
+:math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})` from per-node terms
+:math:`a^\top W x`, summing :math:`W x_j`. Its walks (one scalar per edge, the
+LeakyReLU branch split of the backward) are ``cuda/scores/additive.cu``."""
+from __future__ import annotations
+
+from torch import Tensor
+
+from .. import reference
+from ..attention import OpResult, attention
+from ..spec import ScoreSpec, register
+
+__all__ = ["gat_attention"]
+
+
+def _check(layout, a_dst: Tensor, a_src: Tensor, x: Tensor) -> None:
+    if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
+        raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
+                         f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
+                         f"{tuple(a_dst.shape)}")
+    if x.size(0) != layout.num_src:
+        raise ValueError(f"gat_attention: x has {x.size(0)} rows but the graph has "
+                         f"{layout.num_src} source nodes")
+    if not (x.dtype == a_src.dtype == a_dst.dtype):
+        raise ValueError("gat_attention: a_src, a_dst and x must share a dtype")
+    if x.device != layout.device:
+        raise ValueError(f"gat_attention: the features are on {x.device} but the layout is on "
+                         f"{layout.device}")
+
+
+def _reference(layout, inputs, params, dropout, training):
+    a_dst, a_src, x = inputs
+    return reference.additive_attention(layout.rowptr, layout.col, a_dst, a_src, x, params[0],
+                                        dropout, training=training)
+
+
+SPEC = register(ScoreSpec(
+    name="additive", inputs=("a_dst", "a_src", "x"), params=("negative_slope",), dst_input=0,
+    value_input=2, row_inputs=(2,), reference=_reference, check=_check, pmf_rule=False,
+    one_launch_backward=False))
+
+
+def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float = 0.2,
+                  dropout: float = 0.0, training: bool = True, return_attention: bool = False,
+                  strategy: str = "auto") -> OpResult:
+    r"""Fused additive attention (GAT, ``GATConv``):
+
+    .. math::
+        \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j\left(
+        \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
+
+    per head, with in-kernel attention dropout; the backward returns gradients for
+    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` is SMMF (paper §4.2,
+    Fig. 12, and the measurements in ``docs/kernel_plan.md``); ``"smmf"`` /
+    ``"pmf"`` (edge-parallel score kernel, then softmax + SpMM) force one.
+
+    Args:
+        a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
+        a_dst (Tensor): ``[N_dst, H]`` per-destination terms.
+        x (Tensor): ``[N_src, H, C]`` transformed source features, same dtype.
+        negative_slope (float): LeakyReLU slope.
+        dropout (float), training (bool), return_attention (bool), strategy (str):
+            as in :func:`~pyg_dfgnn.ops.gt_attention`.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]``, or ``(out, alpha [E, H])`` in input edge order.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
+    """
+    return attention(SPEC, layout, (a_dst, a_src, x), (float(negative_slope),), dropout,
+                     training, return_attention, strategy)
+
+
+SCORE_OP = gat_attention

@@ -1,0 +1,114 @@
+r"""The dot-product score of Graph Transformers (``TransformerConv``):
+:math:`s_{ij} = \mathrm{scale}\; \mathbf{q}_i \cdot \mathbf{k}_j`, summing
+:math:`\mathbf{v}_j` (paper eq. 1-2). Its functor and its tensor-core and
+dense-tile specialisations are in ``cuda/scores/dot.cu`` and ``cuda/kernels/``."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from torch import Tensor
+
+from .. import reference
+from ..attention import OpResult, attention
+from ..spec import ScoreSpec, register
+
+__all__ = ["gt_attention"]
+
+
+def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention") -> None:
+    """Raises :class:`ValueError` unless ``q`` is ``[N_dst, H, C]`` and ``k``,
+    ``v`` are ``[N_src, H, C]`` of one dtype on the layout's device."""
+    qs = q.shape
+    if (len(qs) == 3 and qs[0] == layout.num_dst
+            and k.shape == v.shape == (layout.num_src, qs[1], qs[2])
+            and q.dtype == k.dtype == v.dtype and q.device == layout._device):
+        # The common case, in one expression: this runs on every call's host path
+        # (no torch.Size slices, the layout's device cached).
+        return
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"{who}: q, k, v must be [N, H, C], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.size(0) != layout.num_dst:
+        raise ValueError(f"{who}: q has {q.size(0)} rows but the graph has {layout.num_dst} "
+                         "destination nodes")
+    if k.size(0) != layout.num_src or v.size(0) != layout.num_src:
+        raise ValueError(f"{who}: k and v must have {layout.num_src} rows (source nodes), got "
+                         f"{k.size(0)} and {v.size(0)}")
+    if q.shape[1:] != k.shape[1:] or k.shape[1:] != v.shape[1:]:
+        raise ValueError(f"{who}: q, k, v must share [H, C], got {tuple(q.shape[1:])}, "
+                         f"{tuple(k.shape[1:])}, {tuple(v.shape[1:])}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{who}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device != layout.device:
+        raise ValueError(f"{who}: the features are on {q.device} but the layout is on "
+                         f"{layout.device}; move the graph with .to()")
+
+
+def _reference(layout, inputs, params, dropout, training):
+    q, k, v = inputs
+    return reference.dot_attention(layout.rowptr, layout.col, q, k, v, params[0], dropout,
+                                   training=training)
+
+
+SPEC = register(ScoreSpec(
+    name="dot", inputs=("q", "k", "v"), params=("scale",), dst_input=0, value_input=2,
+    row_inputs=(0, 1, 2), reference=_reference, check=check_qkv, mma=True, dense_tiles=True))
+
+
+def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
+                 dropout: float = 0.0, training: bool = True, return_attention: bool = False,
+                 strategy: str = "auto") -> OpResult:
+    r"""Fused scaled dot-product attention over in-edges (Graph Transformer):
+
+    .. math::
+        \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j
+        \left(\mathrm{scale}\; \mathbf{q}_i^\top \mathbf{k}_j\right) \mathbf{v}_j
+
+    per head (paper eq. 1-2; SMMF/PMF of §3-4, backward of §4.3).
+
+    Args:
+        layout (GraphLayout): the graph (``N_src`` sources, ``N_dst`` destinations).
+        q (Tensor): ``[N_dst, H, C]`` queries, float32 / float16 / bfloat16.
+        k, v (Tensor): ``[N_src, H, C]`` keys and values, same dtype.
+        scale (float, optional): score scale, ``1 / sqrt(C)`` by default.
+        dropout (float): dropout probability on the attention weights (in-kernel,
+            counter-based RNG seeded from torch's generator).
+        training (bool): dropout is applied only when ``True``.
+        return_attention (bool): also return the softmax weights (before dropout)
+            ``[E, H]`` in the layout's input edge order (not differentiable on the
+            fused-kernel path).
+        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]`` (dtype of ``q``), or ``(out, alpha)``.
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, bad ``strategy``, or
+            ``dropout`` outside ``[0, 1)``.
+
+    .. note::
+        In float16 / bfloat16 with ``C`` in {32, 64, 128}, no dropout, no returned
+        attention and no row longer than a work item (the batch graphs), the SMMF
+        forward runs on tensor cores (``cuda/kernels/gt_forward_mma.cu``); the softmax
+        weights then enter the aggregation rounded to the input dtype, as in flash
+        attention. Blocks of 64 rows whose in-neighbours lie in a window of at most
+        512 consecutive source rows, with at most 24 window cells per edge and no
+        duplicate edge, run the window as one dense tile masked by the edges
+        (``cuda/kernels/gt_forward_dense.cu``), on graphs whose median block has at most
+        20 cells per edge (``docs/tensor_cores.md``). The tile plan
+        (:mod:`pyg_dfgnn.ops.tiles`) is built on the first such call and cached on
+        the layout. On graphs under 2^16 edges the backward runs its CSR (dQ) and
+        CSC (dK, dV) walks in one kernel launch; in two launches the dQ kernel
+        saves each edge's dropped-out weight and score gradient (8 bytes per edge
+        and head, freed when the backward returns) and the dK / dV kernel is an
+        SpMM with them (``docs/backward.md``). The kernel plan
+        (:mod:`pyg_dfgnn.ops.plan`) makes each of these decisions;
+        :func:`pyg_dfgnn.explain` shows them for a layer's call.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return attention(SPEC, layout, (q, k, v), (scale,), dropout, training, return_attention,
+                     strategy)
+
+
+SCORE_OP = gt_attention

@@ -1,0 +1,97 @@
+r"""Score specs: what the ops, the kernel plan, the fakes and the
+``torch.compile`` registrations know of a score function.
+
+Every attention layer is score -> edge softmax -> weighted SpMM (paper §3); what
+differs is the **score function** of edge :math:`j \to i`. A score is one
+:class:`ScoreSpec` here and one device functor in ``cuda/scores/<name>.cu``
+(registered under the same name), so adding a score is its spec (with its
+reference), its functor and its ``nn`` layer: three files. The spec modules live
+in :mod:`pyg_dfgnn.ops.scores` and register themselves on import.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+
+from torch import Tensor
+
+
+def _no_saved(inputs: Sequence[Tensor]) -> List[Tensor]:
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec:
+    r"""One score function.
+
+    Attributes:
+        name (str): the registry name, shared with the C++ side
+            (``DFGNN_REGISTER_SCORE`` in ``cuda/scores/<name>.cu``).
+        inputs (tuple of str): the op's tensor inputs, in kernel order.
+        params (tuple of str): its scalar parameters, in kernel order.
+        dst_input (int): the input whose rows are the destination nodes (its
+            ``size(0)`` is ``N_dst``).
+        value_input (int): the ``[N_src, H, C]`` input whose dtype, heads and
+            channels are the call's.
+        row_inputs (tuple of int): the inputs read as ``[N, H, C]`` rows (16-byte
+            vector loads: they must be 16-byte aligned).
+        reference (callable): ``(layout, inputs, params, dropout, training) ->
+            (out [N_dst, H, C], alpha [E, H])`` in pure PyTorch, CSR edge order:
+            the CPU path and the oracle of the tests.
+        check (callable): ``(layout, *inputs)``, raises :class:`ValueError` on
+            inputs the op cannot take (shapes, dtypes, devices).
+        saved_like (callable): ``(inputs) -> list`` of empty tensors shaped like
+            the tensors the CUDA forward saves for its backward (the fakes).
+        pmf (bool): the score has an edge-parallel (PMF) path.
+        pmf_rule (bool): the paper's rule (§4.2) sends it to PMF on graphs with
+            rows longer than shared memory (dot-product-like scores).
+        mma (bool): the fp16 / bf16 tensor-core forward and backward run it.
+        dense_tiles (bool): the dense-tile forward runs it.
+        two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
+        one_launch_backward (bool): its backward can run both walks in one launch.
+        dropout (bool): its kernels apply attention dropout.
+    """
+    name: str
+    inputs: Tuple[str, ...]
+    params: Tuple[str, ...]
+    dst_input: int
+    value_input: int
+    row_inputs: Tuple[int, ...]
+    reference: Callable
+    check: Callable
+    saved_like: Callable = _no_saved
+    pmf: bool = True
+    pmf_rule: bool = True
+    mma: bool = False
+    dense_tiles: bool = False
+    two_rows: bool = True
+    one_launch_backward: bool = True
+    dropout: bool = True
+
+
+_SPECS: Dict[str, ScoreSpec] = {}
+
+
+def register(spec: ScoreSpec) -> ScoreSpec:
+    """Adds ``spec`` to the registry (once per name) and returns it."""
+    if spec.name in _SPECS and _SPECS[spec.name] is not spec:
+        raise ValueError(f"pyg_dfgnn: a score named {spec.name!r} is registered already")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> ScoreSpec:
+    """The spec registered as ``name``.
+
+    Raises:
+        ValueError: no score has that name.
+    """
+    spec = _SPECS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown score function {name!r}; known: {', '.join(sorted(_SPECS))}")
+    return spec
+
+
+def specs() -> Iterator[ScoreSpec]:
+    """Every registered spec, in registration order."""
+    return iter(list(_SPECS.values()))
