@@ -7,7 +7,7 @@ import torch
 
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import plan, reference
+from pyg_dfgnn.ops import calls, plan, reference
 from test_cuda_gt import DEV, GRAPHS, assert_matches_ref, poison, random_graph, rel_err
 
 pytestmark = pytest.mark.cuda
@@ -250,22 +250,23 @@ def test_half_split_rows_backward(plan_override, dtype, H, C, dropout):
 def test_opcheck_and_bad_input(pmf):
     torch.manual_seed(15)
     lay, a_src, a_dst, x = make("super_node", 2, 32, torch.float32)
-    args = ops.gat_op_args(lay, a_dst, a_src, x, 0.2, pmf=pmf, need_attn=True)
-    torch.library.opcheck(torch.ops.dfgnn.gat_fwd.default, args)
-    bad = list(args)
-    bad[1] = a_src.detach().half()
+    args = ops.op_args("additive", lay, [a_dst, a_src, x], (0.2,), need_attn=True,
+                       strategy="pmf" if pmf else "smmf")
+    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    bad = [list(args[0])] + list(args[1:])
+    bad[0][1] = a_src.detach().half()
     with pytest.raises(RuntimeError, match="a_src has dtype"):
-        torch.ops.dfgnn.gat_fwd(*bad)
-    bad = list(args)
-    bad[0] = a_dst.detach()[:-1].contiguous()
+        torch.ops.dfgnn.attention_fwd(*bad)
+    bad[0] = [a_dst.detach()[:-1].contiguous(), a_src, x]
     with pytest.raises(RuntimeError, match="a_dst must be"):
-        torch.ops.dfgnn.gat_fwd(*bad)
+        torch.ops.dfgnn.attention_fwd(*bad)
     if pmf:
-        bad = list(args)
-        bad[3] = list(bad[3])
-        bad[3][4] = None  # csr's csr_row
+        prep = calls.prepare(ops.spec.get("additive"), lay, x.dtype, 32, "pmf", False, True,
+                             True)
+        tensors, ints, floats = calls.plan_parts(lay, prep.plan, True)
+        del tensors["csr_row"]
         with pytest.raises(RuntimeError, match="needs csr_row"):
-            torch.ops.dfgnn.gat_fwd(*bad)
+            torch.classes.dfgnn.Plan("additive", tensors, ints, floats)
 
 
 def test_gat_layer_matches_native_on_gpu():
@@ -370,59 +371,27 @@ def test_agnn_attention_weights(strategy):
     assert rel_err(alpha, lay.to_input_order(ref_alpha)) < 1e-5
 
 
-def test_agnn_op_opcheck_and_bad_input():
+def test_cosine_op_opcheck_and_bad_input():
+    """The cosine score through dfgnn::attention_fwd: opcheck, the fp32 forward
+    over unnormalised x against the dot score on the normalised rows, and clear
+    errors."""
     torch.manual_seed(24)
     ei, n, _ = GRAPHS["super_node"]()
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.randn(n, 2, 32, device=DEV, requires_grad=True)
     beta = torch.tensor([1.1], device=DEV, requires_grad=True)
-    args = ops.agnn_op_args(lay, x, beta, 1e-12)
-    torch.library.opcheck(torch.ops.dfgnn.agnn_fwd.default, args)
-    with pytest.raises(RuntimeError, match="beta must be a float32"):
-        torch.ops.dfgnn.agnn_fwd(x, beta.double(), *args[2:])
-    with pytest.raises(RuntimeError, match="rowptr must have"):
-        torch.ops.dfgnn.agnn_fwd(x[:-1], beta, *args[2:])
-
-
-def test_cos_op_opcheck_and_bad_input():
-    """dfgnn::cos_fwd (AGNN's fp32 attention over unnormalised x): opcheck, its
-    outputs against the composed l2norm_fwd + gt_fwd, and clear errors."""
-    torch.manual_seed(25)
-    ei, n, _ = GRAPHS["super_node"]()
-    lay = GraphLayout.from_edge_index(ei, (n, n))
-    x = torch.randn(n, 2, 32, device=DEV)
-    beta = torch.tensor([1.1], device=DEV)
-    args = ops.cos_op_args(lay, x, beta, 1e-12, need_attn=True)
-    torch.library.opcheck(torch.ops.dfgnn.cos_fwd.default, args)
-    out, lse, attn, rnorm = torch.ops.dfgnn.cos_fwd(*args)
-    k, q, rnorm2 = torch.ops.dfgnn.l2norm_fwd(x, beta, 1e-12)
-    want = torch.ops.dfgnn.gt_fwd(q, k, x, *ops.gt_op_args(lay, q, k, x, 1.0, need_attn=True,
-                                                           need_grad=False)[3:])
-    assert torch.equal(rnorm, rnorm2)
+    args = ops.op_args("cosine", lay, [x, beta], (1e-12,), need_attn=True)
+    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    out, lse, attn, saved = torch.ops.dfgnn.attention_fwd(*args)
+    k = torch.nn.functional.normalize(x.detach(), dim=-1, eps=1e-12)
+    want = torch.ops.dfgnn.attention_fwd(*ops.op_args("dot", lay, [1.1 * k, k, x.detach()],
+                                                      (1.0,), need_attn=True, need_grad=False))
     empty = lay.in_degree() == 0  # lse = -inf there, in both
     assert empty.any() and torch.isneginf(lse[empty]).all() and torch.isneginf(want[1][empty]).all()
     for got, ref in ((out, want[0]), (lse[~empty], want[1][~empty]), (attn, want[2])):
         assert rel_err(got, ref) < 1e-5
-    with pytest.raises(RuntimeError, match="x must be float32"):
-        torch.ops.dfgnn.cos_fwd(x.half(), *args[1:])
+    assert len(saved) == 1 and saved[0].shape == (n, 2)  # fp32: rnorm only
     with pytest.raises(RuntimeError, match="beta must be a float32"):
-        torch.ops.dfgnn.cos_fwd(x, beta.double(), *args[2:])
-    with pytest.raises(RuntimeError, match="rowptr must have"):
-        torch.ops.dfgnn.cos_fwd(x[:-1], *args[1:])
-
-
-def test_l2norm_opcheck_and_bad_input():
-    torch.manual_seed(22)
-    x = torch.randn(50, 2, 32, device=DEV)
-    x[7] = 0.0
-    beta = torch.tensor([1.5], device=DEV)
-    torch.library.opcheck(torch.ops.dfgnn.l2norm_fwd.default, (x, beta, 1e-12))
-    k, q, rnorm = torch.ops.dfgnn.l2norm_fwd(x, beta, 1e-12)
-    assert torch.allclose(k, torch.nn.functional.normalize(x, dim=-1), atol=1e-6)
-    assert torch.allclose(q, 1.5 * k) and (rnorm[7] < 0).all() and (rnorm[:7] > 0).all()
-    with pytest.raises(RuntimeError, match="beta must be a float32"):
-        torch.ops.dfgnn.l2norm_fwd(x, beta.double(), 1e-12)
-    with pytest.raises(RuntimeError, match="x must be"):
-        torch.ops.dfgnn.l2norm_fwd(x[0], beta, 1e-12)
-    with pytest.raises(RuntimeError, match="dq has dtype"):
-        torch.ops.dfgnn.l2norm_bwd(k, q.half(), k, rnorm, beta)
+        torch.ops.dfgnn.attention_fwd([x, beta.double()], *args[1:])
+    with pytest.raises(RuntimeError, match="rows"):
+        torch.ops.dfgnn.attention_fwd([x[:-1], beta], *args[1:])

@@ -14,28 +14,25 @@ import torch
 import pyg_dfgnn
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import plan, reference, tiles
+from pyg_dfgnn.ops import calls, plan, reference, tiles
 from pyg_dfgnn.work_items import DEFAULT_CHUNK, chunk_for
 
 pytestmark = pytest.mark.cuda
 
 DEV = "cuda"
-#: Positions of gt_fwd's arguments (cuda/glue/bindings.cpp): the layout lists
-#: csr and sizes, need_attn, the plan list and dense_cells; entries of csr (PMF's
-#: csr_row, the tile plan) and of plan.
-CSR, SIZES, NEED_ATTN, PLAN, CELLS = 3, 5, 9, 10, 11
-CSR_ROW, TILES = 4, 5
-PMF, TWO_ROWS, MMA = 0, 1, 2
 
 
-def set_arg(args, where, val):
-    """Sets args[where[0]], or entry where[1] of that list argument (a copy)."""
-    if len(where) == 1:
-        args[where[0]] = val
-    else:
-        entries = list(args[where[0]])
-        entries[where[1]] = val
-        args[where[0]] = entries
+def dot_args(lay, q, k, v, scale, **kw):
+    """dfgnn::attention_fwd's arguments for the dot score (a list to change)."""
+    return list(ops.op_args("dot", lay, [q, k, v], (scale,), **kw))
+
+
+def plan_parts(lay, dtype, C, need_grad=False, strategy="smmf", need_attn=False):
+    """The plan object's parts by name (tensors, ints, floats) for a dot call, to
+    rebuild it with changes: torch.classes.dfgnn.Plan("dot", *parts)."""
+    prep = calls.prepare(ops.spec.get("dot"), lay, dtype, C, strategy, False, need_attn,
+                         need_grad)
+    return [dict(d) for d in calls.plan_parts(lay, prep.plan, need_grad)]
 
 
 def rel_err(a, b):
@@ -300,8 +297,8 @@ def test_outputs_of_one_call_are_separate_tensors(graph, dtype):
     q, k, v = qkv(lay, 2, 64, dtype, requires_grad=True)
     g = torch.randn_like(q)
     poison()
-    args = ops.gt_op_args(lay, q.detach(), k.detach(), v.detach(), 0.125)
-    outs = torch.ops.dfgnn.gt_fwd.default(*args)
+    args = dot_args(lay, q.detach(), k.detach(), v.detach(), 0.125)
+    outs = torch.ops.dfgnn.attention_fwd.default(*args)[:3]
     assert outs[1].shape == (lay.num_dst, 2) and outs[1].dtype == torch.float32
     assert outs[2].numel() == 0 and not torch.isnan(outs[1]).any()
     ops.gt_attention(lay, q, k, v).backward(g)
@@ -600,8 +597,9 @@ def test_opcheck():
     lay = make_layout("super_node")
     q, k, v = qkv(lay, 2, 32, torch.float32, requires_grad=True)
     for pmf in (False, True):
-        args = ops.gt_op_args(lay, q, k, v, 1 / math.sqrt(32), pmf=pmf, need_attn=pmf)
-        torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
+        args = dot_args(lay, q, k, v, 1 / math.sqrt(32), need_attn=pmf,
+                        strategy="pmf" if pmf else "smmf")
+        torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
     torch.library.opcheck(torch.ops.dfgnn.csr_rowptr.default,
                           (lay.csr_row.sort().values, lay.num_dst))
 
@@ -615,9 +613,10 @@ def test_opcheck_tensor_core(kernel, mode, plan_override):
     torch.manual_seed(7)
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
-    args = ops.gt_op_args(lay, q, k, v, 1 / 8, pmf=False, need_attn=False)
-    assert any(kernel in n for n in _kernel_names(lambda: torch.ops.dfgnn.gt_fwd.default(*args)))
-    torch.library.opcheck(torch.ops.dfgnn.gt_fwd.default, args)
+    args = dot_args(lay, q, k, v, 1 / 8)
+    assert any(kernel in n for n in
+               _kernel_names(lambda: torch.ops.dfgnn.attention_fwd.default(*args)))
+    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
 
 
 def test_csr_rowptr_matches_torch():
@@ -627,83 +626,104 @@ def test_csr_rowptr_matches_torch():
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("case", ["k_dtype", "v_noncontig", "rowptr_dtype", "rowptr_len",
-                                  "col_device", "double", "k_shape", "items_dtype"])
+@pytest.mark.parametrize("case", ["k_dtype", "v_noncontig", "double", "k_shape", "q_rows"])
 def test_bad_inputs_raise_clear_errors(case):
     lay = make_layout("small")
     q, k, v = qkv(lay, 2, 32, torch.float32)
-    args = list(ops.gt_op_args(lay, q, k, v, 0.1, need_grad=False))
-    pos = {"q": (0,), "k": (1,), "v": (2,), "rowptr": (CSR, 0), "col": (CSR, 1),
-           "row_items": (CSR, 2)}
-    bad, msg = {
-        "k_dtype": ({"k": k.half()}, "k has dtype"),
-        "v_noncontig": ({"v": torch.randn(lay.num_src, 32, 2, device=DEV).transpose(1, 2)},
-                        "v must be contiguous"),
-        "rowptr_dtype": ({"rowptr": lay.rowptr.long()}, "rowptr must be int32"),
-        "rowptr_len": ({"rowptr": lay.rowptr[:-1].contiguous()}, "rowptr must have"),
-        "col_device": ({"col": lay.col.cpu()}, "col must be a CUDA tensor"),
-        "double": ({"q": q.double(), "k": k.double(), "v": v.double()}, "float32, float16 or bfloat16"),
-        "k_shape": ({"k": torch.randn(lay.num_src, 2, 16, device=DEV)}, "heads and channels"),
-        "items_dtype": ({"row_items": args[CSR][2].long()}, "items must be an int32"),
+    args = dot_args(lay, q, k, v, 0.1, need_grad=False)
+    inputs, msg = {
+        "k_dtype": ([q, k.half(), v], "k has dtype"),
+        "v_noncontig": ([q, k, torch.randn(lay.num_src, 32, 2, device=DEV).transpose(1, 2)],
+                        "must be contiguous"),
+        "double": ([q.double(), k.double(), v.double()], "float32, float16 or bfloat16"),
+        "k_shape": ([q, torch.randn(lay.num_src, 2, 16, device=DEV), v], "heads and channels"),
+        "q_rows": ([q[:-1], k, v], "rows"),
     }[case]
-    for name, val in bad.items():
-        set_arg(args, pos[name], val)
     with pytest.raises(RuntimeError, match=msg):
-        torch.ops.dfgnn.gt_fwd(*args)
+        torch.ops.dfgnn.attention_fwd(inputs, *args[1:])
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("case", ["rowptr_dtype", "col_device", "items_dtype", "csc_part",
+                                  "unknown", "missing"])
+def test_malformed_layouts_raise_when_the_plan_is_built(case):
+    """The plan object checks the layout once, when it is built: a malformed
+    entry raises a RuntimeError that names it, before any call."""
+    lay = make_layout("small")
+    lay.colptr  # noqa: B018
+    tensors, ints, floats = plan_parts(lay, torch.float32, 32, need_grad=True)
+    change, msg = {
+        "rowptr_dtype": ({"rowptr": lay.rowptr.long()}, "rowptr must be int32"),
+        "col_device": ({"col": lay.col.cpu()}, "col is on cpu"),
+        "items_dtype": ({"row_items": tensors["row_items"].long()}, "work items"),
+        "csc_part": ({"colptr": None}, "all together"),
+        "unknown": ({"rowpointer": lay.rowptr}, "unknown layout entry"),
+        "missing": ({"col": None}, "'col' is missing"),
+    }[case]
+    for name, val in change.items():
+        if val is None:
+            del tensors[name]
+        else:
+            tensors[name] = val
+    with pytest.raises(RuntimeError, match=msg):
+        torch.classes.dfgnn.Plan("dot", tensors, ints, floats)
 
 
 @pytest.mark.parametrize("case", ["dtype", "short", "device"])
 def test_bad_tile_plan_raises_clear_error(case, plan_override):
-    """gt_fwd's dense_tiles argument: wrong dtype, too few ints or wrong device
-    raise errors that name it."""
+    """The dense-tile plan: wrong dtype, too few ints or wrong device raise errors
+    that name it when the plan object is built."""
     plan_override(chunk=512, dense_tiles="force")
     ei, n = batch_graph(torch.Generator().manual_seed(3))
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    q, k, v = qkv(lay, 1, 64, torch.bfloat16)
-    args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
+    tensors, ints, floats = plan_parts(lay, torch.bfloat16, 64)
     tp = tiles.tile_plan(lay)
-    assert args[CSR][TILES] is tp
-    set_arg(args, (CSR, TILES),
-            {"dtype": tp.long(), "short": tp[:8].clone(), "device": tp.cpu()}[case])
-    with pytest.raises(RuntimeError, match="dense_tiles"):
-        torch.ops.dfgnn.gt_fwd(*args)
-    torch.cuda.synchronize()
+    assert tensors["tiles"] is tp
+    tensors["tiles"] = {"dtype": tp.long(), "short": tp[:8].clone(), "device": tp.cpu()}[case]
+    with pytest.raises(RuntimeError, match="tiles"):
+        torch.classes.dfgnn.Plan("dot", tensors, ints, floats)
 
 
 @pytest.mark.parametrize("case", ["mma_fp32", "mma_attn", "mma_pmf", "two_rows_split",
                                   "two_rows_pmf", "tiles_no_mma", "tiles_no_cells"])
 def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
-    """A plan decision the call cannot run, passed to gt_fwd directly, raises a
-    clear error (two rows per warp without the split-row merge would leave split
-    rows unmerged; the tensor-core kernels have no dropout, attention weights or
-    fp32)."""
+    """A plan decision the call cannot run raises a clear error, when the plan
+    object is built or when it is called, never a wrong launch (two rows per
+    warp without the split-row merge would leave split rows unmerged; the
+    tensor-core kernels have no dropout, attention weights or fp32)."""
     plan_override(chunk=512, dense_tiles="force")
     ei, n = batch_graph(torch.Generator().manual_seed(5))
     lay = GraphLayout.from_edge_index(ei, (n, n))
     q, k, v = qkv(lay, 1, 64, torch.bfloat16)
-    args = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
-    assert args[CSR][TILES] is not None and args[PLAN][MMA] and not args[PLAN][TWO_ROWS]
+    tensors, ints, floats = plan_parts(lay, torch.bfloat16, 64)
+    assert "tiles" in tensors and ints["mma"] and not ints["two_rows"]
     with plan.override(chunk=4, dense_tiles="off", mma=False):
-        split = list(ops.gt_op_args(lay, q, k, v, 0.125, need_grad=False))
-    pmf = {(PLAN, PMF): 1, (CSR, CSR_ROW): lay.csr_row}  # pmf and its csr_row
-    no_tiles = {(CSR, TILES): None}
-    two_rows = {(PLAN, TWO_ROWS): 1, (PLAN, MMA): 0, **no_tiles}
-    split_items = {(CSR, 2): split[CSR][2], (CSR, 3): split[CSR][3],
-                   (SIZES, 0): split[SIZES][0]}  # the split rows' work items
-    change, msg = {
-        "mma_fp32": ({(0,): q.float(), (1,): k.float(), (2,): v.float(), **no_tiles}, "mma=True"),
-        "mma_attn": ({(NEED_ATTN,): True, **no_tiles}, "mma=True"),
-        "mma_pmf": ({**pmf, **no_tiles}, "mma=True"),
-        "two_rows_split": ({**split_items, **two_rows}, "two_rows=True"),
-        "two_rows_pmf": ({**pmf, **two_rows}, "two_rows=True"),
-        "tiles_no_mma": ({(PLAN, MMA): 0}, "needs mma=True"),
-        "tiles_no_cells": ({(CELLS,): 0.0}, "dense_cells"),
+        split, split_ints, _ = plan_parts(lay, torch.bfloat16, 64)
+    assert split_ints["row_slots"] > 0
+    pmf = {"pmf": 1}
+    no_tiles = {"tiles": None, "dense_cells": 0.0}
+    two_rows = {"two_rows": 1, "mma": 0, **no_tiles}
+    split_items = {"row_items": split["row_items"], "row_combine": split["row_combine"],
+                   "row_slots": split_ints["row_slots"]}
+    change, inputs, need_attn, msg = {
+        "mma_fp32": (no_tiles, [q.float(), k.float(), v.float()], False, "mma=True"),
+        "mma_attn": (no_tiles, [q, k, v], True, "mma=True"),
+        "mma_pmf": ({**pmf, "csr_row": lay.csr_row, **no_tiles}, [q, k, v], False, "mma"),
+        "two_rows_split": ({**split_items, **two_rows}, [q, k, v], False, "two_rows"),
+        "two_rows_pmf": ({**pmf, "csr_row": lay.csr_row, **two_rows}, [q, k, v], False,
+                         "two_rows"),
+        "tiles_no_mma": ({"mma": 0}, [q, k, v], False, "mma=1"),
+        "tiles_no_cells": ({"dense_cells": 0.0}, [q, k, v], False, "dense_cells"),
     }[case]
-    for where, val in change.items():
-        set_arg(args, where, val)
+    for name, val in change.items():
+        d = floats if name == "dense_cells" else ints if isinstance(val, int) else tensors
+        if val is None:
+            d.pop(name, None)
+        else:
+            d[name] = val
     with pytest.raises(RuntimeError, match=msg):
-        torch.ops.dfgnn.gt_fwd(*args)
+        obj = torch.classes.dfgnn.Plan("dot", tensors, ints, floats)
+        torch.ops.dfgnn.attention_fwd(inputs, obj, [0.125], 0.0, 0, need_attn)
     torch.cuda.synchronize()
 
 
@@ -749,18 +769,22 @@ def test_garbage_tile_plan_stays_in_bounds(plan_override):
     ei, n = batch_graph(torch.Generator().manual_seed(4))
     lay = GraphLayout.from_edge_index(ei, (n, n))
     q, k, v = qkv(lay, 1, 128, torch.bfloat16)
-    args = list(ops.gt_op_args(lay, q, k, v, 1 / math.sqrt(128), need_grad=False))
+    tensors, ints, floats = plan_parts(lay, torch.bfloat16, 128)
     tp = tiles.tile_plan(lay)
-    assert args[CSR][TILES] is tp
+    assert tensors["tiles"] is tp
+
+    def call(tile_plan):
+        obj = torch.classes.dfgnn.Plan("dot", {**tensors, "tiles": tile_plan}, ints, floats)
+        return torch.ops.dfgnn.attention_fwd([q, k, v], obj, [1 / math.sqrt(128)], 0.0, 0,
+                                             False)
+
     gen = torch.Generator(device=DEV).manual_seed(0)
     for lo_hi in ((0, 2**31 - 1), (-5, n + 600), (0, n)):
         bad = torch.randint(*lo_hi, tp.shape, device=DEV, dtype=torch.int32, generator=gen)
-        set_arg(args, (CSR, TILES), bad)
-        out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
+        out, lse = call(bad)[:2]
         torch.cuda.synchronize()
         assert out.shape == q.shape and lse.shape == (n, 1)
-    set_arg(args, (CSR, TILES), tp)  # and the real plan still gives the right answer afterwards
-    out, _, _ = torch.ops.dfgnn.gt_fwd(*args)
+    out = call(tp)[0]  # and the real plan still gives the right answer afterwards
     ref = reference.dot_attention(lay.rowptr, lay.col, q.double(), k.double(), v.double(),
                                   1 / math.sqrt(128), 0.0, training=False)[0]
     assert rel_err(out, ref) < 1e-2
@@ -819,7 +843,7 @@ def test_torch_compile_fullgraph():
 
 @pytest.mark.parametrize("op", ["gt", "gat", "agnn"])
 def test_direct_entry_and_torch_ops_give_the_same_results(op):
-    """The forward ops' direct entry (_C.gt_fwd and the like, ops._call_op) and the
+    """The op's direct entry (_C.attention_fwd, ops.direct.call_op) and the
     torch.ops path run the same kernels: bit-identical outputs and gradients, and
     the profiler records the op's kernel under the op's name on both."""
     torch.manual_seed(7)
@@ -845,7 +869,7 @@ def test_direct_entry_and_torch_ops_give_the_same_results(op):
         with (plan.override(direct_entry=direct),
               torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof):
             out = call()
-        assert f"dfgnn::{op}_fwd" in {e.name for e in prof.events()}
+        assert "dfgnn::attention_fwd" in {e.name for e in prof.events()}
         g = torch.randn_like(out) if g is None else g
         poison()
         out.backward(g)

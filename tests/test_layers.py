@@ -757,26 +757,24 @@ def test_joined_gradient_feature_passed_twice(same):
 
 
 @pytest.mark.cuda
-def test_gt_bwd_into_checks_its_outputs():
-    """``dfgnn::gt_bwd_into`` writes gt_bwd's gradients into column slices of one
-    buffer, and refuses outputs it cannot write (a wrong shape or dtype, channels
-    that are not contiguous, dk and dv rows apart by different strides) with a
-    RuntimeError, never a fault."""
+def test_bwd_into_checks_its_outputs():
+    """``dfgnn::attention_bwd_into`` writes the dot score's gradients into column
+    slices of one buffer, and refuses outputs it cannot write (a wrong shape or
+    dtype, channels that are not contiguous) with a RuntimeError, never a fault."""
     from pyg_dfgnn.layout_cache import get_layout
-    from pyg_dfgnn.ops import gt_op_args
+    from pyg_dfgnn.ops import op_args
     n, H, C = 40, 2, 8
     ei = random_graph(n, num_edges=200).cuda()
     lay = get_layout(ei, size=(n, n), add_self_loops=False)
     q, k, v = (torch.randn(n, H, C, device="cuda") for _ in range(3))
-    args = gt_op_args(lay, q, k, v, 0.5)
-    out, lse, _ = torch.ops.dfgnn.gt_fwd(*args)
+    args = op_args("dot", lay, [q, k, v], (0.5,))
+    out, lse, _, saved = torch.ops.dfgnn.attention_fwd(*args)
     grad = torch.randn_like(out)
-    csr, csc, sizes = args[3], args[4], args[5]
-    tail = (csr, csc, sizes, 0.5, 0.0, 0, False, False)
-    want = torch.ops.dfgnn.gt_bwd(grad, q, k, v, out, lse, *tail)
+    tail = (args[0], out, lse, saved, args[1], args[2], 0.0, 0)
+    want = torch.ops.dfgnn.attention_bwd(grad, *tail)
     joined = torch.full((n, 4 * H * C), float("nan"), device="cuda")
     good = [joined[:, i * H * C:(i + 1) * H * C].view(n, H, C) for i in range(3)]
-    torch.ops.dfgnn.gt_bwd_into(*good, grad, q, k, v, out, lse, *tail)
+    torch.ops.dfgnn.attention_bwd_into(good, grad, *tail)
     for got, ref in zip(good, want):
         assert torch.equal(got, ref)
     assert joined[:, 3 * H * C:].isnan().all()  # nothing written past the slices
@@ -784,8 +782,8 @@ def test_gt_bwd_into_checks_its_outputs():
         "shape": [torch.empty(n - 1, H, C, device="cuda")] + good[1:],
         "dtype": [good[0].half()] + good[1:],
         "channels": [torch.empty(n, C, H, device="cuda").transpose(1, 2)] + good[1:],
-        "kv stride": good[:2] + [torch.empty(n, H, C, device="cuda")],
+        "count": good[:2],
     }
     for what, outs in bad.items():
-        with pytest.raises(RuntimeError, match="gt_bwd_into"):
-            torch.ops.dfgnn.gt_bwd_into(*outs, grad, q, k, v, out, lse, *tail)
+        with pytest.raises(RuntimeError, match="attention_bwd_into"):
+            torch.ops.dfgnn.attention_bwd_into(outs, grad, *tail)

@@ -141,10 +141,16 @@ def _prepare(spec: ScoreSpec, layout, key: tuple, capturing: bool) -> Prepared:
 
 def plan_object(spec: ScoreSpec, layout, plan: _plan.Plan, need_grad: bool):
     """The ``torch.classes.dfgnn.Plan`` of ``plan`` on ``layout`` (``None``
-    without the extension): the layout tensors the kernels read, by name, with
-    the CSC where the call records a backward."""
+    without the extension), from :func:`plan_parts`."""
     if not HAS_EXTENSION:
         return None
+    return torch.classes.dfgnn.Plan(spec.name, *plan_parts(layout, plan, need_grad))
+
+
+def plan_parts(layout, plan: _plan.Plan, need_grad: bool) -> tuple:
+    """``(tensors, ints, floats)``: what the plan object is built from, by name
+    (``cuda/glue/call_plan.h``): the layout tensors the kernels read, with the CSC
+    where the call records a backward, the sizes and the plan's decisions."""
     rw = layout.work("row", plan.chunk, plan.long_items_first, plan.item_order)
     tensors = {"rowptr": layout.rowptr, "col": layout.col, "row_items": rw.items,
                "row_combine": rw.combine}
@@ -159,8 +165,7 @@ def plan_object(spec: ScoreSpec, layout, plan: _plan.Plan, need_grad: bool):
         tensors.update(colptr=layout.colptr, row=layout.row, perm=layout.perm,
                        col_items=cw.items, col_combine=cw.combine)
         ints["col_slots"] = cw.num_slots
-    return torch.classes.dfgnn.Plan(spec.name, tensors, ints,
-                                    {"dense_cells": float(plan.dense_cells)})
+    return tensors, ints, {"dense_cells": float(plan.dense_cells)}
 
 
 # ---------------------------------------------------------------- recording
