@@ -13,7 +13,7 @@ from torch_geometric.utils import degree
 from benchmarks import datasets
 
 needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA or ../shared/data)")
+                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 
 def _snapshot(root: Path):
