@@ -35,9 +35,10 @@ def out_file(path: Union[str, os.PathLike]) -> Path:
     return p
 
 
-def require_kernels(script: str) -> None:
+def require_kernels(script: str, hint: str = "") -> None:
     r"""Exits with one line unless the fused CUDA kernels can run here (a GPU and
-    the compiled extension): for the scripts that measure them."""
+    the compiled extension): for the scripts that measure them. ``hint``: what
+    the script can do instead."""
     import pyg_dfgnn
 
     if pyg_dfgnn.has_cuda_kernels():
@@ -45,8 +46,8 @@ def require_kernels(script: str) -> None:
     import torch
     why = ("no CUDA GPU is visible" if not torch.cuda.is_available()
            else f"the CUDA kernels are missing ({pyg_dfgnn.load_error()})")
-    sys.exit(f"{script} needs a CUDA GPU and the compiled extension: {why} "
-             "(python -m pyg_dfgnn info shows what this machine has).")
+    sys.exit(f"{script} needs a CUDA GPU and the compiled extension: {why} (python -m "
+             f"pyg_dfgnn info shows what this machine has{'; ' + hint if hint else ''}).")
 
 
 def pick_device(script: str, device: Optional[str], quick: bool = False):
@@ -64,6 +65,6 @@ def pick_device(script: str, device: Optional[str], quick: bool = False):
     except RuntimeError as e:
         sys.exit(f"{script}: --device {device}: {e}")
     if dev.type == "cuda":
-        require_kernels(f"{script} (--device cpu runs it on the reference path, a check of "
-                        "the script)")
+        require_kernels(script, "--device cpu runs it on the reference path, a check of "
+                                "the script")
     return dev

@@ -723,7 +723,8 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         # without the kernels the ops run the reference: nothing here to profile
         from benchmarks import cli
-        cli.require_kernels("benchmarks.profile_backward (or --device cpu --tiny)")
+        cli.require_kernels("benchmarks.profile_backward",
+                            "--device cpu --tiny runs it on a tiny graph, a check of the script")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "profile_backward.json", out_dir / "profile_backward.md"
