@@ -252,11 +252,14 @@ def _extensions():
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if _flag("PYG_DFGNN_PTXAS_VERBOSE"):
         nvcc.append("-Xptxas=-v")
+    # The wheels' headers are searched after the toolkit's (-isystem after -I), as
+    # CPATH would: their cuda_runtime.h must not shadow the toolkit's.
+    system = [flag for d in includes for flag in ("-isystem", d)]
     ext = cpp_extension.CUDAExtension(
         name="pyg_dfgnn._C",
         sources=srcs,
-        include_dirs=[os.path.join(ROOT, "cuda")] + includes,
-        extra_compile_args={"cxx": ["-O3"], "nvcc": nvcc},
+        include_dirs=[os.path.join(ROOT, "cuda")],
+        extra_compile_args={"cxx": ["-O3"] + system, "nvcc": nvcc + system},
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 
