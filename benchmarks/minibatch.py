@@ -483,8 +483,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                    help="seed nodes per batch, comma-separated")
     p.add_argument("--fanouts", default="10,10;25,10;15,10,5", help="';'-separated fan-outs")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: all; "
+                        "--quick on the CPU: native,fused, as compiling there takes minutes)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=8, help="untimed steps first (compilation)")
     datasets.add_data_argument(p, "ogbn-arxiv/ and MUSAE/GitHub/")
@@ -508,6 +509,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
             "fp32"
         a.steps, a.warmup = 10, 5
     device = cli.pick_device("benchmarks.minibatch", a.device, a.quick)
+    if a.variants is None:
+        a.variants = "native,fused" if a.quick and device.type == "cpu" else ",".join(VARIANTS)
     if a.adam is None:
         a.adam = "fused" if device.type == "cuda" else "foreach"
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="minibatch_")) / "minibatch.json"
