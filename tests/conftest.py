@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib.util
-import warnings
 import zlib
 from pathlib import Path
 from typing import Optional
@@ -18,9 +17,6 @@ import torch
 from torch import Tensor
 
 import pyg_dfgnn
-
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
-
 
 # ----------------------------------------------------------------------------- options
 def pytest_addoption(parser):
