@@ -67,9 +67,11 @@ def _check_runs_pyg(kind, device, monkeypatch):
         out2 = fused(x, ei)
     assert calls.n == 0, "pyg_dfgnn.ops (or the layout build) ran"
     ref = native(x, ei)
-    # The same PyG forward on the same parameters: the same numbers, bit for bit.
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    torch.testing.assert_close(out2, ref, rtol=0, atol=0)
+    # The same PyG forward on the same parameters: the same numbers, bit for bit on
+    # the CPU; on a GPU PyG's scatters use atomics, whose order may change the last bits.
+    tol = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, ref, **tol)
+    torch.testing.assert_close(out2, ref, **tol)
     assert again.shape[0] == 30
     return rec[0]
 
