@@ -5,10 +5,11 @@
 #   make clean   remove build outputs (make distclean also removes .venv)
 #
 # The CUDA extension is compiled only where it can run (nvidia-smi sees a GPU) or
-# when asked: make test CUDA_EXT=1 (CI does; FORCE_CUDA=1 works too). CUDA_EXT=0
-# installs the pure-PyTorch path only. The venv is created once (stamp files in
-# .venv/); the package is reinstalled when setup.py, pyproject.toml, a file under
-# cuda/ or CUDA_EXT changes.
+# when asked: make test CUDA_EXT=1 (CI does; FORCE_CUDA=1 works too). A later plain
+# `make` keeps an extension compiled that way; CUDA_EXT=0 installs the pure-PyTorch
+# path only (and removes a compiled extension). The venv is created once (stamp
+# files in .venv/); the package is reinstalled when setup.py, pyproject.toml, a
+# file under cuda/ or CUDA_EXT changes.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -e -o pipefail -c
@@ -21,16 +22,21 @@ PIP    := $(VENV)/bin/pip
 ARGS   ?=
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-k datasets"
 PYTEST_ARGS ?=
-# Data folder of `make train` (Planetoid/Cora/raw/...): the checkout's neighbour
-# ../shared/data when it exists and $PYG_DFGNN_DATA is unset; else PyG downloads.
-DATA ?= $(if $(PYG_DFGNN_DATA),,$(wildcard ../shared/data))
+# Data folder of `make train` and `make test` (Planetoid/Cora/raw/...), passed as
+# $PYG_DFGNN_DATA: the variable if set, else a shared/data folder next to the
+# checkout when there is one; else PyG downloads what it needs.
+DATA ?= $(or $(PYG_DFGNN_DATA),$(wildcard ../shared/data))
 
 # CUDA_EXT unset: compile where nvidia-smi sees a GPU (setup.py then falls back to
-# the pure-PyTorch path without a CUDA toolkit). CUDA_EXT=1 asked for: a build
-# that cannot compile the extension fails.
+# the pure-PyTorch path without a CUDA toolkit), and keep an extension that an
+# earlier CUDA_EXT=1 compiled. CUDA_EXT=1 asked for: a build that cannot compile
+# the extension fails.
 ifndef CUDA_EXT
 ifeq ($(FORCE_CUDA),1)
 CUDA_EXT := 1
+else ifneq ($(wildcard $(VENV)/.cuda_ext.1),)
+CUDA_EXT := 1
+CUDA_EXT_KEPT := 1
 else
 CUDA_EXT := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 CUDA_EXT_DETECTED := 1
@@ -52,10 +58,15 @@ help:
 	@echo "make train   - set up .venv, install, train on Cora (ARGS=\"--model gat ...\")"
 	@echo "make test    - set up .venv, install, run pytest (PYTEST_ARGS=...)"
 	@echo "make venv    - only set up .venv and install the package"
-	@echo "CUDA_EXT=1|0 - compile the CUDA extension or not (default: 1 if nvidia-smi sees a GPU)"
+	@echo "CUDA_EXT=1|0 - compile the CUDA extension or not (default: 1 if nvidia-smi sees a GPU"
+	@echo "               or an earlier CUDA_EXT=1 compiled it)"
+	@echo "DATA=DIR     - data folder (Planetoid/Cora/raw/...; default: \$$PYG_DFGNN_DATA)"
 	@echo "make clean   - remove build outputs; make distclean also removes .venv"
 
 venv: $(BUILD_STAMP)
+ifdef CUDA_EXT_KEPT
+	@echo "pyg_dfgnn: keeping the CUDA extension an earlier CUDA_EXT=1 build compiled (CUDA_EXT=0 removes it)"
+endif
 
 $(DEPS_STAMP):
 	$(PYTHON) -m venv $(VENV)
@@ -74,20 +85,21 @@ ifeq ($(CUDA_EXT),1)
 	source .ci/env.sh && $(if $(CUDA_EXT_DETECTED),,FORCE_CUDA=1) \
 	  $(PIP) install --no-build-isolation --no-deps -e .
 else
-	@echo "pyg_dfgnn: no GPU seen, installing without compiling the CUDA extension (CUDA_EXT=1 compiles it)"
+	@echo "pyg_dfgnn: $(if $(CUDA_EXT_DETECTED),no GPU seen, CUDA_EXT=0:) installing without compiling the CUDA extension (CUDA_EXT=1 compiles it)"
 	PYG_DFGNN_NO_EXT=1 $(PIP) install --no-build-isolation --no-deps -e .
 endif
+	@$(PY) -c "from pyg_dfgnn import _ext; print('pyg_dfgnn: extension', 'loaded' if _ext.HAS_EXTENSION else _ext.missing_reason())"
 	touch $@
 
 train: venv
-	$(PY) examples/train.py $(if $(DATA),--data $(DATA)) $(ARGS)
+	$(if $(DATA),PYG_DFGNN_DATA=$(DATA)) $(PY) examples/train.py $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(if $(DATA),PYG_DFGNN_DATA=$(DATA)) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
-	rm -f pyg_dfgnn/_C*.so $(BUILD_STAMP) $(VENV)/.cuda_ext.*
+	rm -f pyg_dfgnn/_C*.so pyg_dfgnn/_build_info.json $(BUILD_STAMP) $(VENV)/.cuda_ext.*
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

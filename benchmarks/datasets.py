@@ -2,11 +2,18 @@ r"""Dataset loaders for the examples, tests and benchmarks.
 
 Each loader takes ``root``, a read-only data folder laid out as
 ``<root>/Planetoid/Cora/raw/...``, ``<root>/MUSAE/GitHub/...``,
-``<root>/ogbn-arxiv/...`` and so on. Without ``root`` the folder named by
-``$PYG_DFGNN_DATA`` is used; without either, PyG downloads the dataset as usual
-into ``$PYG_DFGNN_CACHE`` (default ``~/.cache/pyg_dfgnn``). A folder that is
-named but lacks the dataset raises :class:`FileNotFoundError` instead of
-downloading silently.
+``<root>/ogbn-arxiv/...`` and so on. Where it comes from (:func:`data_dir`):
+
+1. ``root``: the scripts' ``--data DIR`` (:func:`add_data_argument`);
+2. else the folder named by ``$PYG_DFGNN_DATA``;
+3. else none: PyG downloads the dataset into ``$PYG_DFGNN_CACHE`` (default
+   ``~/.cache/pyg_dfgnn``).
+
+A folder that is named but lacks the dataset raises :class:`DataUnavailable`
+(a :class:`FileNotFoundError`) saying what was expected there, instead of
+downloading silently. A failed download raises it too, in two lines (what was
+tried, what to pass) and leaves no half-written folder behind; the scripts print
+those lines and exit (:func:`exit_on_missing_data`).
 
 PyG writes a ``processed/`` folder next to ``raw/``. So that it never writes into
 the data folder, each dataset folder is first copied (once per process) to a
@@ -26,21 +33,24 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import csv
 import json
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Union
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
 __all__ = ["data_dir", "cache_dir", "planetoid", "pubmed_graph", "tu_dataset", "musae",
-           "musae_github", "ogbn_arxiv", "actor", "webkb", "load", "available"]
+           "musae_github", "ogbn_arxiv", "actor", "webkb", "load", "available",
+           "DataUnavailable", "add_data_argument", "exit_on_missing_data", "dataset_folder"]
 
 #: Environment variable naming the data folder when no ``root`` is given.
 ENV_DATA = "PYG_DFGNN_DATA"
@@ -52,6 +62,11 @@ _PathLike = Union[str, os.PathLike]
 # source folder -> its private copy, for this process.
 _COPIES: Dict[Path, Path] = {}
 _TMP_ROOT: Optional[Path] = None
+
+
+class DataUnavailable(FileNotFoundError):
+    r"""A dataset is neither in the data folder nor downloadable. ``str(e)`` is
+    two lines: what was tried, and what to pass instead."""
 
 
 # --------------------------------------------------------------------- paths
@@ -70,22 +85,49 @@ def data_dir(root: Optional[_PathLike] = None) -> Optional[Path]:
 def cache_dir() -> Path:
     r"""Where PyG downloads datasets when there is no data folder
     (``$PYG_DFGNN_CACHE``, default ``~/.cache/pyg_dfgnn``)."""
-    return Path(os.environ.get(ENV_CACHE, "~/.cache/pyg_dfgnn")).expanduser()
+    return Path(os.environ.get(ENV_CACHE) or "~/.cache/pyg_dfgnn").expanduser()
 
 
-def _offline(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
-    """``data_dir(root)/parts``, or ``None`` without a data folder.
+def add_data_argument(parser, what: str = "Planetoid/Cora/raw/, ogbn-arxiv/, MUSAE/GitHub/ "
+                      "...") -> None:
+    r"""Adds the scripts' ``--data DIR`` option to an :mod:`argparse` parser."""
+    parser.add_argument(
+        "--data", metavar="DIR", default=None,
+        help=f"data folder holding {what} (read only; default: ${ENV_DATA}, else PyG "
+             f"downloads into ${ENV_CACHE} or ~/.cache/pyg_dfgnn)")
+
+
+@contextlib.contextmanager
+def exit_on_missing_data() -> Iterator[None]:
+    r"""Turns :class:`DataUnavailable` into its two lines on stderr and exit
+    status 1, without a traceback: for the scripts' entry points."""
+    try:
+        yield
+    except DataUnavailable as e:
+        sys.exit(str(e))
+
+
+def _named_by(root: Optional[_PathLike]) -> str:
+    return "--data" if root is not None else f"${ENV_DATA}"
+
+
+def dataset_folder(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
+    """``data_dir(root)/parts``, or ``None`` without a data folder (a check
+    before work starts: the loaders call it too).
 
     Raises:
-        FileNotFoundError: the data folder is named but lacks ``parts``.
+        DataUnavailable: the data folder is named but lacks ``parts``.
     """
     base = data_dir(root)
     if base is None:
         return None
     path = base.joinpath(*parts)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found (data folder {base}; pass another root= "
-                                f"or unset ${ENV_DATA} to download through PyG)")
+        where = "does not exist" if not base.is_dir() else f"has no {'/'.join(parts)}/"
+        raise DataUnavailable(
+            f"the data folder {base} (from {_named_by(root)}) {where}.\n"
+            f"Expected {base}/{'/'.join(parts)}/ (the files PyG downloads); pass another "
+            f"--data DIR, or neither --data nor ${ENV_DATA} to download through PyG.")
     return path
 
 
@@ -103,7 +145,7 @@ def _private_copy(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
     PyG writes ``processed/`` into the copy, never into the data folder.
     Returns ``None`` without a data folder.
     """
-    src = _offline(root, *parts)
+    src = dataset_folder(root, *parts)
     if src is None:
         return None
     if src not in _COPIES:
@@ -113,16 +155,39 @@ def _private_copy(root: Optional[_PathLike], *parts: str) -> Optional[Path]:
     return _COPIES[src]
 
 
-def _pyg_root(root: Optional[_PathLike], name: str, sub: str) -> str:
-    r"""A root directory for a PyG dataset class that expects ``<dir>/<sub>/raw``
-    (Planetoid, TUDataset, WebKB): the parent of a private copy of
-    ``<name>/<sub>``, or the download cache without a data folder."""
+@contextlib.contextmanager
+def _download(what: str, target: Path, layout: str) -> Iterator[None]:
+    r"""Runs a PyG download of ``what`` into ``target``. A failure removes the
+    folders the attempt created and raises :class:`DataUnavailable`; a
+    dataset already there is not touched."""
+    new = target
+    while not new.parent.exists():
+        new = new.parent
+    created = not new.exists()
+    try:
+        yield
+    except BaseException as e:
+        if created:
+            shutil.rmtree(new, ignore_errors=True)
+        if not isinstance(e, OSError):
+            raise
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataUnavailable(
+            f"could not download {what} through PyG into {target} ({reason}).\n"
+            f"Pass --data DIR or set {ENV_DATA}=DIR, where DIR holds {layout} (the files "
+            "PyG downloads).") from None
+
+
+def _pyg_dataset(root: Optional[_PathLike], name: str, sub: str, make: Callable):
+    r"""``make(dir)`` for a PyG dataset class that expects ``<dir>/<sub>/raw``
+    (Planetoid, TUDataset, WebKB): ``dir`` is the parent of a private copy of
+    ``<name>/<sub>``, or, without a data folder, the download cache."""
     copy = _private_copy(root, name, sub)
-    if copy is None:
-        path = cache_dir() / name
-        path.mkdir(parents=True, exist_ok=True)
-        return str(path)
-    return str(copy.parent)
+    if copy is not None:
+        return make(str(copy.parent))
+    path = cache_dir() / name
+    with _download(f"{name}/{sub}", path / sub, f"{name}/{sub}/raw/"):
+        return make(str(path))
 
 
 # ----------------------------------------------------------------- Planetoid
@@ -167,7 +232,8 @@ def planetoid(name: str, split: str = "public", transform: Optional[Callable] = 
         raise ValueError("PubMed's features (ind.pubmed.allx) are not in the data folder; "
                          "use benchmarks.datasets.pubmed_graph() for the graph")
     # The geom-gcn files live under <Name>/geom-gcn/raw, so one copy serves every split.
-    ds = Planetoid(root=_pyg_root(root, "Planetoid", name), name=name, split=split, **kwargs)
+    ds = _pyg_dataset(root, "Planetoid", name,
+                      lambda r: Planetoid(root=r, name=name, split=split, **kwargs))
     data = ds[0]
     return transform(data) if transform is not None else data
 
@@ -208,10 +274,11 @@ def pubmed_graph(num_features: int = 500, seed: int = 0,
     from torch_geometric.io.planetoid import edge_index_from_dict
     from torch_geometric.utils import index_to_mask
 
-    raw = _offline(root, "Planetoid", "PubMed", "raw")
+    raw = dataset_folder(root, "Planetoid", "PubMed", "raw")
     if raw is None:
         from torch_geometric.datasets import Planetoid
-        data = Planetoid(root=_pyg_root(root, "Planetoid", "PubMed"), name="PubMed")[0]
+        data = _pyg_dataset(root, "Planetoid", "PubMed",
+                            lambda r: Planetoid(root=r, name="PubMed"))[0]
         data = Data(edge_index=data.edge_index, y=data.y, num_nodes=data.num_nodes,
                     train_mask=data.train_mask, val_mask=data.val_mask,
                     test_mask=data.test_mask)
@@ -269,7 +336,7 @@ def tu_dataset(name: str, root: Optional[_PathLike] = None, **kwargs):
     if key not in _TU:
         raise ValueError(f"unknown TU dataset {name!r}; expected one of {sorted(_TU.values())}")
     name = _TU[key]
-    return TUDataset(root=_pyg_root(root, "TUDataset", name), name=name, **kwargs)
+    return _pyg_dataset(root, "TUDataset", name, lambda r: TUDataset(root=r, name=name, **kwargs))
 
 
 # -------------------------------------------------------------------- MUSAE
@@ -309,7 +376,7 @@ def musae(name: str, root: Optional[_PathLike] = None) -> Data:
 
         Without a data folder, GitHub is downloaded through
         :class:`torch_geometric.datasets.GitHub` (same topology, 128-d ``x``);
-        the Wikipedia graphs raise :class:`FileNotFoundError`.
+        the Wikipedia graphs raise :class:`DataUnavailable`.
     """
     from torch_geometric.utils import to_undirected
 
@@ -317,13 +384,16 @@ def musae(name: str, root: Optional[_PathLike] = None) -> Data:
     if key not in _MUSAE:
         raise ValueError(f"unknown MUSAE dataset {name!r}; expected one of {sorted(_MUSAE)}")
     folder, k, label = _MUSAE[key]
-    src = _offline(root, "MUSAE", folder)
+    src = dataset_folder(root, "MUSAE", folder)
     if src is None:
         if key == "github":
             from torch_geometric.datasets import GitHub
-            return GitHub(root=str(cache_dir() / "GitHub"))[0]
-        raise FileNotFoundError(f"MUSAE/{folder} needs a data folder (root= or ${ENV_DATA}): "
-                                "PyG has no loader for it")
+            path = cache_dir() / "GitHub"
+            with _download("GitHub", path, "MUSAE/GitHub/git_edges.csv and git_target.csv"):
+                return GitHub(root=str(path))[0]
+        raise DataUnavailable(f"MUSAE/{folder} needs a data folder: PyG has no loader for it.\n"
+                              f"Pass --data DIR or set {ENV_DATA}=DIR, where DIR holds "
+                              f"MUSAE/{folder}/{k}_edges.csv and {k}_target.csv.")
     with open(src / f"{k}_target.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     n = len(rows)
@@ -391,18 +461,24 @@ def ogbn_arxiv(root: Optional[_PathLike] = None) -> Data:
         ``test_mask`` (48,603).
 
     Raises:
-        FileNotFoundError: no data folder and no ``ogb`` package.
+        DataUnavailable: no data folder and no ``ogb`` package, a data folder
+            without ``ogbn-arxiv/``, or a failed download.
     """
     from torch_geometric.utils import index_to_mask, to_undirected
 
-    src = _offline(root, "ogbn-arxiv")
+    src = dataset_folder(root, "ogbn-arxiv")
     if src is None:
         try:
             from ogb.nodeproppred import PygNodePropPredDataset
         except ImportError:
-            raise FileNotFoundError(f"ogbn-arxiv needs a data folder (root= or ${ENV_DATA}) "
-                                    "or the ogb package (pip install ogb)") from None
-        ds = PygNodePropPredDataset("ogbn-arxiv", root=str(cache_dir() / "ogb"))
+            raise DataUnavailable(
+                "ogbn-arxiv needs a data folder or the ogb package to download it.\n"
+                f"Pass --data DIR or set {ENV_DATA}=DIR, where DIR holds ogbn-arxiv/edges.npz, "
+                "labels.npy and split.npy, or pip install ogb.") from None
+        path = cache_dir() / "ogb"
+        with _download("ogbn-arxiv", path / "ogbn_arxiv",
+                       "ogbn-arxiv/edges.npz, labels.npy and split.npy"):
+            ds = PygNodePropPredDataset("ogbn-arxiv", root=str(path))
         n = ds[0].num_nodes
         edge_index, y = ds[0].edge_index, ds[0].y.view(-1).long()
         masks = {k: index_to_mask(v, n) for k, v in ds.get_idx_split().items()}
@@ -431,9 +507,11 @@ def actor(root: Optional[_PathLike] = None, **kwargs) -> Data:
     from torch_geometric.datasets import Actor
 
     path = _private_copy(root, "Actor")  # Actor(root) expects <root>/raw
-    if path is None:
-        path = cache_dir() / "Actor"
-    return Actor(root=str(path), **kwargs)[0]
+    if path is not None:
+        return Actor(root=str(path), **kwargs)[0]
+    path = cache_dir() / "Actor"
+    with _download("Actor", path, "Actor/raw/"):
+        return Actor(root=str(path), **kwargs)[0]
 
 
 def webkb(name: str, root: Optional[_PathLike] = None, **kwargs) -> Data:
@@ -452,7 +530,7 @@ def webkb(name: str, root: Optional[_PathLike] = None, **kwargs) -> Data:
     key = name.lower()
     if key not in ("cornell", "texas", "wisconsin"):
         raise ValueError(f"unknown WebKB dataset {name!r}; expected cornell, texas or wisconsin")
-    return WebKB(root=_pyg_root(root, "WebKB", key), name=key, **kwargs)[0]
+    return _pyg_dataset(root, "WebKB", key, lambda r: WebKB(root=r, name=key, **kwargs))[0]
 
 
 # ---------------------------------------------------------------- dispatch

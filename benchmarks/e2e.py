@@ -375,10 +375,11 @@ class FullDataset:
 
         from benchmarks import datasets
         if name == "pubmed":
-            data = datasets.pubmed_graph(num_features=500, seed=args.seed)
+            data = datasets.pubmed_graph(num_features=500, seed=args.seed, root=args.data)
             self.features = "random (PubMed's feature file is not available offline)"
         else:
-            data = datasets.planetoid(LABELS[name], transform=T.NormalizeFeatures())
+            data = datasets.planetoid(LABELS[name], transform=T.NormalizeFeatures(),
+                                      root=args.data)
             self.features = "bag-of-words, row-normalised"
         self.data = data.to(device)
         self.in_channels = data.num_features
@@ -922,6 +923,7 @@ def format_tables(report: Dict[str, object]) -> str:
 
 # ----------------------------------------------------------------------------- CLI
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    from benchmarks import cli, datasets
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.e2e",
         description="End-to-end training benchmark (DF-GNN paper Table 2): the same GT / GAT / "
@@ -950,11 +952,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                "  python -m benchmarks.e2e --datasets cora,citeseer,pubmed --mode cudagraph\n"
                "  python -m benchmarks.e2e --models gt --impls fused,fused_separate\n"
                "  python -m benchmarks.plot --e2e e2e.json --out-dir plots",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=cli.HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (64 train graphs, batch 32, hidden 32, 2 layers, 2 epochs): "
                         "a CPU smoke run in well under 2 minutes")
     p.add_argument("--out", default="e2e.json", help="JSON output path (default: e2e.json)")
+    datasets.add_data_argument(p, "Planetoid/Cora, CiteSeer and PubMed")
     p.add_argument("--datasets", default=",".join(DATASETS),
                    help=f"comma-separated subset of {','.join(DATASETS)} (default: all)")
     p.add_argument("--models", default=",".join(MODELS),
@@ -968,7 +971,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of the *_compile impls (default: inductor)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--device", default=None,
+                   help="torch device; cpu runs the reference path, a check of the script "
+                        "(default: cuda; cpu with --quick and no GPU)")
     p.add_argument("--mode", choices=("eager", "cudagraph", "both"), default=None,
                    help="eager training steps, captured CUDA-graph steps (full graphs only), or "
                         "both (default: both on CUDA, eager on CPU; cudagraph needs CUDA)")
@@ -1019,12 +1024,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, key, quick if args.quick else full)
     args.datasets = [d.strip().lower() for d in args.datasets.split(",") if d.strip()]
     args.models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        cuda = torch.device(args.device).type == "cuda"
-    except RuntimeError as e:
-        p.error(f"--device: {e}")
+    args.device = str(cli.pick_device("benchmarks.e2e", args.device, args.quick))
+    cuda = torch.device(args.device).type == "cuda"
     if args.impls is None:
         args.impls = ",".join(IMPLS + (("native_compile",) if cuda else ()))
     args.impls = [i.strip().lower() for i in args.impls.split(",") if i.strip()]
@@ -1273,5 +1274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.datasets import exit_on_missing_data
+    with exit_on_missing_data():
+        main()
     sys.exit(0)

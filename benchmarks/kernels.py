@@ -109,10 +109,11 @@ POWER_LAW = {"Reddit-like": (30_000, 492, 21_657, 0), "Protein-like": (20_000, 5
              "ppa-like": (100_000, 74, 3_241, 2)}
 
 
-def load_graphs(quick: bool):
+def load_graphs(quick: bool, data=None):
     """name -> (edge_index on GPU, num_nodes, kind, batch vector on GPU or None).
     ``quick``: a 128-graph PATTERN batch and a 5K-node power-law graph (generated,
-    no data files)."""
+    no data files). ``data``: the data folder of the real graphs
+    (:func:`benchmarks.datasets.data_dir`)."""
     out = {}
     nb = 128 if quick else 1024
     for kind, name in (("pattern", "PATTERN"), ("cluster", "CLUSTER"))[:1 if quick else 2]:
@@ -127,11 +128,11 @@ def load_graphs(quick: bool):
         ei, batch = generators.knn_batch(kind, nb, seed=0)
         out[name] = (ei, batch.numel(), "batch", batch)
     for name in ("Cora", "CiteSeer"):
-        d = datasets.planetoid(name)
+        d = datasets.planetoid(name, root=data)
         out[name] = (d.edge_index, d.num_nodes, "full", None)
-    d = datasets.pubmed_graph()
+    d = datasets.pubmed_graph(root=data)
     out["PubMed"] = (d.edge_index, d.num_nodes, "full", None)
-    d = datasets.musae_github()
+    d = datasets.musae_github(data)
     out["GitHub"] = (d.edge_index, d.num_nodes, "super", None)
     for name, (n, avg, mx, seed) in POWER_LAW.items():
         out[name] = (generators.power_law_graph(n, avg, mx, seed, DEV), n, "super", None)
@@ -623,20 +624,24 @@ def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, comp
 
 def main(argv=None):
     global REPEATS
+    from benchmarks import cli, datasets
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
                                  description=__doc__.splitlines()[0] + " Needs a CUDA GPU "
-                                 "and the compiled extension.")
+                                 "and the compiled extension.", formatter_class=cli.HelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="a 128-graph PATTERN batch and a 5K-node power-law graph, GT 1x128 fp32 "
                          "only (unless --models), short repeats: under a minute")
-    ap.add_argument("--out", default="kernels.json")
-    ap.add_argument("--graphs", default="", help="comma-separated subset of graph names")
+    ap.add_argument("--out", default="kernels.json", help="JSON results, written as it goes")
+    datasets.add_data_argument(ap, "Planetoid/, MUSAE/GitHub/")
+    ap.add_argument("--graphs", default="",
+                    help="comma-separated subset of graph names (default: every graph)")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
     ap.add_argument("--no-compile", action="store_true", help="skip PyG + torch.compile")
     ap.add_argument("--no-dense", action="store_true", help="skip dense masked SDPA")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 in fp32 matmuls (all methods alike; default: off)")
-    ap.add_argument("--chunk-sweep", default="", help="comma-separated chunks: only sweep them")
+    ap.add_argument("--chunk-sweep", default="",
+                    help="comma-separated chunks: only sweep them (default: no sweep)")
     ap.add_argument("--sweep-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the chunk sweep")
     ap.add_argument("--accumulate-grads", action="store_true",
@@ -653,10 +658,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
-    if not torch.cuda.is_available():
-        print("benchmarks.kernels needs a CUDA GPU and the compiled extension; no GPU is "
-              "visible here", file=sys.stderr)
-        return 1
+    cli.require_kernels("benchmarks.kernels")
+    cli.out_file(args.out)
     REPEATS = QUICK_REPEATS if args.quick else REPEATS
     from tqdm import tqdm
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -667,7 +670,8 @@ def main(argv=None):
                                                      "per": "graph and configuration"},
             "copy_GBps": copy_bandwidth(), "autograd_floor_ms": autograd_floor()}
     print(f"# {info}")
-    graphs = load_graphs(args.quick)
+    with datasets.exit_on_missing_data():
+        graphs = load_graphs(args.quick, args.data)
     if args.graphs:
         graphs = {k: v for k, v in graphs.items() if k in args.graphs.split(",")}
     if args.chunk_sweep:

@@ -42,10 +42,11 @@ Graphs: PATTERN and CLUSTER (batches of 1024 generated graphs,
 :func:`benchmarks.generators.sbm_batch`), MUSAE GitHub, ogbn-arxiv (the full graph,
 undirected) and the generated Reddit-like power-law graph, loaded as
 :mod:`benchmarks.profile_backward` loads them (real graphs from ``--data``, default
-``$PYG_DFGNN_DATA``, ``.devdata`` or ``shared/data``). ``--quick``: 8-graph batches
-and 300-node power-law graphs in place of the real ones, short repeats (tests, a
-smoke run); it runs on the CPU too (``--device cpu``, the default without a GPU),
-with a wall-clock timer in place of ``do_bench`` and no peak memory.
+``$PYG_DFGNN_DATA``, else a PyG download: :mod:`benchmarks.datasets`). Needs a CUDA
+GPU and the compiled extension, except with ``--quick``: 8-graph batches and
+300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
+run), which runs on the CPU too (``--device cpu``, the default without a GPU), with
+a wall-clock timer in place of ``do_bench`` and no peak memory.
 
 Run order: every eager method of every case first, then the compiled ones (a compile
 running before an eager measurement slowed host-bound steps, see
@@ -76,7 +77,7 @@ import time
 
 import torch
 
-from benchmarks import generators, kernels, profile_backward
+from benchmarks import cli, generators, kernels, profile_backward
 
 #: Graphs in run order: the two batch graphs, then the power-law ones.
 BATCH_GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster"}
@@ -354,35 +355,41 @@ def plot(rows, path: str, title: str = "") -> None:
 
 
 def parse_args(argv):
+    from benchmarks import datasets
     ap = argparse.ArgumentParser(prog="python -m benchmarks.layers",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="layers.json")
+                                 description=__doc__.splitlines()[0],
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--out", default="layers.json", help="JSON results, written as it goes")
     ap.add_argument("--graphs", default=",".join(GRAPHS),
                     help=f"comma-separated subset of {','.join(GRAPHS)}")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: gt,gat,agnn")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
     ap.add_argument("--bf16-models", default=",".join(MODELS),
-                    help="models also run under bf16 autocast (default: all)")
+                    help="models also run under bf16 autocast")
     ap.add_argument("--methods", default=",".join(METHODS),
                     help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--heads-channels", default="1x128",
                     help="comma-separated HxC configurations (e.g. 1x128,4x32)")
-    ap.add_argument("--in-channels", type=int, default=128)
+    ap.add_argument("--in-channels", type=int, default=128, help="input features per node")
     ap.add_argument("--self-loops", choices=("graph", "layer"), default="graph",
-                    help="GAT / AGNN: self-loops added to the graph once (default) or by "
-                         "the layers in every call (add_self_loops=True)")
-    ap.add_argument("--compile-backend", default="inductor")
+                    help="GAT / AGNN: self-loops added to the graph once or by the layers "
+                         "in every call (add_self_loops=True)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend of the compiled methods")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 in fp32 matmuls (every method alike; default: off)")
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--data", default=None, help="data folder of the real graphs")
+    ap.add_argument("--device", default=None,
+                    help="torch device; cpu runs the reference path, a check of the script "
+                         "(default: cuda; cpu with --quick and no GPU)")
+    datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
     ap.add_argument("--quick", action="store_true",
-                    help="small generated graphs, short repeats (tests, smoke run)")
-    ap.add_argument("--plot", default=None, help="PNG of the speedups over compiled PyG")
+                    help="small generated graphs, short repeats (tests, smoke run; also on CPU)")
+    ap.add_argument("--plot", default=None,
+                    help="PNG of the speedups over compiled PyG (default: no plot)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the methods already in --out and run the others")
     args = ap.parse_args(argv)
-    args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args.device = cli.pick_device("benchmarks.layers", args.device, args.quick)
     return args
 
 
@@ -436,7 +443,8 @@ def main(argv=None) -> int:
             rows = json.load(f).get("rows", [])
     by_key = {r["key"]: r for r in rows}
     graphs, graph_errors = {}, {}
-    data = args.data or profile_backward.default_data()
+    data = args.data
+    cli.out_file(args.out)
 
     def graph(name):
         if name not in graphs and name not in graph_errors:
@@ -505,7 +513,8 @@ def main(argv=None) -> int:
         print("not measured or mismatched:\n" + bad)
     if args.plot and rows:
         try:
-            plot(rows, args.plot, f"{info['device']}, torch {info['torch']}, {info['date']}")
+            plot(rows, cli.out_file(args.plot),
+                 f"{info['device']}, torch {info['torch']}, {info['date']}")
         except Exception as e:  # noqa: BLE001  (the JSON is the result; the plot is optional)
             print(f"plot failed: {kernels._first_line(e)}", file=sys.stderr)
     return 0

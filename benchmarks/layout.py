@@ -27,7 +27,7 @@ sampler is the vectorised stand-in (benchmarks.minibatch.sample_batches).
 
 .. code-block:: bash
 
-    python -m benchmarks.layout --out /tmp/layout.json
+    python -m benchmarks.layout --out out/layout.json
     python -m benchmarks.layout --synthetic --no-full     # no dataset needed
 """
 from __future__ import annotations
@@ -179,23 +179,29 @@ def measure(graphs: List[torch.Tensor], n: int, warmup: int, device: torch.devic
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="ogbn-arxiv folder (default: $PYG_DFGNN_DATA)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    from benchmarks import cli, datasets
+    p = argparse.ArgumentParser(prog="python -m benchmarks.layout",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=cli.HelpFormatter)
+    datasets.add_data_argument(p, "ogbn-arxiv/")
+    p.add_argument("--device", default=None,
+                   help="torch device; cpu builds on the CPU, a check of the script "
+                        "(default: cuda)")
     p.add_argument("--batches", type=int, default=40, help="batches per size")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=5, help="untimed builds first")
     p.add_argument("--no-full", action="store_true", help="skip the full graph")
     p.add_argument("--synthetic", action="store_true",
                    help="a random graph of arxiv's size instead of ogbn-arxiv")
     p.add_argument("--out", default=None, help="JSON results (default: a new temporary file)")
     a = p.parse_args(argv)
-    device = torch.device(a.device)
+    device = cli.pick_device("benchmarks.layout", a.device)
     data = None
     if not a.synthetic:
         try:
             data = load_dataset("arxiv", a.data)
         except Exception as e:  # no dataset files here: the synthetic stand-in
-            print(f"ogbn-arxiv not loaded ({e}); using a synthetic graph of its size")
+            print(f"ogbn-arxiv not loaded ({str(e).splitlines()[0]}); using a synthetic graph "
+                  "of its size")
     data = synthetic_graph() if data is None else data
     rows = {}
     for seeds, fan in BATCHES:

@@ -474,18 +474,25 @@ def resumed_rows(path: Path, meta: dict, variants: Sequence[str]) -> List[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default="arxiv,github")
-    p.add_argument("--models", default="gat,gt,agnn")
-    p.add_argument("--seeds", default="1024,8192", help="seed nodes per batch")
+    from benchmarks import cli, datasets
+    p = argparse.ArgumentParser(prog="python -m benchmarks.minibatch",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=cli.HelpFormatter)
+    p.add_argument("--datasets", default="arxiv,github", help="comma-separated: arxiv,github")
+    p.add_argument("--models", default="gat,gt,agnn", help="comma-separated: gat,gt,agnn")
+    p.add_argument("--seeds", default="1024,8192",
+                   help="seed nodes per batch, comma-separated")
     p.add_argument("--fanouts", default="10,10;25,10;15,10,5", help="';'-separated fan-outs")
-    p.add_argument("--dtypes", default="fp32,bf16")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: all; "
+                        "--quick on the CPU: native,fused, as compiling there takes minutes)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=8, help="untimed steps first (compilation)")
-    p.add_argument("--data", default=None, help="ogbn-arxiv folder (default: $PYG_DFGNN_DATA)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    datasets.add_data_argument(p, "ogbn-arxiv/ and MUSAE/GitHub/")
+    p.add_argument("--device", default=None,
+                   help="torch device; cpu runs the reference path, a check of the script "
+                        "(default: cuda; cpu with --quick and no GPU)")
     p.add_argument("--quick", action="store_true",
                    help="arxiv, GAT and GT, 1024 seeds, [25, 10], fp32, 10 steps")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -502,7 +509,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
         a.datasets, a.models, a.seeds, a.fanouts, a.dtypes = "arxiv", "gat,gt", "1024", "25,10", \
             "fp32"
         a.steps, a.warmup = 10, 5
-    device = torch.device(a.device)
+    device = cli.pick_device("benchmarks.minibatch", a.device, a.quick)
+    if a.variants is None:
+        a.variants = "native,fused" if a.quick and device.type == "cpu" else ",".join(VARIANTS)
     if a.adam is None:
         a.adam = "fused" if device.type == "cuda" else "foreach"
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="minibatch_")) / "minibatch.json"
@@ -543,7 +552,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
                     print(markdown([row]).splitlines()[-1], flush=True)
                     # After every row: a run cut short keeps what it measured.
                     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    plot(rows, Path(a.plot) if a.plot else out.with_suffix(".png"))
+    plot(rows, cli.out_file(a.plot) if a.plot else out.with_suffix(".png"))
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, Adam {meta['adam']}\n")
     print(markdown(rows))
     print(f"\nresults: {out}")
@@ -551,4 +560,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.datasets import exit_on_missing_data
+    with exit_on_missing_data():
+        main()

@@ -1,9 +1,9 @@
 """Data-parallel training throughput of the fused and native attention convs on 1
 and 2 GPUs (DistributedDataParallel, NCCL).
 
-    python benchmarks/multi_gpu.py                      # node and graph task, fused and native
-    python benchmarks/multi_gpu.py --oversubscribe      # one GPU: also 2 ranks on it (gloo)
-    python benchmarks/multi_gpu.py --tasks graph --world-sizes 1 2 4 --out results/ddp
+    python -m benchmarks.multi_gpu                  # node and graph task, fused and native
+    python -m benchmarks.multi_gpu --oversubscribe  # one GPU: also 2 ranks on it (gloo)
+    python -m benchmarks.multi_gpu --tasks graph --world-sizes 1 2 4 --out out/ddp
 
 Each configuration (task x implementation x world size) trains
 ``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
@@ -39,23 +39,28 @@ BATCH_SIZE = {"node": 1024, "graph": 64}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/multi_gpu.py", description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", nargs="+", choices=("node", "graph"), default=["node", "graph"])
+    from benchmarks import cli, datasets
+    p = argparse.ArgumentParser(prog="python -m benchmarks.multi_gpu",
+                                description=__doc__.split("\n")[0],
+                                formatter_class=cli.HelpFormatter)
+    p.add_argument("--tasks", nargs="+", choices=("node", "graph"), default=["node", "graph"],
+                   help="node: ogbn-arxiv with NeighborLoader; graph: PATTERN batches")
     p.add_argument("--impls", nargs="+", choices=("fused", "native"),
-                   default=["fused", "native"])
-    p.add_argument("--model", choices=("gat", "gt"), default="gat")
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
+                   default=["fused", "native"], help="conv implementations")
+    p.add_argument("--model", choices=("gat", "gt"), default="gat",
+                   help="gat: GATConv, gt: TransformerConv")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2],
+                   help="ranks per run, one GPU each")
     p.add_argument("--oversubscribe", action="store_true",
                    help="run world sizes above the number of GPUs with ranks sharing GPUs")
-    p.add_argument("--steps", type=int, default=40, help="training steps per run (default: 40)")
-    p.add_argument("--warmup", type=int, default=10,
-                   help="of which the first are not timed (default: 10)")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run")
+    p.add_argument("--warmup", type=int, default=10, help="of which the first are not timed")
     p.add_argument("--batch-size", type=int, default=None,
                    help="per rank (default: 1024 seeds for node, 64 graphs for graph)")
-    p.add_argument("--hidden", type=int, default=32, help="channels per head (default: 32)")
-    p.add_argument("--workers", type=int, default=4,
-                   help="data loader workers per rank (default: 4)")
-    p.add_argument("--timeout", type=int, default=600, help="seconds per run (default: 600)")
+    p.add_argument("--hidden", type=int, default=32, help="channels per head")
+    p.add_argument("--workers", type=int, default=4, help="data loader workers per rank")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    datasets.add_data_argument(p, "ogbn-arxiv/ (--tasks node)")
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
     args = p.parse_args(argv)
     if args.warmup >= args.steps:
@@ -73,6 +78,8 @@ def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dic
            "--batch-size", str(batch), "--hidden", str(args.hidden),
            "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
            "--json", str(path)]
+    if args.data:
+        cmd += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
         cmd += ["--graphs", str(args.steps * batch * world), "--test-graphs", str(batch)]
     if world > gpus:
@@ -120,8 +127,8 @@ def table(reports: List[Dict[str, object]]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/multi_gpu.py measures GPUs; none is visible (the CPU path is "
-                 "tested by tests/test_multi_gpu.py)")
+        sys.exit("benchmarks.multi_gpu measures GPUs and none is visible here "
+                 "(python examples/multi_gpu.py --device cpu --quick runs the CPU path)")
     gpus = torch.cuda.device_count()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="multi_gpu_bench_"))
     out.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,10 @@ r"""PNG bar charts of the kernel and end-to-end benchmark results (matplotlib, A
 
 Each figure carries the GPU, torch and CUDA versions and the date of its JSON.
 
-Usage::
+Usage (the committed results, or a run's own JSON)::
 
     python -m benchmarks.plot --kernels benchmarks/results/kernels_h100.json \
-        --e2e e2e.json --out-dir plots
+        --e2e benchmarks/results/e2e_h200.json --out-dir out
 """
 from __future__ import annotations
 
@@ -262,22 +262,30 @@ def plot_e2e_breakdown(data: Dict[str, object], path: str, dpi: int = 130) -> st
 # ----------------------------------------------------------------------------- CLI
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     r"""Writes the figures; returns their paths."""
+    from benchmarks import cli
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.plot",
         description="Bar charts (PNG) of benchmarks/kernels.py and benchmarks/e2e.py results: "
                     "kernel speedup over PyG per graph (forward, forward+backward), end-to-end "
                     "training-step speedup per dataset and model, and the per-step time "
                     "breakdown (preprocess / forward / backward / optimizer).",
-        epilog="example:\n  python -m benchmarks.plot "
-               "--kernels benchmarks/results/kernels_h100.json --e2e e2e.json --out-dir plots",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernels", metavar="JSON", help="output of benchmarks/kernels.py")
-    p.add_argument("--e2e", metavar="JSON", help="output of benchmarks/e2e.py")
-    p.add_argument("--out-dir", default="plots", help="folder for the PNGs (default: plots)")
-    p.add_argument("--dpi", type=int, default=130, help="resolution (default: 130)")
+        epilog="example (the committed results):\n  python -m benchmarks.plot "
+               "--kernels benchmarks/results/kernels_h100.json "
+               "--e2e benchmarks/results/e2e_h200.json --out-dir out",
+        formatter_class=cli.HelpFormatter)
+    p.add_argument("--kernels", metavar="JSON",
+                   help="output of benchmarks/kernels.py (default: no kernel figure)")
+    p.add_argument("--e2e", metavar="JSON",
+                   help="output of benchmarks/e2e.py (default: no end-to-end figures)")
+    p.add_argument("--out-dir", default="plots", help="folder for the PNGs")
+    p.add_argument("--dpi", type=int, default=130, help="resolution")
     args = p.parse_args(argv)
     if not args.kernels and not args.e2e:
-        p.error("give --kernels and/or --e2e")
+        p.error("nothing to plot: pass --kernels JSON (from benchmarks.kernels) and/or --e2e "
+                "JSON (from benchmarks.e2e); benchmarks/results/ holds committed ones")
+    for flag, path in (("--kernels", args.kernels), ("--e2e", args.e2e)):
+        if path and not os.path.isfile(path):
+            p.error(f"{flag} {path}: no such file")
     os.makedirs(args.out_dir, exist_ok=True)
     written = []
     if args.kernels:

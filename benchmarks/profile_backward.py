@@ -44,8 +44,8 @@ Not compulsory, reported apart (``extra``): the fp32 partial rows of split rows
 (written and read once each).
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension;
-graphs from ``--data``, by default ``$PYG_DFGNN_DATA``, else ``.devdata/``, else
-``shared/data`` or ``../shared/data``)::
+real graphs from ``--data``, by default ``$PYG_DFGNN_DATA``, else a PyG download:
+:mod:`benchmarks.datasets`)::
 
     python -m benchmarks.profile_backward --out DIR [--ncu] [--graphs GitHub,...]
 
@@ -458,17 +458,6 @@ def run_ncu(args, out_dir: Path, phases_by_model: dict) -> dict:
 
 
 # ------------------------------------------------------------------- graphs
-def default_data() -> str | None:
-    """``$PYG_DFGNN_DATA``, else ``.devdata`` (the device runs' copy), else
-    ``shared/data`` or ``../shared/data``, else ``None``."""
-    if os.environ.get("PYG_DFGNN_DATA"):
-        return os.environ["PYG_DFGNN_DATA"]
-    for cand in (".devdata", "shared/data", "../shared/data"):
-        if os.path.isdir(cand):
-            return os.path.abspath(cand)
-    return None
-
-
 def load_graph(name: str, data: str | None, device: str, tiny: bool = False):
     """``(edge_index on device, num_nodes)`` of one graph. ``tiny``: every name is a
     300-node power-law graph (seeded by the name's position in :data:`GRAPHS`)."""
@@ -692,18 +681,19 @@ def markdown(doc: dict) -> str:
 
 # --------------------------------------------------------------------- main
 def parse_args(argv=None):
+    from benchmarks import cli, datasets
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_backward",
-                                 description=__doc__.splitlines()[0])
+                                 description=__doc__.splitlines()[0],
+                                 formatter_class=cli.HelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (JSON and markdown)")
     ap.add_argument("--graphs", default=",".join(GRAPHS),
                     help=f"comma-separated subset of {','.join(GRAPHS)}")
     ap.add_argument("--cases", default=",".join(f"{m}:{d}" for m, d in CASES),
                     help="comma-separated model:dtype cases (gt:float32, gt:bfloat16, "
                          "gat:float32)")
-    ap.add_argument("--data", default=None,
-                    help="data folder (default: $PYG_DFGNN_DATA, else .devdata/, else "
-                         "shared/data or ../shared/data)")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: only with --tiny, a check of the script")
     ap.add_argument("--tiny", action="store_true",
                     help="a 300-node generated graph in place of each graph (a check of "
                          "the script, with --device cpu)")
@@ -716,14 +706,12 @@ def parse_args(argv=None):
     ap.add_argument("--ncu", action="store_true",
                     help="also run the backward kernels of --ncu-graph under ncu")
     ap.add_argument("--ncu-only", action="store_true", help="only the ncu run (implies --ncu)")
-    ap.add_argument("--ncu-graph", default="Reddit-like")
+    ap.add_argument("--ncu-graph", default="Reddit-like", help="the graph of the ncu run")
     ap.add_argument("--ncu-kernels", default=NCU_KERNELS, help="ncu --kernel-name regex")
     ap.add_argument("--ncu-timeout", type=float, default=90.0,
                     help="seconds for the ncu run(s) in all")
     ap.add_argument("--ncu-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.data is None and not args.tiny:
-        args.data = default_data()
     args.ncu = args.ncu or args.ncu_only
     return args
 
@@ -733,12 +721,10 @@ def main(argv=None) -> int:
     if args.ncu_child:
         return ncu_child(args)
     if args.device == "cuda":
-        import pyg_dfgnn
-        if not (torch.cuda.is_available() and pyg_dfgnn.has_cuda_kernels()):
-            # without the kernels the ops run the reference: nothing here to profile
-            print("benchmarks.profile_backward needs a CUDA GPU and the compiled extension "
-                  f"(or --device cpu --tiny): {pyg_dfgnn.load_error()}", file=sys.stderr)
-            return 1
+        # without the kernels the ops run the reference: nothing here to profile
+        from benchmarks import cli
+        cli.require_kernels("benchmarks.profile_backward",
+                            "--device cpu --tiny runs it on a tiny graph, a check of the script")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "profile_backward.json", out_dir / "profile_backward.md"

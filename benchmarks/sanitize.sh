@@ -7,13 +7,22 @@
 #   bash benchmarks/sanitize.sh [OUTDIR] [TOOLS...]
 # Writes one log per tool to OUTDIR (default: a temporary directory) and prints a
 # summary line per tool; exits non-zero if any tool reports an error or a result
-# is wrong.
+# is wrong. $PYTHON (default: python3) is the interpreter with pyg_dfgnn installed.
 set -u -o pipefail
+PYTHON=${PYTHON:-python3}
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+missing=()
+"$PYTHON" -c "import sys, pyg_dfgnn; sys.exit(not pyg_dfgnn.has_cuda_kernels())" 2>/dev/null \
+  || missing+=("a CUDA GPU with pyg_dfgnn's compiled extension (python -m pyg_dfgnn info)")
+[ -x "$san" ] || missing+=("compute-sanitizer (on PATH or in /usr/local/cuda/bin)")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "benchmarks/sanitize.sh needs $(IFS=';'; echo "${missing[*]}" | sed 's/;/ and /')" >&2
+  exit 2
+fi
 out=${1:-$(mktemp -d)}
 shift || true
 tools=${*:-memcheck racecheck initcheck synccheck}
 mkdir -p "$out"
-san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 status=0
 for tool in $tools; do
   extra=()
@@ -33,7 +42,7 @@ for tool in $tools; do
   [ "$tool" = initcheck ] && args+=(--no-layers)
   t0=$(date +%s)
   "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
-    python3 benchmarks/sanitize.py "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
+    "$PYTHON" benchmarks/sanitize.py "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
   failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)
@@ -43,7 +52,7 @@ for tool in $tools; do
   # cub), which the layers above do not all reach.
   t0=$(date +%s)
   "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
-    python3 -m benchmarks.layout_build_check --quick > "$out/layout_build_$tool.log" 2>&1
+    "$PYTHON" -m benchmarks.layout_build_check --quick > "$out/layout_build_$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/layout_build_$tool.log" | tail -1)
   echo "$tool, layout build: rc=$rc ${summary:-no summary} | $(tail -1 "$out/layout_build_$tool.log") | $(( $(date +%s) - t0 )) s"

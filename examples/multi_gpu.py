@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 # Run as a script from a checkout: the repository root holds pyg_dfgnn and benchmarks.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import cli  # noqa: E402  (before torch_geometric: quiets its import)
 
 TASKS = ("node", "graph")
 
@@ -59,14 +60,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         prog="examples/multi_gpu.py",
         description="DistributedDataParallel training of fused (or native) attention convs.",
         epilog="Under torchrun the ranks come from torchrun; otherwise --nprocs processes "
-               "are started with torch.multiprocessing.spawn.")
+               "are started with torch.multiprocessing.spawn.",
+        formatter_class=cli.HelpFormatter)
     p.add_argument("--task", choices=TASKS, default="graph",
                    help="node: ogbn-arxiv with NeighborLoader; graph: PATTERN batches "
                         "(default: graph)")
     p.add_argument("--model", choices=("gat", "gt"), default="gat",
                    help="gat: GATConv, gt: TransformerConv; 2 layers, 4 heads (default: gat)")
     p.add_argument("--impl", choices=("fused", "native"), default="fused",
-                   help="fused: pyg_dfgnn.nn convs, native: torch_geometric.nn convs")
+                   help="fused: pyg_dfgnn.nn convs, native: torch_geometric.nn convs "
+                        "(default: fused)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda: one GPU per rank, NCCL; cpu: gloo (default: cuda if available)")
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
@@ -94,8 +97,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="node: neighbours sampled per layer (default: 10 10)")
     p.add_argument("--features", type=int, default=128,
                    help="node: width of the random stand-in features (default: 128)")
-    p.add_argument("--root", default=None, help="node: the data folder that holds "
-                   "ogbn-arxiv/ (default: the repository's, see benchmarks.datasets)")
+    from benchmarks.datasets import add_data_argument
+    add_data_argument(p, "ogbn-arxiv/ (--task node)")
     p.add_argument("--graphs", type=int, default=None,
                    help="graph: training graphs (default: 4000)")
     p.add_argument("--test-graphs", type=int, default=None,
@@ -110,7 +113,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--check-params", action="store_true",
                    help="at the end, all-gather a checksum of the parameters and fail unless "
                         "every rank has the same")
-    p.add_argument("--json", metavar="PATH", default=None, help="rank 0 writes the results here")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="rank 0 writes the results here (default: not written)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
@@ -131,10 +135,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if min(args.epochs, args.batch_size, args.nprocs) < 1 or args.steps < 0:
         p.error("--epochs, --batch-size and --nprocs must be >= 1, --steps >= 0")
     if args.task == "node":
+        from benchmarks.datasets import DataUnavailable, dataset_folder
         try:
             require_neighbor_sampler()
+            dataset_folder(args.data, "ogbn-arxiv")  # before any rank starts
         except ImportError as e:
             p.error(str(e))
+        except DataUnavailable as e:
+            p.exit(1, f"{e}\n")
     return args
 
 
@@ -156,7 +164,7 @@ def node_task(args, rank: int, world: int):
 
     from benchmarks.datasets import ogbn_arxiv
 
-    data = ogbn_arxiv(args.root)
+    data = ogbn_arxiv(args.data)
     gen = torch.Generator().manual_seed(args.seed)  # same features and shares on every rank
     data.x = torch.randn(data.num_nodes, args.features, generator=gen)
     train = data.train_mask.nonzero().flatten()
@@ -370,6 +378,14 @@ def _sync(device: torch.device) -> None:
 
 # -------------------------------------------------------------------- launching
 def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock holds a multiprocessing semaphore, which the rank's
+    # os._exit below never releases (the resource tracker then reports it leaked).
+    # A rank draws its bars alone, so a thread lock does.
+    tqdm.set_lock(threading.RLock())
     if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)

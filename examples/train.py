@@ -51,6 +51,7 @@ from torch import Tensor, nn
 # The dataset loaders live in the repository's benchmarks/ package, not in the
 # installed pyg_dfgnn: make the checkout importable when run as a script.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import cli  # noqa: E402  (before torch_geometric: quiets its import)
 
 __all__ = ["MODELS", "IMPLS", "build_model", "conv_classes", "train_one", "parse_args", "main"]
 
@@ -245,10 +246,10 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                "  %(prog)s                         # GT on Cora, native vs. fused\n"
                "  %(prog)s --model gat --impl fused --epochs 300\n"
                "  %(prog)s --model agnn --device cpu --json results/agnn.json\n"
-               "  %(prog)s --data /path/to/data   # offline: <data>/Planetoid/Cora/raw/...\n"
+               "  %(prog)s --data DIR              # offline: DIR/Planetoid/Cora/raw/...\n"
                "\nWithout --data or $PYG_DFGNN_DATA, PyG downloads the dataset into "
                "~/.cache/pyg_dfgnn.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=cli.HelpFormatter)
     p.add_argument("--model", choices=MODELS, default="gt",
                    help="gt: TransformerConv, gat: GATConv, agnn: AGNNConv (default: gt)")
     p.add_argument("--impl", choices=IMPLS + ("both",), default="both",
@@ -256,9 +257,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                         "both: train each and compare (default: both)")
     p.add_argument("--dataset", choices=("Cora", "CiteSeer"), default="Cora",
                    help="Planetoid graph, public split (default: Cora)")
-    p.add_argument("--data", metavar="DIR", default=None,
-                   help="data folder holding Planetoid/<name>/raw (default: $PYG_DFGNN_DATA, "
-                        "else a PyG download)")
+    from benchmarks.datasets import add_data_argument
+    add_data_argument(p, "Planetoid/<name>/raw/")
     p.add_argument("--epochs", type=int, default=200, help="training epochs (default: 200)")
     p.add_argument("--hidden", type=int, default=None,
                    help="hidden channels per head (default: 8 for gt/gat, 16 for agnn)")
@@ -281,7 +281,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                    help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, "
                         "else cpu)")
     p.add_argument("--json", metavar="PATH", default=None,
-                   help="write the results (config, per-impl metrics, per-epoch losses) to PATH")
+                   help="write the results (config, per-impl metrics, per-epoch losses) to PATH "
+                        "(default: not written)")
     p.add_argument("--no-progress", action="store_true",
                    help="no tqdm progress bar (for logs and non-interactive runs)")
     args = p.parse_args(argv)
@@ -396,8 +397,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     print(f"device: {device} ({dev_name}), torch {torch.__version__}, "
           f"torch_geometric {torch_geometric.__version__}")
     if "fused" in results:
-        print("fused layers: " + ("CUDA extension pyg_dfgnn._C" if kernels else
-                                  "pure-PyTorch reference path (no CUDA kernels on this device)"))
+        print("fused layers: " + (
+            "CUDA kernels of pyg_dfgnn._C" if kernels else
+            "pure-PyTorch reference path on the CPU (times say nothing about the kernels)"
+            if device.type == "cpu" else
+            "PyG's own forward: no compiled kernels (python -m pyg_dfgnn info)"))
     print(_fmt_table(rows))
 
     if args.json:
@@ -408,11 +412,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     return report
 
 
-def cli(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
-    """Command-line entry point: runs :func:`main`, returns the exit status."""
-    main(argv, prog=prog)
+def run(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Command-line entry point: runs :func:`main`, returns the exit status; a
+    dataset it cannot load ends in two lines saying what to pass."""
+    from benchmarks.datasets import exit_on_missing_data
+    with exit_on_missing_data():
+        main(argv, prog=prog)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run())

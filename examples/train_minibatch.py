@@ -11,18 +11,19 @@ node (``nn.Embedding``) as their input.
 
 .. code-block:: bash
 
-    python examples/train_minibatch.py --data /path/to/data --epochs 5
+    python examples/train_minibatch.py --data DIR --epochs 5
     python examples/train_minibatch.py --quick            # a few batches, one epoch
 
-``--data`` (or ``$PYG_DFGNN_DATA``) is the folder holding ``ogbn-arxiv/``. The
-NeighborLoader needs ``pyg-lib`` or ``torch_sparse``; without them a stand-in
-sampler with the same conventions is used (and said so).
+``--data`` (or ``$PYG_DFGNN_DATA``) is the folder holding ``ogbn-arxiv/``; without
+either, the ``ogb`` package downloads it. The batches come from PyG's
+``NeighborLoader`` where ``pyg-lib`` or ``torch_sparse`` is installed (its sampler
+needs one of them), else from a stand-in sampler with the same conventions
+(:class:`benchmarks.minibatch.StandInSampler`); the run says which.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,9 +34,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
+from benchmarks import cli  # noqa: E402  (before torch_geometric: quiets its import)
 from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE  # noqa: E402
 
-from benchmarks.datasets import ogbn_arxiv  # noqa: E402
+from benchmarks.datasets import add_data_argument, exit_on_missing_data, ogbn_arxiv  # noqa: E402
 from benchmarks.minibatch import FEATURES, Net, StandInSampler  # noqa: E402
 from pyg_dfgnn.nn import fuse  # noqa: E402
 
@@ -100,19 +102,22 @@ def run_epoch(model, batches, opt, device, train: bool, desc: str, limit: int):
     return loss_sum / max(total, 1), correct / max(total, 1), time.perf_counter() - t0
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=os.environ.get("PYG_DFGNN_DATA"),
-                   help="folder holding ogbn-arxiv/ (default: $PYG_DFGNN_DATA)")
-    p.add_argument("--model", choices=["gat", "gt", "agnn"], default="gat")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=1024)
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="examples/train_minibatch.py",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=cli.HelpFormatter)
+    add_data_argument(p, "ogbn-arxiv/")
+    p.add_argument("--model", choices=["gat", "gt", "agnn"], default="gat",
+                   help="gat: GATConv, gt: TransformerConv, agnn: AGNNConv layers")
+    p.add_argument("--epochs", type=int, default=5, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=1024, help="seed nodes per batch")
     p.add_argument("--fanouts", default="10,10", help="neighbours per hop, one layer per hop")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--quick", action="store_true", help="one epoch of 20 batches")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU is available (use --device cpu)")
     device = torch.device(a.device)
@@ -121,12 +126,15 @@ def main():
     limit = 20 if a.quick else 1 << 30
     fanouts = [int(f) for f in a.fanouts.split(",")]
 
-    data = ogbn_arxiv(a.data)  # the data folder holding ogbn-arxiv/
+    with exit_on_missing_data():
+        data = ogbn_arxiv(a.data)  # the data folder holding ogbn-arxiv/
     data.n_id = torch.arange(data.num_nodes)
     num_classes = int(data.y.max()) + 1
-    if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
-        print("pyg-lib / torch_sparse not installed: a stand-in sampler with NeighborLoader's "
-              "conventions draws the batches")
+    if WITH_PYG_LIB or WITH_TORCH_SPARSE:
+        print("batches: PyG's NeighborLoader")
+    else:
+        print("batches: a stand-in sampler with NeighborLoader's conventions (NeighborLoader "
+              "needs pyg-lib or torch_sparse, neither is installed)")
 
     torch.manual_seed(a.seed)
     native = Model(a.model, data.num_nodes, num_classes, len(fanouts)).to(device)

@@ -18,11 +18,14 @@ def _extension_line() -> str:
     from pyg_dfgnn import _ext
 
     if _ext.HAS_EXTENSION:
-        return "loaded"
-    if not _ext.extension_built():
-        return ("not built (a CPU-only install; reinstall with a CUDA build of torch and a "
-                "CUDA toolkit to build it, see README 'Install')")
-    return f"built but failed to load: {_ext.load_error()}"
+        info = _ext.build_info()
+        if info.get("extension") is False:  # a build older than the last install
+            return (f"loaded, but the last install recorded 'not built: {info.get('reason')}' "
+                    "(an earlier build is still in place; reinstall to replace it)")
+        built = f" (built for {info['arch_list']}, CUDA {info.get('cuda')})" if info.get(
+            "arch_list") else ""
+        return "loaded" + built
+    return _ext.missing_reason()
 
 
 def info() -> int:
@@ -31,6 +34,7 @@ def info() -> int:
     import torch_geometric
 
     import pyg_dfgnn
+    from pyg_dfgnn import _ext
 
     print(f"pyg_dfgnn        {pyg_dfgnn.__version__} ({Path(pyg_dfgnn.__file__).parent})")
     print(f"torch            {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
@@ -41,8 +45,14 @@ def info() -> int:
         print(f"GPU              {p.name} (sm_{p.major}{p.minor})")
     else:
         print("GPU              none")
-    print("fused kernels    " + ("yes" if pyg_dfgnn.has_cuda_kernels() else
-                                 "no: the fused layers run the pure-PyTorch reference path"))
+    if pyg_dfgnn.has_cuda_kernels():
+        print("fused kernels    yes")
+    elif _ext.HAS_EXTENSION:
+        print("fused kernels    no GPU: the fused layers run the pure-PyTorch reference path")
+    else:
+        print("fused kernels    no: on CUDA tensors the fused layers run PyG's own forward, "
+              "on the CPU the pure-PyTorch reference path; README, 'Troubleshooting the "
+              "build', says how to build the kernels")
     return 0
 
 

@@ -5,10 +5,9 @@ that parametrised tests can call them with their own sizes.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
-import os
-import warnings
 import zlib
 from pathlib import Path
 from typing import Optional
@@ -18,9 +17,6 @@ import torch
 from torch import Tensor
 
 import pyg_dfgnn
-
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
-
 
 # ----------------------------------------------------------------------------- options
 def pytest_addoption(parser):
@@ -48,14 +44,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """One line per skip reason with its count, where ``-rs`` would print one line
+    per skipped test (most of them the same "needs a CUDA GPU")."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts = collections.Counter()
+    for rep in skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        counts[reason.removeprefix("Skipped: ")] += 1
+    terminalreporter.section(f"{len(skipped)} skipped, by reason")
+    for reason, n in counts.most_common():
+        terminalreporter.line(f"{n:5d}  {reason}")
+
+
 # ----------------------------------------------------------------------------- helpers
 ROOT = Path(__file__).resolve().parents[1]
 
-# The tests that read real graphs use the data folder next to the checkout unless
-# $PYG_DFGNN_DATA names another (benchmarks.datasets reads the variable).
-_SHARED_DATA = ROOT.parent / "shared" / "data"
-if not os.environ.get("PYG_DFGNN_DATA") and _SHARED_DATA.is_dir():
-    os.environ["PYG_DFGNN_DATA"] = str(_SHARED_DATA)
+# The tests that read real graphs find them as the scripts do
+# (benchmarks.datasets.data_dir): in $PYG_DFGNN_DATA, which `make test` sets; they
+# skip without it rather than download.
 
 
 def load_script(relpath: str):

@@ -13,7 +13,7 @@ from torch_geometric.utils import degree
 from benchmarks import datasets
 
 needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA or ../shared/data)")
+                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 
 def _snapshot(root: Path):
@@ -179,3 +179,26 @@ def test_loaders_never_write_into_the_data_folder(monkeypatch):
     assert not str(copy).startswith(str(root))
     assert not (root / "Planetoid" / "Cora" / "processed").exists()
     assert _snapshot(root) == before
+
+
+def test_failed_download_keeps_what_was_there(monkeypatch, tmp_path):
+    """A failed download removes only the folders it created."""
+    from torch_geometric.datasets import TUDataset
+
+    def offline(self):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(TUDataset, "download", offline)
+    monkeypatch.delenv(datasets.ENV_DATA, raising=False)
+    monkeypatch.setenv(datasets.ENV_CACHE, str(tmp_path))
+    (tmp_path / "Planetoid").mkdir()  # another dataset's download
+    with pytest.raises(datasets.DataUnavailable) as e:
+        datasets.tu_dataset("MUTAG")
+    assert len(str(e.value).splitlines()) == 2 and "TUDataset/MUTAG/raw/" in str(e.value)
+    assert not (tmp_path / "TUDataset").exists() and (tmp_path / "Planetoid").is_dir()
+    keep = tmp_path / "TUDataset" / "MUTAG" / "mine.txt"  # a folder there before
+    keep.parent.mkdir(parents=True)
+    keep.write_text("x")
+    with pytest.raises(datasets.DataUnavailable):
+        datasets.tu_dataset("MUTAG")
+    assert keep.read_text() == "x"

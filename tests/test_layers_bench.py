@@ -25,8 +25,10 @@ def run(lb, tmp_path, *extra, name="out.json"):
 
 
 def test_quick_run_end_to_end(lb, tmp_path, capsys):
+    # --out and --plot into folders that do not exist yet: the script makes them
     doc = run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt,gat", "--dtypes", "fp32",
-              "--heads-channels", "2x16", "--plot", str(tmp_path / "p.png"))
+              "--heads-channels", "2x16", "--plot", str(tmp_path / "plots" / "p.png"),
+              name="out/layers.json")
     rows = {r["key"]: r for r in doc["rows"]}
     assert set(rows) == {"gt/Reddit-like/2x16/fp32", "gat/Reddit-like/2x16/fp32"}
     assert doc["info"]["allow_tf32"] is False and doc["info"]["compile"]["dynamic"] is False
@@ -47,7 +49,7 @@ def test_quick_run_end_to_end(lb, tmp_path, capsys):
     text = capsys.readouterr().out
     assert any(line.split()[:4] == ["gt", "Reddit-like", "2×16", "fp32"]
                for line in text.splitlines()) and "not measured" not in text
-    assert (tmp_path / "p.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "p.png").stat().st_size > 0
 
 
 def test_bf16_autocast(lb, tmp_path):

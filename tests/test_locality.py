@@ -5,12 +5,10 @@ claim that makes an order safe to pick by speed alone: outputs and gradients are
 bitwise the same in every order."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-from conftest import load_benchmark, random_graph
+from conftest import random_graph
 from pyg_dfgnn import layout as layout_mod
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
@@ -351,50 +349,3 @@ def test_gpu_built_items_order_like_the_torch_build(long_first):
             assert torch.equal(a.items, b.items) and torch.equal(a.combine, b.combine), \
                 (kind, order)
             assert a.items.is_cuda
-
-
-# ---------------------------------------------------------------------------- benchmark
-@pytest.fixture
-def locality_bench(monkeypatch):
-    """benchmarks/locality.py with ``do_bench`` swapped for a few wall-clock calls."""
-    lb = load_benchmark("locality")
-
-    def bench(fn, warmup_ms=None, rep_ms=None):
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    monkeypatch.setattr(lb.kernels, "bench", bench)
-    return lb
-
-
-def test_locality_benchmark_runs_a_graph_on_cpu(locality_bench):
-    lay = _hub_graph(n=300, e=2000, hub=200)
-    row = locality_bench.run_graph("hub", lay.edge_index, 300, rounds=2, device="cpu")
-    assert row["split_rows"] and row["edges"] == lay.num_edges
-    for model in ("gt", "gat"):
-        by_order = row["models"][model]
-        assert list(by_order) == ["row+long", "row", "rcm+long", "rcm", "degree+long", "degree"]
-        for m in by_order.values():
-            assert m["status"] == "ok" and m["same_as_row"] is True
-            assert len(m["fwd_ms_rounds"]) == 2 and m["fwd_bwd_ms"] > 0
-    cost = row["order_cost"]
-    assert row["build_ms"] > 0 and all(cost[o]["rank_ms"] > 0 for o in ("rcm", "degree"))
-    table = locality_bench.fmt_table([row, {"graph": "GitHub", "error": "FileNotFoundError: x"}])
-    assert "rcm+long" in table and "order cost" in table and "FileNotFoundError" in table
-    batch, n = _batch_like(num_graphs=4)
-    row = locality_bench.run_graph("batch", batch, n, models=("gt",), rounds=1, device="cpu")
-    assert not row["split_rows"] and list(row["models"]["gt"]) == ["row", "rcm", "degree"]
-
-
-def test_locality_benchmark_records_a_failing_order(locality_bench):
-    x = torch.randn(10, 1, 4, requires_grad=True)
-
-    def fn():
-        if plan.overrides().get("item_order") == "degree":
-            raise RuntimeError("boom")
-        return x * 2
-    res = locality_bench.time_orders(fn, torch.ones(10, 1, 4), (x,),
-                                     locality_bench.configs(True), rounds=1)
-    assert res[("degree", True)]["status"] == "error" and "boom" in res[("degree", True)]["error"]
-    assert res[("rcm", False)]["status"] == "ok" and res[("rcm", False)]["fwd_ms"] > 0

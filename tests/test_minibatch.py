@@ -329,6 +329,33 @@ def test_fuse_keeps_parameters_and_reports():
     assert fuse(model, strategy="pmf").num_fused == 3 and model["gat"].strategy == "pmf"
 
 
+def test_fuse_reports_every_conv(monkeypatch):
+    """Every MessagePassing module is listed, with why it is not fused; adding a
+    class to ``FUSED`` is all it takes to fuse it."""
+    import importlib
+
+    from torch_geometric.nn import GCNConv, GraphConv
+
+    fuse_mod = importlib.import_module("pyg_dfgnn.nn.fuse")  # the module, not the function
+
+    model = torch.nn.ModuleDict({"gat": GATConv(16, 8), "gcn": GCNConv(16, 8),
+                                 "graph": GraphConv(16, 8), "lin": torch.nn.Linear(4, 4)})
+    report = fuse(model, inplace=False)
+    assert [(r.name, r.cls, r.fused) for r in report] == [
+        ("gat", "GATConv", True), ("gcn", "GCNConv", False), ("graph", "GraphConv", False)]
+    text = str(report)
+    assert text.splitlines()[0] == "fuse(): 1 of 3 convs run fused"
+    assert "not fused: no fused kernel for GCNConv" in text
+
+    class FusedGraphConv(GraphConv):
+        pass
+
+    monkeypatch.setitem(fuse_mod.FUSED, GraphConv, FusedGraphConv)
+    report = fuse(model)
+    assert type(model["graph"]) is FusedGraphConv and report.num_fused == 2
+    assert [r.cls for r in report if r.fused] == ["GATConv", "GraphConv"]
+
+
 def test_fuse_not_in_place_and_bad_strategy():
     conv = GATConv(16, 8, heads=2)
     report = fuse(conv, inplace=False)

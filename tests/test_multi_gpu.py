@@ -257,6 +257,8 @@ def _example(tmp_path, *args, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # quiet: no semaphore left to the resource tracker, no PyG import warning
+    assert "leaked" not in proc.stderr and "FutureWarning" not in proc.stderr, proc.stderr
     return json.loads(out.read_text())
 
 

@@ -271,5 +271,7 @@ def test_refuses_without_kernels(pb, tmp_path):
     import pyg_dfgnn
     if pyg_dfgnn.has_cuda_kernels():
         pytest.skip("the kernels are here")
-    assert pb.main(["--out", str(tmp_path)]) == 1  # the reference would be profiled
+    with pytest.raises(SystemExit) as e:  # the reference would be profiled
+        pb.main(["--out", str(tmp_path)])
+    assert "needs a CUDA GPU" in str(e.value.code)
     assert not (tmp_path / "profile_backward.json").exists()

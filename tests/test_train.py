@@ -17,7 +17,7 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 
 needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA or ../shared/data)")
+                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +109,38 @@ def test_train_bad_device_is_a_clear_error(train, capsys):
     assert "--device gpu0" in capsys.readouterr().err
 
 
-def test_train_missing_data_folder_is_a_clear_error(train, tmp_path):
-    with pytest.raises(FileNotFoundError, match="not found"):
-        train.main(["--data", str(tmp_path / "nowhere"), "--epochs", "1", "--device", "cpu",
-                    "--no-progress"])
+def test_train_missing_data_folder_is_a_clear_error(train, tmp_path, capsys):
+    """A wrong --data: two lines, what was expected there, no traceback."""
+    with pytest.raises(SystemExit) as e:
+        train.run(["--data", str(tmp_path / "nowhere"), "--epochs", "1", "--device", "cpu",
+                   "--no-progress"])
+    lines = str(e.value.code).splitlines()
+    assert len(lines) == 2, lines
+    assert "nowhere" in lines[0] and "(from --data) does not exist" in lines[0]
+    assert "Planetoid/Cora/" in lines[1] and "--data DIR" in lines[1]
+
+
+def test_train_failed_download_is_two_lines_and_leaves_nothing(train, tmp_path, monkeypatch):
+    """No data folder and no network: two lines saying what was tried and what to
+    pass, and the half-written download folder removed."""
+    from torch_geometric.datasets import Planetoid
+
+    def offline(self):
+        (Path(self.raw_dir) / "ind.cora.x").write_bytes(b"partial")
+        raise OSError("Cannot connect to host github.com:443 ssl:default")
+
+    monkeypatch.setattr(Planetoid, "download", offline)
+    monkeypatch.delenv(datasets.ENV_DATA, raising=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(datasets.ENV_CACHE, str(cache))
+    with pytest.raises(SystemExit) as e:
+        train.run(["--epochs", "1", "--device", "cpu", "--no-progress"])
+    lines = str(e.value.code).splitlines()
+    assert len(lines) == 2, lines
+    assert "could not download Planetoid/Cora" in lines[0] and "Cannot connect" in lines[0]
+    assert "--data DIR" in lines[1] and "PYG_DFGNN_DATA=DIR" in lines[1]
+    assert "Planetoid/Cora/raw/" in lines[1]
+    assert not cache.exists()  # the attempt's folders are gone
 
 
 def test_cli_info(capsys):
@@ -137,13 +165,20 @@ def test_cli_help(capsys):
         assert e.value.code == 2
 
 
-def test_cli_info_without_extension(tmp_path):
+@pytest.mark.parametrize("record", [None, "PYG_DFGNN_NO_EXT=1 was set"])
+def test_cli_info_without_extension(tmp_path, record):
     """A copy of the package without ``_C``: ``info`` says the extension is not
-    built instead of reporting the import machinery's "circular import"."""
+    built, and why where setup.py recorded it, instead of reporting the import
+    machinery's "circular import"."""
+    import json
     import shutil
 
     pkg = tmp_path / "pyg_dfgnn"
-    shutil.copytree(ROOT / "pyg_dfgnn", pkg, ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    shutil.copytree(ROOT / "pyg_dfgnn", pkg,
+                    ignore=shutil.ignore_patterns("_C*", "__pycache__", "_build_info.json"))
+    if record is not None:
+        (pkg / "_build_info.json").write_text(json.dumps({"extension": False,
+                                                          "reason": record}))
     code = ("import sys; sys.meta_path = [f for f in sys.meta_path "
             "if 'editable' not in str(getattr(f, '__module__', ''))]; "  # an editable install
             "from pyg_dfgnn.__main__ import main; main(['info'])")
@@ -152,6 +187,7 @@ def test_cli_info_without_extension(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert "not built" in r.stdout and "circular" not in r.stdout + r.stderr
+    assert (record or "no install record") in r.stdout
     assert "fused kernels    no" in r.stdout
     assert "FutureWarning" not in r.stderr  # PyG's torch.jit.script warning is silenced
 

@@ -2,6 +2,7 @@
 graph size the layout is built for."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
+from .. import _ext
 from ..ops.plan import STRATEGIES
 
 # MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
@@ -44,6 +46,42 @@ def use_own_propagate(cls) -> None:
             return
 
 
+def missing_kernels_reason(x: Tensor) -> str:
+    r"""Why the fused kernels cannot run on ``x``'s device though they should:
+    ``x`` is a CUDA tensor and the compiled extension is missing (not built, or
+    built but not loadable). ``""`` when they can run, and on the CPU, where the
+    pure-PyTorch reference path is the intended one."""
+    if not x.is_cuda or _ext.HAS_EXTENSION:
+        return ""
+    return _ext.missing_reason()
+
+
+_warned_missing_kernels = False  # one warning per process
+
+
+def kernels_missing(layer, x) -> bool:
+    r"""Whether ``layer`` hands its input ``x`` (a tensor or a pair, as the layer
+    takes it) to PyG's own ``forward`` because the fused kernels are missing
+    for it (:func:`missing_kernels_reason`). On a GPU, PyG's forward is many
+    times faster than the reference path, which materialises what the kernels
+    fuse. The first call that hands over warns, once per process, with the
+    reason and what to do about it.
+    """
+    t = x if isinstance(x, Tensor) else x[0]
+    reason = missing_kernels_reason(t)
+    if not reason:
+        return False
+    global _warned_missing_kernels
+    if not _warned_missing_kernels:
+        _warned_missing_kernels = True
+        warnings.warn(
+            f"pyg_dfgnn: no fused CUDA kernels ({reason}), so {type(layer).__name__} and the "
+            "other fused layers run PyG's own forward on CUDA tensors.\nReinstall pyg_dfgnn "
+            "where it can build them (README, 'Troubleshooting the build'); `python -m "
+            "pyg_dfgnn info` shows what the install found.", stacklevel=3)
+    return True
+
+
 def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -71,7 +109,7 @@ def is_sparse_tensor(adj) -> bool:
 
 
 def adjacency_supported(adj, need_input_edge_order: bool, add_self_loops: bool = False) -> bool:
-    r"""Whether :func:`~pyg_dfgnn.layout.get_layout` sees the same edges, in the
+    r"""Whether :func:`~pyg_dfgnn.layout_cache.get_layout` sees the same edges, in the
     same order where that matters (``need_input_edge_order``: attention weights are
     returned), as PyG's ``propagate``.
 

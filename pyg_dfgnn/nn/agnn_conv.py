@@ -8,7 +8,7 @@ from torch_geometric.typing import Adj
 from ..layout_cache import get_layout
 from ..ops import agnn_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised, use_own_propagate)
+                      kernels_missing, propagate_is_customised, use_own_propagate)
 
 
 class FusedAGNNConv(AGNNConv):
@@ -47,8 +47,9 @@ class FusedAGNNConv(AGNNConv):
     self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
     does), features that are not 2-D, an
     ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
-    ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode
-    or registered message-passing hooks.
+    ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode,
+    registered message-passing hooks, or CUDA inputs when the compiled kernels
+    are missing (warned once per process, with the reason).
 
     :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward (sharing ``beta``):
     the fused op runs in Python and under ``torch.compile``.
@@ -76,7 +77,8 @@ class FusedAGNNConv(AGNNConv):
             return False
         if self.add_self_loops and is_sparse_tensor(edge_index):
             return False
-        return adjacency_supported(edge_index, False, self.add_self_loops)
+        return (adjacency_supported(edge_index, False, self.add_self_loops)
+                and not kernels_missing(self, x))
 
     def forward(self, x: Tensor, edge_index: Adj) -> Tensor:
         r"""Runs the forward pass (same signature and results as

@@ -1,12 +1,13 @@
 """``fuse(model)``: turns the attention convs of an existing PyG model into their
-fused subclasses, in place, and says which of them run fused."""
+fused subclasses, in place, and says which of its convs run fused and why the
+others do not."""
 from __future__ import annotations
 
 import copy
 from typing import List, NamedTuple
 
 import torch
-from torch_geometric.nn.conv import AGNNConv, GATConv, TransformerConv
+from torch_geometric.nn.conv import AGNNConv, GATConv, MessagePassing, TransformerConv
 
 from ._common import _HOOK_DICTS, check_strategy
 from .agnn_conv import FusedAGNNConv
@@ -16,21 +17,23 @@ from .transformer_conv import FusedTransformerConv
 #: Native class -> fused subclass. The fused classes add one attribute
 #: (``strategy``; ``FusedTransformerConv``'s ``fused_projection`` has a class
 #: default) and override ``forward`` only, so an instance changes class in place
-#: and keeps its parameters, buffers and hooks.
+#: and keeps its parameters, buffers and hooks. A conv class that is not a key
+#: (nor a subclass of one) is reported as having no fused kernel.
 FUSED = {TransformerConv: FusedTransformerConv, GATConv: FusedGATConv,
          AGNNConv: FusedAGNNConv}
 
 
 class FusedLayer(NamedTuple):
-    """One attention conv seen by :func:`fuse`."""
+    """One conv (:class:`~torch_geometric.nn.conv.MessagePassing` module) seen by
+    :func:`fuse`."""
     name: str  #: qualified module name (``model.get_submodule(name)``)
-    cls: str  #: the native class name
+    cls: str  #: the class name (the native one for a fused layer)
     fused: bool  #: whether its forward runs the fused op
-    reason: str  #: why it falls back to PyG's forward (empty when fused)
+    reason: str  #: why it does not (empty when fused)
 
 
 class FuseReport(List[FusedLayer]):
-    """The layers :func:`fuse` found: a list of :class:`FusedLayer`, printable."""
+    """The convs :func:`fuse` found: a list of :class:`FusedLayer`, printable."""
 
     @property
     def num_fused(self) -> int:
@@ -38,12 +41,13 @@ class FuseReport(List[FusedLayer]):
 
     def __str__(self) -> str:
         if not self:
-            return "fuse(): no TransformerConv, GATConv or AGNNConv found"
+            return "fuse(): no message-passing conv found"
         width = max(len(layer.name) for layer in self)
-        lines = [f"fuse(): {self.num_fused} of {len(self)} attention layers run fused"]
+        cls_width = max(len(layer.cls) for layer in self)
+        lines = [f"fuse(): {self.num_fused} of {len(self)} convs run fused"]
         for layer in self:
-            state = "fused" if layer.fused else f"PyG ({layer.reason})"
-            lines.append(f"  {layer.name:<{width}}  {layer.cls:<15}  {state}")
+            state = "fused" if layer.fused else f"not fused: {layer.reason}"
+            lines.append(f"  {layer.name:<{width}}  {layer.cls:<{cls_width}}  {state}")
         return "\n".join(lines)
 
 
@@ -85,10 +89,11 @@ def fuse(model: torch.nn.Module, strategy: str = "auto", inplace: bool = True) -
             returned as ``report.model``; ``model`` is untouched.
 
     Returns:
-        FuseReport: one :class:`FusedLayer` per attention conv: its qualified
-        name, class, whether it runs fused and, if not, why (edge features,
-        ``flow``, ``aggr``, explain mode, hooks). ``print(report)`` shows a
-        table; ``report.model`` is the fused model.
+        FuseReport: one :class:`FusedLayer` per conv (every
+        :class:`~torch_geometric.nn.conv.MessagePassing` module): its qualified
+        name, class, whether it runs fused and, if not, why (no fused kernel for
+        its class, edge features, ``flow``, ``aggr``, explain mode, hooks).
+        ``print(report)`` shows a table; ``report.model`` is the fused model.
 
     Raises:
         ValueError: unknown ``strategy``.
@@ -102,10 +107,11 @@ def fuse(model: torch.nn.Module, strategy: str = "auto", inplace: bool = True) -
         cls = type(module)
         fused_cls = FUSED.get(cls)
         if fused_cls is None and cls not in FUSED.values():
-            native = next((n for n in FUSED if isinstance(module, n)), None)
-            if native is not None:
-                report.append(FusedLayer(name, cls.__name__, False,
-                                         f"subclass of {native.__name__}, left as it is"))
+            if isinstance(module, MessagePassing):
+                native = next((n for n in FUSED if isinstance(module, n)), None)
+                reason = (f"subclass of {native.__name__}, left as it is" if native is not None
+                          else f"no fused kernel for {cls.__name__}")
+                report.append(FusedLayer(name or root, cls.__name__, False, reason))
             continue
         if fused_cls is not None:
             module.__class__ = fused_cls

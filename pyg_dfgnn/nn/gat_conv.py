@@ -13,7 +13,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from ..layout_cache import get_layout
 from ..ops import gat_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised, use_own_propagate)
+                      kernels_missing, propagate_is_customised, use_own_propagate)
 
 
 #: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
@@ -124,7 +124,9 @@ class FusedGATConv(GATConv):
     * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, registered message-passing hooks, or inputs PyG rejects (non-2-D
-      features).
+      features);
+    * CUDA inputs when the compiled kernels are missing (warned once per
+      process, with the reason).
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; with ``add_self_loops=True`` and an ``EdgeIndex`` input the
@@ -159,7 +161,8 @@ class FusedGATConv(GATConv):
             return False
         if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
             return False
-        return adjacency_supported(edge_index, want_alpha, self.add_self_loops)
+        return (adjacency_supported(edge_index, want_alpha, self.add_self_loops)
+                and not kernels_missing(self, x))
 
     def forward(  # noqa: F811
         self,

@@ -14,7 +14,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor
 from ..layout_cache import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      propagate_is_customised, use_own_propagate)
+                      kernels_missing, propagate_is_customised, use_own_propagate)
 from ._projections import joined_gemm, linear_rows, plain_linears
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
@@ -88,7 +88,9 @@ class FusedTransformerConv(TransformerConv):
     * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features (PyG raises);
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, or registered message-passing hooks;
-    * training with ``dropout >= 1``, or inputs that are not plain tensors.
+    * training with ``dropout >= 1``, or inputs that are not plain tensors;
+    * CUDA inputs when the compiled kernels are missing (warned once per
+      process, with the reason).
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph (PyG's carry gradients).
@@ -129,7 +131,7 @@ class FusedTransformerConv(TransformerConv):
         # and one weight GEMM over the joined gradients instead of three or four
         # each. The forward runs a GEMM per projection, as one joined GEMM's column
         # views would cost copies into the kernels' contiguous [N, H, C] rows
-        # (benchmarks/projection_ab.py; docs/design.md, "GT projections"). Under
+        # (docs/design.md, "GT projections"). Under
         # torch.compile one joined GEMM: the compiler fuses those copies, and the
         # row prefix would make the graph's sizes constants of the compiled code.
         if torch.compiler.is_compiling():
@@ -154,7 +156,8 @@ class FusedTransformerConv(TransformerConv):
         if not (isinstance(xs, (tuple, list)) and len(xs) == 2
                 and all(isinstance(t, Tensor) for t in xs)):
             return False
-        return adjacency_supported(edge_index, isinstance(return_attention_weights, bool))
+        return (adjacency_supported(edge_index, isinstance(return_attention_weights, bool))
+                and not kernels_missing(self, xs))
 
     def forward(  # noqa: F811
         self,
