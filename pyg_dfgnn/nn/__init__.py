@@ -22,10 +22,17 @@ input and one weight GEMM over the concatenated weights; default ``True``).
     from pyg_dfgnn.nn import fuse
     print(fuse(model))
 """
-from .agnn_conv import FusedAGNNConv
-from .fuse import FuseReport, FusedLayer, fuse
-from .gat_conv import FusedGATConv
-from .transformer_conv import FusedTransformerConv
+import importlib as _importlib
+import pkgutil as _pkgutil
 
-__all__ = ["FusedTransformerConv", "FusedGATConv", "FusedAGNNConv", "fuse", "FuseReport",
-           "FusedLayer"]
+from ._common import FUSED
+from .fuse import FuseReport, FusedLayer, fuse
+
+# Every layer module registers its fused class (FUSED); importing them all here
+# means a new layer needs no edit outside its own file.
+for _info in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if not _info.name.startswith("_"):
+        _importlib.import_module(f"{__name__}.{_info.name}")
+globals().update({cls.__name__: cls for cls in FUSED.values()})
+
+__all__ = [*sorted(cls.__name__ for cls in FUSED.values()), "fuse", "FuseReport", "FusedLayer"]

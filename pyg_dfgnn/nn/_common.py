@@ -3,7 +3,7 @@ graph size the layout is built for."""
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -46,6 +46,24 @@ def use_own_propagate(cls) -> None:
             return
 
 
+#: Native PyG conv class -> its fused subclass, filled by :func:`fused_layer` as
+#: the layer modules are imported (``pyg_dfgnn.nn`` imports them all).
+FUSED: Dict[type, type] = {}
+
+
+def fused_layer(cls):
+    r"""Class decorator of a fused layer: registers ``cls`` as the fused subclass
+    of its first base (a PyG conv) for :func:`~pyg_dfgnn.nn.fuse`. The class calls
+    :func:`use_own_propagate` in its ``__init__`` and has a
+    ``fallback_reason(*args) -> str`` method (``""``: the call runs fused)."""
+    native = cls.__bases__[0]
+    if native in FUSED and FUSED[native] is not cls:
+        raise ValueError(f"{native.__name__} has a fused layer already: "
+                         f"{FUSED[native].__name__}")
+    FUSED[native] = cls
+    return cls
+
+
 def missing_kernels_reason(x: Tensor) -> str:
     r"""Why the fused kernels cannot run on ``x``'s device though they should:
     ``x`` is a CUDA tensor and the compiled extension is missing (not built, or
@@ -59,18 +77,18 @@ def missing_kernels_reason(x: Tensor) -> str:
 _warned_missing_kernels = False  # one warning per process
 
 
-def kernels_missing(layer, x) -> bool:
-    r"""Whether ``layer`` hands its input ``x`` (a tensor or a pair, as the layer
+def kernels_missing(layer, x) -> str:
+    r"""Why ``layer`` hands its input ``x`` (a tensor or a pair, as the layer
     takes it) to PyG's own ``forward`` because the fused kernels are missing
-    for it (:func:`missing_kernels_reason`). On a GPU, PyG's forward is many
-    times faster than the reference path, which materialises what the kernels
-    fuse. The first call that hands over warns, once per process, with the
-    reason and what to do about it.
+    for it (:func:`missing_kernels_reason`), or ``""``. On a GPU, PyG's forward
+    is many times faster than the reference path, which materialises what the
+    kernels fuse. The first call that hands over warns, once per process, with
+    the reason and what to do about it.
     """
     t = x if isinstance(x, Tensor) else x[0]
     reason = missing_kernels_reason(t)
     if not reason:
-        return False
+        return ""
     global _warned_missing_kernels
     if not _warned_missing_kernels:
         _warned_missing_kernels = True
@@ -79,7 +97,7 @@ def kernels_missing(layer, x) -> bool:
             "other fused layers run PyG's own forward on CUDA tensors.\nReinstall pyg_dfgnn "
             "where it can build them (README, 'Troubleshooting the build'); `python -m "
             "pyg_dfgnn info` shows what the install found.", stacklevel=3)
-    return True
+    return f"no fused CUDA kernels ({reason})"
 
 
 def check_strategy(strategy: str) -> str:

@@ -8,9 +8,10 @@ from torch_geometric.typing import Adj
 from ..layout_cache import get_layout
 from ..ops import agnn_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      kernels_missing, propagate_is_customised, use_own_propagate)
+                      fused_layer, kernels_missing, propagate_is_customised, use_own_propagate)
 
 
+@fused_layer
 class FusedAGNNConv(AGNNConv):
     r"""Drop-in :class:`torch_geometric.nn.conv.AGNNConv` whose cosine attention
     (SDDMM :math:`\beta \cos(\mathbf{x}_i, \mathbf{x}_j)` -> edge softmax -> SpMM)
@@ -70,15 +71,17 @@ class FusedAGNNConv(AGNNConv):
         native.beta = self.beta
         return native.train(self.training)
 
-    def _fusable(self, x, edge_index) -> bool:
+    def fallback_reason(self, x, edge_index) -> str:
+        r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
         if not isinstance(x, Tensor) or x.dim() != 2:
-            return False
+            return "features that are not one 2-D tensor"
         if propagate_is_customised(self):
-            return False
+            return "flow, aggr, explain mode or message-passing hooks"
         if self.add_self_loops and is_sparse_tensor(edge_index):
-            return False
-        return (adjacency_supported(edge_index, False, self.add_self_loops)
-                and not kernels_missing(self, x))
+            return "SparseTensor with add_self_loops (PyG's set_diag)"
+        if not adjacency_supported(edge_index, False, self.add_self_loops):
+            return "an adjacency PyG's propagate handles itself (or rejects)"
+        return kernels_missing(self, x)
 
     def forward(self, x: Tensor, edge_index: Adj) -> Tensor:
         r"""Runs the forward pass (same signature and results as
@@ -89,7 +92,7 @@ class FusedAGNNConv(AGNNConv):
             edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
                 the graph.
         """
-        if not self._fusable(x, edge_index):
+        if self.fallback_reason(x, edge_index):
             return super().forward(x, edge_index)
         n = x.size(self.node_dim)
         ok, size = edge_index_size(edge_index, n, n)

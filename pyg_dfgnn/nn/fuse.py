@@ -7,20 +7,16 @@ import copy
 from typing import List, NamedTuple
 
 import torch
-from torch_geometric.nn.conv import AGNNConv, GATConv, MessagePassing, TransformerConv
+from torch_geometric.nn.conv import MessagePassing
 
-from ._common import _HOOK_DICTS, check_strategy
-from .agnn_conv import FusedAGNNConv
-from .gat_conv import FusedGATConv
-from .transformer_conv import FusedTransformerConv
+from ._common import _HOOK_DICTS, FUSED, check_strategy
 
-#: Native class -> fused subclass. The fused classes add one attribute
-#: (``strategy``; ``FusedTransformerConv``'s ``fused_projection`` has a class
-#: default) and override ``forward`` only, so an instance changes class in place
-#: and keeps its parameters, buffers and hooks. A conv class that is not a key
-#: (nor a subclass of one) is reported as having no fused kernel.
-FUSED = {TransformerConv: FusedTransformerConv, GATConv: FusedGATConv,
-         AGNNConv: FusedAGNNConv}
+# FUSED (native class -> fused subclass) is filled by the layer modules, which
+# pyg_dfgnn.nn imports. The fused classes add one attribute (``strategy``;
+# ``FusedTransformerConv``'s ``fused_projection`` has a class default) and
+# override ``forward`` only, so an instance changes class in place and keeps its
+# parameters, buffers and hooks. A conv class that is not a key (nor a subclass
+# of one) is reported as having no fused kernel.
 
 
 class FusedLayer(NamedTuple):
@@ -71,9 +67,11 @@ def static_fallback_reason(conv) -> str:
 
 
 def fuse(model: torch.nn.Module, strategy: str = "auto", inplace: bool = True) -> FuseReport:
-    r"""Swaps every :class:`~torch_geometric.nn.conv.TransformerConv`,
-    :class:`~torch_geometric.nn.conv.GATConv` and
-    :class:`~torch_geometric.nn.conv.AGNNConv` of ``model`` (nested modules,
+    r"""Swaps every conv of ``model`` that has a fused subclass
+    (:class:`~torch_geometric.nn.conv.TransformerConv`,
+    :class:`~torch_geometric.nn.conv.GATConv`,
+    :class:`~torch_geometric.nn.conv.AGNNConv`, and each further layer of
+    :mod:`pyg_dfgnn.nn`) for that subclass (nested modules,
     ``ModuleDict``\ s and the per-type copies :func:`torch_geometric.nn.to_hetero`
     makes included) for its fused subclass.
 

@@ -13,7 +13,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from ..layout_cache import get_layout
 from ..ops import gat_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      kernels_missing, propagate_is_customised, use_own_propagate)
+                      fused_layer, kernels_missing, propagate_is_customised, use_own_propagate)
 
 
 #: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
@@ -60,6 +60,7 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
         return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
 
 
+@fused_layer
 class FusedGATConv(GATConv):
     r"""Drop-in :class:`torch_geometric.nn.conv.GATConv` whose attention (additive
     SDDMM :math:`\mathrm{LeakyReLU}(\mathbf{a}_s^\top \mathbf{\Theta}_s \mathbf{x}_i +
@@ -139,30 +140,32 @@ class FusedGATConv(GATConv):
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
 
-    def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
+    def fallback_reason(self, x, edge_index, edge_attr=None,
+                        return_attention_weights=None) -> str:
+        r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
         if edge_attr is not None or self.lin_edge is not None or self.edge_dim is not None:
-            return False
+            return "edge features (edge_dim)"
         if propagate_is_customised(self):
-            return False
+            return "flow, aggr, explain mode or message-passing hooks"
         if isinstance(x, Tensor):
             if x.dim() != 2:
-                return False
+                return "features that are not 2-D (PyG raises)"
         elif isinstance(x, (tuple, list)) and len(x) == 2:
-            if not isinstance(x[0], Tensor) or x[0].dim() != 2:
-                return False
-            if x[1] is not None and (not isinstance(x[1], Tensor) or x[1].dim() != 2):
-                return False
+            if (not isinstance(x[0], Tensor) or x[0].dim() != 2 or
+                    (x[1] is not None and (not isinstance(x[1], Tensor) or x[1].dim() != 2))):
+                return "bipartite features that are not 2-D (PyG raises)"
         else:
-            return False
+            return "features that are not a tensor or a pair of tensors"
         want_alpha = bool(return_attention_weights)
         if want_alpha and self.training and self.dropout > 0:
-            return False
+            return "attention weights while training with dropout (PyG returns them dropped)"
         if self.add_self_loops and is_sparse_tensor(edge_index):
-            return False
+            return "SparseTensor with add_self_loops (PyG's set_diag)"
         if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
-            return False
-        return (adjacency_supported(edge_index, want_alpha, self.add_self_loops)
-                and not kernels_missing(self, x))
+            return "attention weights of a torch.sparse input with self-loops"
+        if not adjacency_supported(edge_index, want_alpha, self.add_self_loops):
+            return "an adjacency PyG's propagate handles itself (or rejects)"
+        return kernels_missing(self, x)
 
     def forward(  # noqa: F811
         self,
@@ -185,7 +188,7 @@ class FusedGATConv(GATConv):
             return_attention_weights (bool, optional): if ``True``, also return
                 ``(edge_index, alpha)``.
         """
-        if not self._fusable(x, edge_index, edge_attr, return_attention_weights):
+        if self.fallback_reason(x, edge_index, edge_attr, return_attention_weights):
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
 
         H, C = self.heads, self.out_channels
@@ -260,7 +263,7 @@ class FusedGATConv(GATConv):
         if want_alpha:
             if is_sparse_tensor(edge_index):
                 return out, edge_index.set_value(alpha, layout='coo')
-            if is_torch_sparse_tensor(edge_index):  # no self-loops here (see _fusable)
+            if is_torch_sparse_tensor(edge_index):  # no self-loops here (see fallback_reason)
                 return out, (set_sparse_value(edge_index, alpha), alpha)
             used = layout.edge_index if self.add_self_loops else edge_index
             return out, (used, alpha)

@@ -14,10 +14,11 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor
 from ..layout_cache import get_layout
 from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      kernels_missing, propagate_is_customised, use_own_propagate)
+                      fused_layer, kernels_missing, propagate_is_customised, use_own_propagate)
 from ._projections import joined_gemm, linear_rows, plain_linears
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
+@fused_layer
 class FusedTransformerConv(TransformerConv):
     r"""Drop-in :class:`torch_geometric.nn.conv.TransformerConv` whose attention
     (SDDMM :math:`\mathbf{q}_i^\top \mathbf{k}_j / \sqrt{d}` -> edge softmax ->
@@ -145,19 +146,22 @@ class FusedTransformerConv(TransformerConv):
             query, *x_r = join(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
         return query, key, value, (x_r[0] if x_r else None)
 
-    def _fusable(self, x, edge_index, edge_attr, return_attention_weights) -> bool:
+    def fallback_reason(self, x, edge_index, edge_attr=None,
+                        return_attention_weights=None) -> str:
+        r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
         if edge_attr is not None or self.lin_edge is not None:
-            return False
+            return "edge features (edge_dim)"
         if propagate_is_customised(self):
-            return False
+            return "flow, aggr, explain mode or message-passing hooks"
         if self.training and self.dropout >= 1.0:
-            return False
+            return "dropout >= 1 (PyG's F.dropout drops everything)"
         xs = (x, x) if isinstance(x, Tensor) else x
         if not (isinstance(xs, (tuple, list)) and len(xs) == 2
                 and all(isinstance(t, Tensor) for t in xs)):
-            return False
-        return (adjacency_supported(edge_index, isinstance(return_attention_weights, bool))
-                and not kernels_missing(self, xs))
+            return "features that are not a tensor or a pair of tensors"
+        if not adjacency_supported(edge_index, isinstance(return_attention_weights, bool)):
+            return "an adjacency PyG's propagate handles itself (or rejects)"
+        return kernels_missing(self, xs)
 
     def forward(  # noqa: F811
         self,
@@ -177,7 +181,7 @@ class FusedTransformerConv(TransformerConv):
             return_attention_weights (bool, optional): when set to a bool (even
                 ``False``, as in PyG), also return ``(edge_index, alpha)``.
         """
-        if not self._fusable(x, edge_index, edge_attr, return_attention_weights):
+        if self.fallback_reason(x, edge_index, edge_attr, return_attention_weights):
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 
         H, C = self.heads, self.out_channels
