@@ -85,7 +85,7 @@ ifeq ($(CUDA_EXT),1)
 	source .ci/env.sh && $(if $(CUDA_EXT_DETECTED),,FORCE_CUDA=1) \
 	  $(PIP) install --no-build-isolation --no-deps -e .
 else
-	@echo "pyg_dfgnn: $(if $(CUDA_EXT_DETECTED),no GPU seen, CUDA_EXT=0:) installing without compiling the CUDA extension (CUDA_EXT=1 compiles it)"
+	@echo "pyg_dfgnn: $(if $(CUDA_EXT_DETECTED),no GPU seen,CUDA_EXT=0): installing without compiling the CUDA extension (CUDA_EXT=1 compiles it)"
 	PYG_DFGNN_NO_EXT=1 $(PIP) install --no-build-isolation --no-deps -e .
 endif
 	@$(PY) -c "from pyg_dfgnn import _ext; print('pyg_dfgnn: extension', 'loaded' if _ext.HAS_EXTENSION else _ext.missing_reason())"
