@@ -16,12 +16,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-import pyg_dfgnn
-from benchmarks.datasets import planetoid
+from benchmarks import cli, datasets
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout_cache import get_layout
 
@@ -68,20 +66,18 @@ def measure(fn, calls: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--data", default=None, help="folder holding Planetoid/Cora/raw/ "
-                        "(default: $PYG_DFGNN_DATA, else PyG downloads it)")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_path",
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=cli.HelpFormatter)
+    datasets.add_data_argument(parser, "Planetoid/Cora/raw/")
     parser.add_argument("--calls", type=int, default=1000, help="timed calls per row")
     parser.add_argument("--scores", default="dot,additive,gatv2,cosine",
                         help="comma-separated score functions")
     parser.add_argument("--out", default="host_path.json", help="JSON output")
     args = parser.parse_args(argv)
-    if not pyg_dfgnn.has_cuda_kernels():
-        print("benchmarks.host_path needs a CUDA GPU and the compiled extension "
-              "(python -m pyg_dfgnn info says which is missing)", file=sys.stderr)
-        return 1
-    data = planetoid("Cora", root=args.data).to("cuda")
+    cli.require_kernels("benchmarks.host_path")
+    with datasets.exit_on_missing_data():
+        data = datasets.planetoid("Cora", root=args.data).to("cuda")
     rows = []
     for score in args.scores.split(","):
         lay = get_layout(data.edge_index, size=(data.num_nodes, data.num_nodes),
@@ -100,9 +96,7 @@ def main(argv=None) -> int:
                   f"{row['gpu_median_us']:6.1f} us", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
 

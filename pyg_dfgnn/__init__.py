@@ -14,7 +14,7 @@ with warnings.catch_warnings():
                             category=FutureWarning)
     import torch_geometric  # noqa: F401
 
-from ._ext import HAS_EXTENSION, load_error  # noqa: E402
+from .extension import HAS_EXTENSION, load_error  # noqa: E402
 
 __version__ = "0.1.0"
 

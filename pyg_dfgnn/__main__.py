@@ -15,17 +15,17 @@ PROG = "python -m pyg_dfgnn"
 
 
 def _extension_line() -> str:
-    from pyg_dfgnn import _ext
+    from pyg_dfgnn import extension
 
-    if _ext.HAS_EXTENSION:
-        info = _ext.build_info()
+    if extension.HAS_EXTENSION:
+        info = extension.build_info()
         if info.get("extension") is False:  # a build older than the last install
             return (f"loaded, but the last install recorded 'not built: {info.get('reason')}' "
                     "(an earlier build is still in place; reinstall to replace it)")
         built = f" (built for {info['arch_list']}, CUDA {info.get('cuda')})" if info.get(
             "arch_list") else ""
         return "loaded" + built
-    return _ext.missing_reason()
+    return extension.missing_reason()
 
 
 def info() -> int:
@@ -34,7 +34,7 @@ def info() -> int:
     import torch_geometric
 
     import pyg_dfgnn
-    from pyg_dfgnn import _ext
+    from pyg_dfgnn import extension
 
     print(f"pyg_dfgnn        {pyg_dfgnn.__version__} ({Path(pyg_dfgnn.__file__).parent})")
     print(f"torch            {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
@@ -47,7 +47,7 @@ def info() -> int:
         print("GPU              none")
     if pyg_dfgnn.has_cuda_kernels():
         print("fused kernels    yes")
-    elif _ext.HAS_EXTENSION:
+    elif extension.HAS_EXTENSION:
         print("fused kernels    no GPU: the fused layers run the pure-PyTorch reference path")
     else:
         print("fused kernels    no: on CUDA tensors the fused layers run PyG's own forward, "

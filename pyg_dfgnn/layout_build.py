@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _ext
+from . import extension
 from .work_items import Work, chunk_for
 
 #: Largest work-item chunk the kernels handle (``kLayoutBuildMaxChunk``).
@@ -69,7 +69,7 @@ def available(device: torch.device) -> bool:
     registers ``dfgnn::layout_build``)."""
     if device.type != "cuda":
         return False
-    return _ext.HAS_EXTENSION and hasattr(torch.ops.dfgnn, "layout_build")
+    return extension.HAS_EXTENSION and hasattr(torch.ops.dfgnn, "layout_build")
 
 
 def build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
 
-import pyg_dfgnn._ext as ext
+import pyg_dfgnn.extension as ext
 import pyg_dfgnn.nn._common as common
 import pyg_dfgnn.nn.agnn_conv as agnn_mod
 import pyg_dfgnn.nn.gat_conv as gat_mod

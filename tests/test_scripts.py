@@ -28,6 +28,7 @@ SCRIPTS = {
     "benchmarks.profile_backward": lambda: load_benchmark("profile_backward").parse_args,
     "benchmarks.sanitize": lambda: load_benchmark("sanitize").main,
     "benchmarks.layout_build_check": lambda: load_benchmark("layout_build_check").main,
+    "benchmarks.host_path": lambda: load_benchmark("host_path").main,
 }
 
 

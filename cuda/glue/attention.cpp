@@ -17,7 +17,7 @@
 // Autograd lives here and not in torch.library.register_autograd: a Python
 // autograd kernel runs for every call, also under no_grad, and its backward is a
 // Python function on the engine's thread; a small graph's step is host time
-// (docs/host_path.md). Here a call with grad costs one C++ node whose backward
+// (docs/steps.md, "Host path"). Here a call with grad costs one C++ node whose backward
 // never takes the GIL. It is a hand-written Node, as PyTorch's generated ones
 // are: torch::autograd::Function's node pays on every call for generality (a
 // VariableInfo per input and output, view / dirty bookkeeping of every output,

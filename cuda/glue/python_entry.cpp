@@ -2,7 +2,7 @@
 // registrations (bindings.cpp, autograd.cpp), and it holds a direct entry to the
 // forward ops (and the GT projections) for the eager host path.
 //
-// A small graph's training step is host-bound (docs/host_path.md), and
+// A small graph's training step is host-bound (docs/steps.md, "Host path"), and
 // torch.ops.dfgnn.attention_fwd(*args) parses its arguments against the
 // schema in Python's op wrapper (torch function checks, JIT type matching per
 // argument) before the dispatcher sees them. _C.attention_fwd(*args) takes the same

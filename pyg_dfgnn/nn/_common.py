@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from .. import _ext
+from .. import extension
 from ..ops.plan import STRATEGIES
 
 # MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
@@ -69,9 +69,9 @@ def missing_kernels_reason(x: Tensor) -> str:
     ``x`` is a CUDA tensor and the compiled extension is missing (not built, or
     built but not loadable). ``""`` when they can run, and on the CPU, where the
     pure-PyTorch reference path is the intended one."""
-    if not x.is_cuda or _ext.HAS_EXTENSION:
+    if not x.is_cuda or extension.HAS_EXTENSION:
         return ""
-    return _ext.missing_reason()
+    return extension.missing_reason()
 
 
 _warned_missing_kernels = False  # one warning per process

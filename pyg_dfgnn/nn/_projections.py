@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
-from .._ext import HAS_EXTENSION
+from ..extension import HAS_EXTENSION
 if HAS_EXTENSION:
     from ..ops.direct import call_op
 

@@ -11,7 +11,7 @@ reference (:mod:`pyg_dfgnn.ops.reference`). Both compute the same function.
 """
 from __future__ import annotations
 
-from .._ext import HAS_EXTENSION
+from ..extension import HAS_EXTENSION
 from . import compiled, plan, reference, spec, tiles
 from .attention import attention
 from .calls import op_args, recording, uses_kernels

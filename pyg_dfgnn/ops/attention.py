@@ -17,7 +17,7 @@ from typing import Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._ext import HAS_EXTENSION
+from ..extension import HAS_EXTENSION
 from . import calls, compiled
 from .plan import choose_strategy
 from .spec import ScoreSpec

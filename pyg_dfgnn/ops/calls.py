@@ -16,7 +16,7 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .._ext import HAS_EXTENSION
+from ..extension import HAS_EXTENSION
 from . import plan as _plan
 from . import spec as _spec
 from .spec import ScoreSpec

@@ -15,7 +15,7 @@ def call_op(name: str, args: tuple):
     function modes and with exact ``torch.Tensor`` arguments, the extension's direct
     entry makes the same dispatcher call (autograd, profiler, inference mode and
     dispatch modes as before) without the Python op wrapper's argument parsing: a
-    small graph's step is host-bound (``docs/host_path.md``). Under
+    small graph's step is host-bound (``docs/steps.md``, "Host path"). Under
     ``torch.compile``, for tensor subclasses and under
     ``plan.override(direct_entry=False)`` the wrapper runs."""
     if (plan.direct_entry() and not torch.compiler.is_compiling()

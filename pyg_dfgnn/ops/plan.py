@@ -12,7 +12,7 @@ says or raises where a call cannot run it. :func:`Plan.kernels` names what runs
 and why (:func:`pyg_dfgnn.explain` shows it for a layer's call).
 
 This module is the only home of the thresholds and support tables below, each
-measured on an H100 (``docs/kernel_plan.md`` has the numbers). The default chunk
+measured on an H100 (``docs/kernels.md`` has the numbers). The default chunk
 (:func:`pyg_dfgnn.work_items.chunk_for`) lives below the layout, whose build
 needs it.
 
@@ -460,10 +460,10 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                              rule=o.get("rule"))
     why.append(("method", f"strategy={strategy!r}" if strategy != "auto" else
                 ("paper rule (§4.2): a row longer than shared memory" if method == "pmf" else
-                 "SMMF measured faster than PMF on every graph (docs/kernel_plan.md)")))
+                 "SMMF measured faster than PMF on every graph (docs/kernels.md)")))
     chunk = o.get("chunk") or chunk_for(layout.num_edges)
     long_first = o.get("long_items_first", True)
-    # Node ids by default (docs/kernel_plan.md, "Item order").
+    # Node ids by default (docs/kernels.md, "Item order").
     item_order = o.get("item_order", "row")
     smmf = method == "smmf"
     split = layout.work("row", chunk, long_first).num_slots > 0

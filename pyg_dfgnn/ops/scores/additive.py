@@ -51,7 +51,7 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
 
     per head, with in-kernel attention dropout; the backward returns gradients for
     ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` is SMMF (paper §4.2,
-    Fig. 12, and the measurements in ``docs/kernel_plan.md``); ``"smmf"`` /
+    Fig. 12, and the measurements in ``docs/kernels.md``); ``"smmf"`` /
     ``"pmf"`` (edge-parallel score kernel, then softmax + SpMM) force one.
 
     Args:

@@ -96,7 +96,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         512 consecutive source rows, with at most 24 window cells per edge and no
         duplicate edge, run the window as one dense tile masked by the edges
         (``cuda/kernels/gt_forward_dense.cu``), on graphs whose median block has at most
-        20 cells per edge (``docs/tensor_cores.md``). The tile plan
+        20 cells per edge (``docs/kernels.md``). The tile plan
         (:mod:`pyg_dfgnn.ops.tiles`) is built on the first such call and cached on
         the layout. On graphs under 2^16 edges the backward runs its CSR (dQ) and
         CSC (dK, dV) walks in one kernel launch; in two launches the dQ kernel
