@@ -11,6 +11,7 @@
 
 #include "glue/layout_args.h"
 #include "host/ops.h"
+#include "host/plan_checks.h"
 
 namespace dfgnn {
 namespace {
@@ -168,6 +169,26 @@ KernelPlan kernel_plan(at::IntArrayRef plan, double dense_cells, const LayoutVie
   return p;
 }
 
+// These ops' plan lists say nothing of row accesses and split-row merges: their
+// calls keep the choices the kernels made before the plan held them: 16-byte
+// rows where every row is aligned, the tensor-core walks only there, the
+// in-kernel merge wherever the kernels carry it and the stream is not
+// captured, two rows per warp only where the shape has them.
+KernelPlan legacy_plan(KernelPlan p, at::ScalarType st, int64_t C, const LayoutView& L,
+                       std::initializer_list<const at::Tensor*> rows) {
+  bool aligned = true;
+  for (const at::Tensor* t : rows) aligned = aligned && (!t->defined() || rows_aligned16(*t));
+  p.vector_rows = aligned && row_shape_supported(st, C, true);
+  p.two_rows = p.two_rows && smmf_two_rows_supported(st, C, p.vector_rows);
+  p.mma = p.mma && p.vector_rows;
+  p.mma_backward = p.mma_backward && p.vector_rows;
+  if (!p.mma || !L.tiles.defined() || L.col.numel() == 0) p.dense_cells = 0.0;
+  const bool capturing = stream_is_capturing();
+  p.merge_in_kernel = !capturing && !p.pmf;
+  p.bwd_merge_in_kernel = !capturing && backward_merge_in_kernel_supported(st);
+  return p;
+}
+
 void check_dropout(double dropout, const char* op) {
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, op, ": dropout must be in [0, 1), got ",
               std::to_string(dropout));
@@ -208,7 +229,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_fwd(
               "{32, 64, 128}, pmf=False, dropout 0 and need_attn=False");
   check_tiles(L, p, q);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
-  return gt_forward_cuda(q, k, v, L, scale, dropout, seed, need_attn, p);
+  return gt_forward_cuda(q, k, v, L, scale, dropout, seed, need_attn,
+                         legacy_plan(p, q.scalar_type(), q.size(2), L, {&q, &k, &v}));
 }
 
 // gt_bwd's and gt_bwd_into's arguments past the outputs, checked; the layout.
@@ -236,7 +258,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_bwd(
   const LayoutView L =
       check_gt_bwd("dfgnn::gt_bwd", grad_out, q, k, v, out, lse, csr, csc, sizes);
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
-  return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma);
+  KernelPlan p;
+  p.bwd_one_launch = one_launch;
+  p.mma_backward = mma;
+  return gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed,
+                          legacy_plan(p, q.scalar_type(), q.size(2), L,
+                                      {&q, &k, &v, &out, &grad_out}));
 }
 
 // An output of gt_bwd_into: on q's device, in its dtype, the rows of `like`, C
@@ -270,7 +297,13 @@ void gt_bwd_into(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& d
               num(dk.stride(0)), " and ", num(dv.stride(0)));
   const c10::cuda::CUDAGuard guard(q.device());  // the inputs' device and its stream
   const GradsOut into{dq, dk, dv};
-  gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed, one_launch, mma, &into);
+  KernelPlan p;
+  p.bwd_one_launch = one_launch;
+  p.mma_backward = mma;
+  gt_backward_cuda(grad_out, q, k, v, out, lse, L, scale, dropout, seed,
+                   legacy_plan(p, q.scalar_type(), q.size(2), L,
+                               {&q, &k, &v, &out, &grad_out, &dq, &dk, &dv}),
+                   &into);
 }
 
 void check_gat(const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x,
@@ -308,7 +341,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_fwd(
   TORCH_CHECK(!p.mma && !L.tiles.defined(), "dfgnn::gat_fwd: the tensor-core and dense-tile "
               "forwards are GT's: mma must be 0 and tiles None");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return gat_forward_cuda(a_dst, a_src, x, L, negative_slope, dropout, seed, need_attn, p);
+  return gat_forward_cuda(a_dst, a_src, x, L, negative_slope, dropout, seed, need_attn,
+                          legacy_plan(p, x.scalar_type(), x.size(2), L, {&x}));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
@@ -333,7 +367,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_bwd(
               "dfgnn::gat_bwd: lse must be float32 [N_dst, H]");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
   return gat_backward_cuda(grad_out, a_dst, a_src, x, out, lse, L, negative_slope, dropout,
-                           seed);
+                           seed, legacy_plan(KernelPlan{}, x.scalar_type(), x.size(2), L,
+                                             {&x, &out, &grad_out}));
 }
 
 void check_beta(const at::Tensor& beta, const at::Tensor& x) {
@@ -353,7 +388,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x,
   check_beta(beta, x);
   TORCH_CHECK(eps > 0.0, "dfgnn::l2norm_fwd: eps must be > 0, got ", std::to_string(eps));
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return l2norm_forward_cuda(x, beta, eps);
+  return l2norm_forward_cuda(x, beta, eps,
+                             rows_aligned16(x) && row_shape_supported(st, x.size(2), true));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
@@ -371,7 +407,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cos_fwd(
   TORCH_CHECK(!p.pmf && !L.tiles.defined(), "dfgnn::cos_fwd: runs SMMF only: pmf must be 0 "
               "and tiles None");
   const c10::cuda::CUDAGuard guard(x.device());  // the inputs' device and its stream
-  return cosine_forward_cuda(x, beta, eps, L, need_attn, p.two_rows);
+  return cosine_forward_cuda(x, beta, eps, L, need_attn,
+                             legacy_plan(p, x.scalar_type(), x.size(2), L, {&x}));
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Tensor& dq,
@@ -389,7 +426,9 @@ std::tuple<at::Tensor, at::Tensor> l2norm_bwd(const at::Tensor& dk, const at::Te
               "dfgnn::l2norm_bwd: rnorm must be float32 [N, H]");
   check_beta(beta, k);
   const c10::cuda::CUDAGuard guard(k.device());  // the inputs' device and its stream
-  return l2norm_backward_cuda(dk, dq, k, rnorm, beta);
+  return l2norm_backward_cuda(dk, dq, k, rnorm, beta,
+                              rows_aligned16(k) && rows_aligned16(dk) && rows_aligned16(dq) &&
+                                  row_shape_supported(k.scalar_type(), k.size(2), true));
 }
 
 }  // namespace
