@@ -171,34 +171,6 @@ __device__ __forceinline__ void gather_row(const int (&j)[U], const T* __restric
     if (j[u] >= 0) load_packed<T, VEC, G, NV>(a + (int64_t)j[u] * HC + head_off, gl, nvec, ra[u]);
 }
 
-// Neighbours of the next U edges (-1 past the item's end) and two rows of each
-// (k and v, or q and dO), every load issued before any is used.
-template <typename T, int VEC, int G, int NV, int U, bool AHEAD, bool FULL = false>
-__device__ __forceinline__ void load_edge_rows(
-    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a,
-    const T* __restrict__ b, int64_t HC, int64_t head_off, int gl, int nvec, int (&j)[U],
-    typename Packed<T, VEC>::type (&ra)[U][NV], typename Packed<T, VEC>::type (&rb)[U][NV]) {
-  nb.take(e0, j);
-  gather_rows<T, VEC, G, NV, U, FULL>(j, a, b, HC, head_off, gl, nvec, ra, rb);
-}
-
-// Neighbours of the next U edges (-1 past the item's end), one row of each and a
-// scalar per edge, scalar(u, j): the row loads are all issued before any is used.
-template <typename T, int VEC, int G, int NV, int U, bool AHEAD, typename F>
-__device__ __forceinline__ void load_edge_row(
-    NbrPipe<U, AHEAD>& nb, int e0, const T* __restrict__ a, int64_t HC,
-    int64_t head_off, int gl, int nvec, int (&j)[U],
-    typename Packed<T, VEC>::type (&ra)[U][NV], float (&sc)[U], F scalar) {
-  nb.take(e0, j);
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (j[u] >= 0) {
-      load_packed<T, VEC, G, NV>(a + (int64_t)j[u] * HC + head_off, gl, nvec, ra[u]);
-      sc[u] = scalar(u, j[u]);
-    }
-  }
-}
-
 // The SpMM steps of one tile of NbrTile with K weights per edge: acc[k] +=
 // w_e[k] x_e over the tile's edges, each step's neighbours and weights (this
 // lane's edge's weights are wl) taken from their lanes by shuffle. K = 1: the

@@ -138,7 +138,7 @@ struct OnlineSoftmax {
   // (m, l) go to its slot, and merge_split_softmax writes the row when this group
   // completes its merge tree (counters nullptr: merge_softmax_partials merges
   // later). MERGE = false compiles the merge out: the two-rows-per-warp shapes
-  // (they only run on calls without split rows, bindings.cpp) and the
+  // (they only run on calls without split rows, check_two_rows) and the
   // half-precision variants for calls without counters (with_merge_variant).
   template <bool MERGE = true>
   __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, int chunk,

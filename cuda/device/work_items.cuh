@@ -10,6 +10,7 @@ namespace dfgnn {
 // Units are item * H + head, so the groups of one warp take the heads of the
 // same row.
 struct GroupItem {
+  int64_t unit;            // item * H + head
   int gl;                  // lane within the group
   unsigned mask;           // the group's shuffle mask
   int64_t row;             // destination (CSR walk) or source (CSC walk) node
@@ -28,6 +29,7 @@ __device__ __forceinline__ bool group_item(const int* __restrict__ items,
                                            unsigned block) {
   const int64_t unit = ((int64_t)block * blockDim.x + threadIdx.x) / G;
   if (unit >= n_units) return false;
+  g.unit = unit;
   g.gl = threadIdx.x & (G - 1);
   g.mask = group_mask<G>();
   const int64_t item = unit / H;

@@ -40,7 +40,7 @@
 
 #include "glue/autograd_common.h"
 #include "glue/call_plan.h"
-#include "host/checks.h"
+#include "host/input_checks.h"
 
 namespace dfgnn {
 namespace {
@@ -379,6 +379,7 @@ TORCH_LIBRARY_FRAGMENT(dfgnn, m) {
       .def("num_src", [](const PlanPtr& p) { return p->n_src; })
       .def("has_csc", [](const PlanPtr& p) { return p->has_csc; })
       .def("chunk", [](const PlanPtr& p) { return p->L.chunk; })
+      .def("pmf", [](const PlanPtr& p) { return p->p.pmf; })
       // A layout tensor by its constructor name (None where the plan has none).
       .def("layout_tensor",
            [](const PlanPtr& p, const std::string& name) -> std::optional<at::Tensor> {

@@ -5,7 +5,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "host/checks.h"
+#include "host/input_checks.h"
 #include "host/ops.h"
 
 namespace dfgnn {

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAException.h>
 #include "device/numerics.cuh"
 #include "device/row_shape.cuh"
+#include "host/plan_checks.h"
 
 namespace dfgnn {
 
@@ -35,20 +36,19 @@ constexpr int kNodeBlock = 64;
 
 inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-inline bool is_aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 template <int V> using IntC = std::integral_constant<int, V>;
 
 // Picks the per-row thread mapping for head size C: VEC elements per access,
 // G lanes per (node, head) row and NV accesses per lane (compile-time, so the
-// row's q / accumulator fragments stay in registers). Mirrored by
-// pyg_dfgnn.ops.plan.kernel_supports(); returns false when C is too large.
+// row's q / accumulator fragments stay in registers). With `vector_rows`,
+// 16-byte accesses (C * sizeof(T) a multiple of 16), else one element per
+// access. Mirrored by pyg_dfgnn.ops.plan.kernel_supports() (row_shape_supported,
+// plan_checks.h); returns false where C has no shape.
 template <typename T, typename F>
-bool dispatch_row_shape(int64_t C, bool aligned16, F&& f) {
+bool dispatch_row_shape(int64_t C, bool vector_rows, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
-  if (aligned16 && C % kVec == 0) {
+  if (vector_rows) {
+    if (C % kVec != 0) return false;
     const int64_t nvec = C / kVec;
     if (nvec <= 4) { f(IntC<kVec>{}, IntC<4>{}, IntC<1>{}); return true; }
     if (nvec <= 8) { f(IntC<kVec>{}, IntC<8>{}, IntC<1>{}); return true; }
@@ -68,23 +68,26 @@ template <typename T> struct TypeTag { using type = T; };
 
 // The one dtype x row-shape dispatch of every kernel family's host code: calls
 // f(RowShape<T, VEC, G, NV>{}) for `st` (fp32 / fp16 / bf16 as the kernels' CUDA
-// type T) and head size C, and raises the same error, naming the op, when C has
-// no kernel.
+// type T), head size C and the plan's vector_rows, and raises, naming the op,
+// where they have no kernel.
 template <typename F>
-void dispatch_rows(at::ScalarType st, int64_t C, bool aligned, const char* op, F&& f) {
+void dispatch_rows(at::ScalarType st, int64_t C, bool vector_rows, const char* op, F&& f) {
   bool ok = false;
   DFGNN_DISPATCH_FLOAT_TYPES(st, "dfgnn", [&] {
     using T = typename cuda_type<scalar_t>::type;
-    ok = dispatch_row_shape<T>(C, aligned, [&](auto VEC, auto G, auto NV) {
+    ok = dispatch_row_shape<T>(C, vector_rows, [&](auto VEC, auto G, auto NV) {
       f(RowShape<T, decltype(VEC)::value, decltype(G)::value, decltype(NV)::value>{});
     });
   });
-  TORCH_CHECK(ok, op, ": head size C=", std::to_string(C), " is not supported by the fused "
-              "kernels (pyg_dfgnn.ops.plan.kernel_supports says which sizes are)");
+  TORCH_CHECK(ok, op, ": head size C=", std::to_string(C), " has no fused kernel with ",
+              vector_rows ? "vector_rows=True (16-byte rows: C * itemsize a multiple of 16, at "
+                            "most 2048 bytes)"
+                          : "vector_rows=False (scalar rows: C <= 128)",
+              " (pyg_dfgnn.ops.plan.kernel_supports says which sizes are)");
 }
 
-// Typed views of a tensor's data for kernel arguments (dtypes are checked in
-// bindings.cpp before any kernel is launched).
+// Typed views of a tensor's data for kernel arguments (dtypes are checked by
+// the scores' check functions before any kernel is launched).
 template <typename T> const T* cptr(const at::Tensor& t) {
   return static_cast<const T*>(t.const_data_ptr());
 }
@@ -95,21 +98,26 @@ template <typename T> T* mptr(const at::Tensor& t) { return static_cast<T*>(t.da
 // flight per SM at the same registers, on large graphs whose rows all fit one work
 // item (the batch graphs). Measured 6-25 % faster there (GT and GAT), but slower
 // where one long chain is the kernel time: small graphs (+27 %) and split rows of
-// super nodes (GT up to +16 %, GAT up to +11 %). bf16 / fp16 would spill (fp32 q and accumulator fragments
-// twice as long per lane). Which calls run it is the kernel plan's decision
-// (pyg_dfgnn/ops/plan.py, the ops' `two_rows` argument); these shapes compile the
-// split-row merge out, so bindings.cpp admits `two_rows` only without split rows.
+// super nodes (GT up to +16 %, GAT up to +11 %). bf16 / fp16 would spill (fp32 q
+// and accumulator fragments twice as long per lane). Which calls run it is the
+// kernel plan's decision (pyg_dfgnn/ops/plan.py, two_rows); these shapes compile
+// the split-row merge out, so a call with split rows cannot run them
+// (check_two_rows, plan_checks.h).
 template <typename S>
 constexpr bool kHasTwoRowsShape =
     std::is_same_v<typename S::T, float> && S::VEC == 4 && S::G >= 8 && S::NV == 1;
 
 // Calls f(S', IntC<U'>) with an SMMF forward's row shape S': two rows per warp
-// (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds and
-// the shape S has that variant, else S with the default edges in flight (0).
+// (G / 2 lanes x 2 vectors, U' = 2 edges in flight) where `two_rows` holds, else
+// S with the default edges in flight (0). Raises (naming `op`) where two_rows
+// asks for a variant the shape does not have.
 template <typename S, typename F>
-void with_smmf_shape(bool two_rows, F&& f) {
+void with_smmf_shape(const char* op, bool two_rows, F&& f) {
   if constexpr (kHasTwoRowsShape<S>) {
     if (two_rows) return f(RowShape<typename S::T, S::VEC, S::G / 2, 2>{}, IntC<2>{});
+  } else {
+    TORCH_CHECK(!two_rows, op, ": two_rows=True, but this dtype and head shape have no "
+                "two-rows-per-warp SMMF forward (float32 vector rows with C in [20, 128] only)");
   }
   f(S{}, IntC<0>{});
 }

@@ -15,18 +15,21 @@ ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L
       scratch({L.rw.num_slots * x.size(1) * x.size(2),
                pmf_ ? 0 : L.rw.num_slots * x.size(1) * 2, pmf_ ? L.col.numel() * x.size(1) : 0}) {
   const int64_t H = x.size(1), n_edges = L.col.numel();
-  const Work& rw = L.rw;
   lse2 = scratch.empty_with({n_dst, H}, x.options().dtype(at::kFloat));
   attn = need_attn ? at::empty({n_edges, H}, x.options().dtype(at::kFloat))
                    : at::empty({0}, x.options().dtype(at::kFloat));
-  if (!pmf) counters = split_row_counters(rw.num_slots * H);
 }
 
-void ForwardCall::finish(const at::Tensor& x, const LayoutView& L, double dropout,
-                         int64_t seed) {
+void ForwardCall::merge_in_kernel(const char* op, const KernelPlan& plan, const LayoutView& L) {
+  counters = forward_split_counters(op, plan, L, out.size(1));
+}
+
+void ForwardCall::finish(const at::Tensor& x, const LayoutView& L, const KernelPlan& plan,
+                         double dropout, int64_t seed) {
   const Work& rw = L.rw;
   if (pmf) {
-    softmax_spmm(x, score(), partial(), L, out, lse2, attn_ptr(), dropout, seed);
+    softmax_spmm(x, score(), partial(), L, plan.vector_rows, out, lse2, attn_ptr(), dropout,
+                 seed);
   } else if (rw.combine.size(0) > 0 && counters == nullptr) {
     merge_softmax_partials(partial(), partial_ml(), rw.num_slots, rw.combine, out, lse2);
     if (need_attn) normalize_split_attn(rw.combine, L.rowptr, lse2, attn);

@@ -1,5 +1,5 @@
 // The outputs and scratch of one attention forward call and its split-row
-// finish, shared by the GT, AGNN and GAT forwards.
+// finish, shared by the forwards of every score.
 #pragma once
 #include <ATen/ATen.h>
 #include "host/params.h"
@@ -16,16 +16,20 @@ struct ForwardCall {
   bool pmf, need_attn;
   at::Tensor out, lse2, attn;  // lse2 holds small scratch after its elements
   Scratch scratch;
-  int* counters = nullptr;
+  int* counters = nullptr;  // set by merge_in_kernel (SMMF kernels that merge split rows)
   ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L, bool pmf,
               bool need_attn);
+  // The SMMF kernel merges the split rows itself where the plan says so
+  // (forward_split_counters, split_merge.h); call before its launch.
+  void merge_in_kernel(const char* op, const KernelPlan& plan, const LayoutView& L);
   float* attn_ptr() { return need_attn ? attn.data_ptr<float>() : nullptr; }
   float* partial() const { return scratch[0]; }
   float* partial_ml() const { return scratch[1]; }
   float* score() const { return scratch[2]; }
   // After the score / SMMF kernel: PMF runs softmax_spmm over `score` and rows
   // x; SMMF merges the split rows' partials unless the kernel did.
-  void finish(const at::Tensor& x, const LayoutView& L, double dropout, int64_t seed);
+  void finish(const at::Tensor& x, const LayoutView& L, const KernelPlan& plan, double dropout,
+              int64_t seed);
 };
 
 }  // namespace dfgnn

@@ -1,5 +1,7 @@
-// Host entry points of the CUDA kernels; bindings.cpp checks inputs and
-// registers them under TORCH_LIBRARY(dfgnn).
+// Host entry points of the CUDA kernels. Each obeys the kernel plan it is given
+// or raises (TORCH_CHECK, naming the op and the plan's field) where the call
+// cannot run it; the callers (the scores' files, cuda/scores/, and the ops in
+// glue/) check inputs first.
 #pragma once
 #include <ATen/ATen.h>
 #include <tuple>
@@ -13,12 +15,15 @@ at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
 // receives the softmax weights.
-// `partial`: [L.rw.num_slots, H, C] floats of scratch for the split rows.
+// `partial`: [L.rw.num_slots, H, C] floats of scratch for the split rows, merged
+// by separate launches; `vector_rows`: the plan's (the caller checked x and out).
 void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
-                  at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed);
+                  bool vector_rows, at::Tensor& out, at::Tensor& lse2, float* attn,
+                  double dropout, int64_t seed);
 
-// The GT forward (gt_forward.cu): (out, lse2, attn) of dot-product attention over
-// L's CSR, with the kernels `plan` names.
+// The dot score's forward (gt_forward.cu): (out, lse2, attn) of dot-product
+// attention over L's CSR, with the kernels `plan` names (pmf, vector_rows,
+// two_rows, mma, dense_cells, merge_in_kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const LayoutView& L,
     double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan);
@@ -27,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
 // [N_dst, H] whatever the work items (a warp owns 8 whole rows of any length),
 // without dropout and attention weights. The dense-tile variant of the same call
-// is gt_forward_dense; gt_forward_cuda picks between them.
+// is gt_forward_dense; the plan's dense_cells picks between them.
 bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const LayoutView& L, at::Tensor& out, at::Tensor& lse2, double scale);
@@ -38,30 +43,34 @@ constexpr int kTileMetaInts = 8;
 // The same call over dense tiles (gt_forward_dense.cu): blocks of 64 rows whose
 // key window the layout's tile plan (L.tiles, pyg_dfgnn/ops/tiles.py) has, and
 // holds at most `cells_per_edge` window cells per edge, run dense, the others
-// on the sparse units; false (nothing launched) without a tile plan, with
-// cells_per_edge <= 0 or when the graph has no edges.
-bool gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+// on the sparse units (blocks without edges too). Needs L.tiles (checked by
+// check_tile_plan) and cells_per_edge > 0.
+void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const LayoutView& L, double cells_per_edge, at::Tensor& out,
                       at::Tensor& lse2, double scale);
 
 // Outputs a GT backward writes into instead of allocating them: dq [N_dst, H, C],
 // dk and dv [N_src, H, C] with unit stride in C, C apart per head, their rows
 // stride(0) >= H * C elements apart (dk's and dv's equal): column slices of one
-// joined gradient (glue/autograd.cpp).
+// joined gradient (glue/autograd.cpp). An undefined entry is allocated (one of dk
+// and dv given: the other with its strides). With the plan's vector_rows every
+// given row must be 16-byte aligned (else the call raises: pass it undefined).
 struct GradsOut {
   at::Tensor dq, dk, dv;
 };
 
+// The dot score's backward (gt_backward.cu): (dq, dk, dv) with the walks `plan`
+// names (bwd_one_launch, mma_backward, bwd_merge_in_kernel, vector_rows).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, bool one_launch, bool mma, const GradsOut* into = nullptr);
+    double dropout, int64_t seed, const KernelPlan& plan, const GradsOut* into = nullptr);
 
 // The GT backward's dq walk on tensor cores (gt_backward_mma.cu): dq [N_dst, H, C]
 // and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from
 // the half inputs, lse2 and dsum (D [N_dst, H] in fp32, gt_backward_dsum). Needs
 // fp16 / bf16, C in {32, 64, 128}, 16-byte aligned rows and no dropout (a warp
-// walks 8 whole rows, whatever L's work items; gt_backward_cuda checks).
+// walks 8 whole rows, whatever L's work items; gt_backward_cuda checks the plan).
 bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
@@ -75,8 +84,10 @@ void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const 
 // from the half inputs and the forward's lse2, dropout `seed` and L's CSR work items.
 at::Tensor gt_backward_dsum(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& lse2, const LayoutView& L,
-                            double scale, double dropout, int64_t seed);
+                            const KernelPlan& plan, double scale, double dropout, int64_t seed);
 
+// The additive score (GAT; gat_forward.cu, gat_backward.cu): the plan's pmf,
+// vector_rows, two_rows, merge_in_kernel (forward) and bwd_merge_in_kernel.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
     double negative_slope, double dropout, int64_t seed, bool need_attn,
@@ -85,28 +96,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
     const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
-    double negative_slope, double dropout, int64_t seed);
+    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan);
 
 // AGNN's row normalisation (normalize.cu): k = x / max(||x||, eps), q = beta k,
 // rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element
 // float32 tensor. The backward returns dx and the per-row terms of dbeta.
+// `vector_rows`: 16-byte row accesses (x's rows must be 16-byte aligned) or
+// scalar ones, as the calling plan says.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
                                                                    const at::Tensor& beta,
-                                                                   double eps);
+                                                                   double eps, bool vector_rows);
 // rnorm [N, H] of l2norm_forward_cuda alone (no k, q written).
-at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps);
+at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps, bool vector_rows);
 
-// AGNN's attention over x (gt_forward.cu): softmax of beta cos(x_i, x_j) over the
-// in-edges, aggregating the unnormalised x_j; SMMF, no dropout, fp32. Returns
+// AGNN's attention over x (scores/cosine.cu): softmax of beta cos(x_i, x_j) over
+// the in-edges, aggregating the unnormalised x_j; SMMF, no dropout, fp32. Returns
 // (out, lse2, attn, rnorm), lse2 as gt_forward_cuda's for q = beta k,
-// k = x / max(||x||, eps), scale 1.
+// k = x / max(||x||, eps), scale 1. The plan's vector_rows, two_rows and
+// merge_in_kernel; pmf raises.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
     const at::Tensor& x, const at::Tensor& beta, double eps, const LayoutView& L,
-    bool need_attn, bool two_rows);
+    bool need_attn, const KernelPlan& plan);
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
                                                         const at::Tensor& k,
                                                         const at::Tensor& rnorm,
-                                                        const at::Tensor& beta);
+                                                        const at::Tensor& beta,
+                                                        bool vector_rows);
 
 }  // namespace dfgnn

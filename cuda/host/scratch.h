@@ -31,11 +31,11 @@ class Scratch {
 
  private:
   void place(float* base);
-  static constexpr size_t kMaxRegions = 4;
-  int64_t offset_[kMaxRegions] = {-1, -1, -1, -1};  // floats from the scratch's start
+  static constexpr size_t kMaxRegions = 5;
+  int64_t offset_[kMaxRegions] = {-1, -1, -1, -1, -1};  // floats from the scratch's start
   int64_t floats_ = 0;
   at::Tensor own_;
-  float* ptr_[kMaxRegions] = {nullptr, nullptr, nullptr, nullptr};
+  float* ptr_[kMaxRegions] = {nullptr, nullptr, nullptr, nullptr, nullptr};
 };
 
 }  // namespace dfgnn

@@ -175,16 +175,13 @@ __global__ void normalize_attn_kernel(const int* __restrict__ combine,
 // finds the counters zero; kernels of two streams may overlap and get two
 // buffers. A buffer is zeroed once, when it is allocated or grown, and kept (the
 // map is never destroyed: tensors freed at exit could outlive the CUDA context).
-// Under CUDA-graph capture there are no counters (the merge launches run): a
-// graph can be replayed on any stream, also while kernels of the stream it was
-// captured on use that stream's buffer, and a buffer allocated in the capture
-// would only be zeroed at replay.
-int* split_row_counters(int64_t n) {
-  if (n <= 0) return nullptr;
+int* split_row_counters(int64_t n, const char* op, const char* field) {
+  TORCH_INTERNAL_ASSERT(n > 0);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  cudaStreamCaptureStatus status;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  if (status != cudaStreamCaptureStatusNone) return nullptr;
+  TORCH_CHECK(!stream_is_capturing(), op, ": ", field, "=True (split rows "
+              "merged in the kernel) while the stream is captured into a CUDA graph: the "
+              "merge's arrival counters cannot be captured; the plan must say ", field,
+              "=False under capture");
   static std::mutex mu;
   static auto* buffers = new std::map<std::pair<int, int64_t>, at::Tensor>();
   std::lock_guard<std::mutex> lock(mu);
@@ -197,15 +194,30 @@ int* split_row_counters(int64_t n) {
   return buf.data_ptr<int>();
 }
 
-BackwardCounters backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw,
+int* forward_split_counters(const char* op, const KernelPlan& plan, const LayoutView& L,
+                            int64_t heads) {
+  if (L.rw.num_slots == 0 || !plan.merge_in_kernel) return nullptr;
+  TORCH_CHECK(!plan.pmf, op, ": merge_in_kernel=True with pmf=True: PMF's softmax + SpMM "
+              "merges split rows with separate launches only; the plan must say "
+              "merge_in_kernel=False where rows are split (row_slots > 0)");
+  return split_row_counters(L.rw.num_slots * heads, op, "merge_in_kernel");
+}
+
+BackwardCounters backward_split_counters(const char* op, const KernelPlan& plan,
+                                         at::ScalarType st, const Work& rw, const Work& cw,
                                          int64_t heads, bool concurrent) {
-  if (st != at::kFloat) return {nullptr, nullptr};
+  if (!plan.bwd_merge_in_kernel || (rw.num_slots == 0 && cw.num_slots == 0))
+    return {nullptr, nullptr};
+  TORCH_CHECK(backward_merge_in_kernel_supported(st), op, ": bwd_merge_in_kernel=True, but the ",
+              st, " backward kernels do not carry the in-kernel split-row merge (float32 only); "
+              "the plan must say bwd_merge_in_kernel=False where rows are split");
   if (!concurrent) {
-    int* c = split_row_counters(std::max(rw.num_slots, cw.num_slots) * heads);
+    int* c = split_row_counters(std::max(rw.num_slots, cw.num_slots) * heads, op,
+                                "bwd_merge_in_kernel");
     return {c, c};
   }
-  int* c = split_row_counters((rw.num_slots + cw.num_slots) * heads);
-  return {c, c == nullptr ? nullptr : c + rw.num_slots * heads};
+  int* c = split_row_counters((rw.num_slots + cw.num_slots) * heads, op, "bwd_merge_in_kernel");
+  return {c, c + rw.num_slots * heads};
 }
 
 void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,

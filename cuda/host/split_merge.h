@@ -7,11 +7,21 @@
 namespace dfgnn {
 
 // Arrival counters for split rows merged by their last item (arrive_last,
-// device/split_merge.cuh): int32 zeros, at least n of them, for the current device and
-// stream, zero again after every kernel that uses them. nullptr when n is 0 or
-// while the stream is captured into a CUDA graph: the caller then merges with
-// the separate kernels below.
-int* split_row_counters(int64_t n);
+// device/split_merge.cuh): int32 zeros, at least n of them (n > 0), for the
+// current device and stream, zero again after every kernel that uses them.
+// Raises (naming `op` and `field`, the plan's merge field) while the stream is
+// captured into a CUDA graph: a graph can be replayed on any stream, also while
+// kernels of the stream it was captured on use that stream's buffer, and a
+// buffer allocated in the capture would only be zeroed at replay.
+int* split_row_counters(int64_t n, const char* op, const char* field);
+
+// The counters of an SMMF forward over L's CSR work items (H heads): nullptr
+// where nothing merges in the kernel (no split rows, or the plan's
+// merge_in_kernel is false: ForwardCall::finish launches the merge); raises
+// where the plan asks for the in-kernel merge and the call cannot have it (PMF,
+// CUDA-graph capture).
+int* forward_split_counters(const char* op, const KernelPlan& plan, const LayoutView& L,
+                            int64_t heads);
 
 // Sums the fp32 partial rows of split rows into `out` (dtype of out):
 // combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...]
@@ -29,17 +39,20 @@ void merge_softmax_partials(const float* partial, const float* partial_ml, int64
 void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
                           const at::Tensor& lse2, at::Tensor& attn);
 
-// The counters of a backward call's CSR (`csr`) and CSC (`csc`) walks (split_merge.cu).
-// Walks in two launches merge their split rows one after the other and share one
-// buffer; walks in one launch (`concurrent`) merge at the same time and get
-// disjoint regions of it. Only the fp32 backward kernels carry the merge
-// (kMergeInBackward, host/dispatch.cuh), so other dtypes get nullptr and the separate
-// combine launches.
+// The counters of a backward call's CSR (`csr`) and CSC (`csc`) walks
+// (split_merge.cu), per the plan's bwd_merge_in_kernel: nullptr where the walks
+// do not merge in the kernel (the caller launches combine_partials). Walks in two
+// launches merge their split rows one after the other and share one buffer;
+// walks in one launch (`concurrent`) merge at the same time and get disjoint
+// regions of it. Only the fp32 backward kernels carry the merge
+// (kMergeInBackward, host/dispatch.cuh): bwd_merge_in_kernel with split rows
+// raises for other dtypes, and under CUDA-graph capture.
 struct BackwardCounters {
   int* csr;
   int* csc;
 };
-BackwardCounters backward_split_counters(at::ScalarType st, const Work& rw, const Work& cw,
+BackwardCounters backward_split_counters(const char* op, const KernelPlan& plan,
+                                         at::ScalarType st, const Work& rw, const Work& cw,
                                          int64_t heads, bool concurrent = false);
 
 }  // namespace dfgnn

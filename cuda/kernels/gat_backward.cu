@@ -1,4 +1,4 @@
-// Backward pass of additive attention (GAT). With P the softmax, z the dropout
+// Backward pass of the additive score (scores/additive.cuh; GAT). With P the softmax, z the dropout
 // multiplier, g_ij = LeakyReLU'(a_dst_i + a_src_j), dP_ij = dO_i . x_j and
 // D_i = dO_i . O_i:
 //   dE_ij = g_ij P_ij (z_ij dP_ij - D_i)
@@ -35,6 +35,7 @@
 #include "host/ops.h"
 #include "host/scratch.h"
 #include "host/split_merge.h"
+#include "scores/additive.cuh"
 
 namespace dfgnn {
 namespace {
@@ -61,8 +62,9 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   const int64_t HC = (int64_t)H * C;
   const int64_t off_i = i * HC + (int64_t)h * C;
   const float L = lse2[i * H + h];
-  const float ad = to_float(a_dst[i * H + h]);
-  auto a_of = [&](int jj) { return jj >= 0 ? to_float(__ldg(a_src + (int64_t)jj * H + h)) : 0.f; };
+  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  const float ad = sc.own_dst_term(i, h, H);
+  auto a_of = [&](int jj) { return jj >= 0 ? sc.src_term(jj, h, H) : 0.f; };
 
   NbrTile<G, 2> nt(col, g.beg, g.end, gl, g.mask, n_edges);
   float a_cur = a_of(nt.raw);  // speculative, as in gat_fwd_kernel
@@ -77,10 +79,10 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
       const float pre = ad + a_cur;
-      const float pe = exp2f(gat_score2(pre, slope) - L);
+      const float pe = exp2f(sc.score2(pre) - L);
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)nt.edge() * H + h);
-      const bool pos = pre > 0.f;  // selects, not an index: c and wl stay in registers
+      const bool pos = sc.positive(pre);  // selects, not an index: c and wl stay in registers
       c[0] += pos ? pe : 0.f;
       c[1] += pos ? 0.f : pe;
       wl[0] = pos ? w : 0.f;
@@ -172,11 +174,12 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_j = j * HC + (int64_t)h * C;
-  const float as = to_float(a_src[j * H + h]);
+  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  const float as = sc.own_src_term(j, h, H);
   auto terms_of = [&](int ii, int e) {
     DstTerms d;
     if (ii >= 0) {
-      d.ad = to_float(__ldg(a_dst + (int64_t)ii * H + h));
+      d.ad = sc.dst_term(ii, h, H);
       d.L = __ldg(lse2 + (int64_t)ii * H + h);
       d.D = __ldg(dsum + (int64_t)ii * H + h);
       if constexpr (DROPOUT) d.pos = __ldg(perm + e);
@@ -197,10 +200,10 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
       const float pre = cur.ad + as;
-      const float pe = exp2f(gat_score2(pre, slope) - cur.L);
+      const float pe = exp2f(sc.score2(pre) - cur.L);
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)cur.pos * H + h);
-      const bool pos = pre > 0.f;
+      const bool pos = sc.positive(pre);
       const float pd = pe * cur.D;
       e[0] += pos ? pd : 0.f;
       e[1] += pos ? 0.f : pd;
@@ -233,7 +236,11 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
     const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
-    double negative_slope, double dropout, int64_t seed) {
+    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan) {
+  constexpr const char* op = "dfgnn::attention_bwd (additive)";
+  TORCH_CHECK(!plan.bwd_one_launch && !plan.mma_backward, op, ": bwd_one_launch and "
+              "mma_backward are the dot score's; the additive score's backward has one form");
+  check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &out}, {"grad_out", &grad_out}});
   const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
                    &perm = L.perm;
   const Work &rw = L.rw, &cw = L.cw;
@@ -254,13 +261,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   at::Tensor dx, da_src;
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
-  const bool aligned = is_aligned16(x) && is_aligned16(out) && is_aligned16(grad_out);
   float* part_dc = split_d ? part_d + rw.num_slots * H : nullptr;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
   auto stream = at::cuda::getCurrentCUDAStream();
-  int* counters = backward_split_counters(x.scalar_type(), rw, cw, H).csr;  // both walks
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_bwd", [&](auto shape) {
+  int* counters = backward_split_counters(op, plan, x.scalar_type(), rw, cw, H).csr;  // both walks
+  dispatch_rows(x.scalar_type(), C, plan.vector_rows, op, [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;

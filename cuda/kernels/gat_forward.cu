@@ -1,4 +1,4 @@
-// Forward pass of additive attention (GAT / GATConv, paper §5.1 "add-SDDMM"):
+// Forward pass of the additive score (scores/additive.cuh; GAT / GATConv):
 //   e_ij = LeakyReLU(a_dst_i + a_src_j),  out_i = sum_{j -> i} softmax_j(e_ij) x_j
 // with a_dst = a_dst^T W x_i and a_src = a_src^T W x_j computed densely ([N, H]).
 //
@@ -20,6 +20,7 @@
 #include "host/dispatch.cuh"
 #include "host/forward_call.h"
 #include "host/ops.h"
+#include "scores/additive.cuh"
 
 namespace dfgnn {
 namespace {
@@ -47,8 +48,9 @@ gat_fwd_kernel(const typename S::T* __restrict__ a_dst, const typename S::T* __r
   const unsigned mask = g.mask;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
-  const float ad = to_float(a_dst[g.row * H + h]);
-  auto a_of = [&](int jj) { return jj >= 0 ? to_float(__ldg(a_src + (int64_t)jj * H + h)) : 0.f; };
+  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  const float ad = sc.own_dst_term(g.row, h, H);
+  auto a_of = [&](int jj) { return jj >= 0 ? sc.src_term(jj, h, H) : 0.f; };
 
   // A tile of G edges at a time: each lane scores its own edge (a_src gathered
   // one tile ahead, indices two), the tile's max rescales the accumulator once,
@@ -61,7 +63,7 @@ gat_fwd_kernel(const typename S::T* __restrict__ a_dst, const typename S::T* __r
     const float a_next = a_of(nt.ahead[0]);
     const int e = nt.edge();
     const bool mine = nt.cur >= 0;
-    const float sl = mine ? gat_score2(ad + a_cur, slope) : kNegInf;
+    const float sl = mine ? sc.score2(ad + a_cur) : kNegInf;
     if (attn != nullptr && mine) attn[(int64_t)e * H + h] = sl;  // finish() normalises
     const float mc = os.raise_max(group_max<G>(sl, mask));
     float wl = mine ? exp2f(sl - mc) : 0.f;
@@ -85,9 +87,9 @@ gat_score_kernel(const T* __restrict__ a_dst, const T* __restrict__ a_src,
   if (unit >= n_units) return;
   const int64_t e = unit / H;
   const int h = (int)(unit - e * H);
-  const float a = to_float(__ldg(a_dst + (int64_t)__ldg(csr_row + e) * H + h)) +
-                  to_float(__ldg(a_src + (int64_t)__ldg(col + e) * H + h));
-  score[unit] = gat_score2(a, slope);
+  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  score[unit] = sc.score2(sc.dst_term(__ldg(csr_row + e), h, H) +
+                          sc.src_term(__ldg(col + e), h, H));
 }
 
 }  // namespace
@@ -96,16 +98,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
     double negative_slope, double dropout, int64_t seed, bool need_attn,
     const KernelPlan& plan) {
+  constexpr const char* op = "dfgnn::attention_fwd (additive)";
   const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2), E = col.size(0);
+  TORCH_CHECK(!plan.mma && plan.dense_cells <= 0.0, op, ": mma and dense_cells are the dot "
+              "score's (tensor-core and dense-tile forwards); the additive score has neither");
   ForwardCall fc(x, a_dst.size(0), L, plan.pmf, need_attn);
+  check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &fc.out}});
+  check_two_rows(op, plan, L, x.scalar_type(), C);
+  fc.merge_in_kernel(op, plan, L);
   const float p = (float)dropout, slope = (float)negative_slope;
-  const bool aligned = is_aligned16(x) && is_aligned16(fc.out);
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
   auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn::gat_fwd", [&](auto shape) {
+  dispatch_rows(x.scalar_type(), C, plan.vector_rows, op, [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     if (plan.pmf) {  // scores here, softmax + SpMM in fc.finish
@@ -125,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
           H, C, slope, p, (uint64_t)seed, (int)E, fc.counters);
       check_launch();
     };
-    with_smmf_shape<S>(plan.two_rows, [&](auto shape2, auto) {
+    with_smmf_shape<S>(op, plan.two_rows, [&](auto shape2, auto) {
       using S2 = decltype(shape2);
       with_merge_variant<T>(fc.counters != nullptr, [&](auto merge) {
         constexpr bool M = decltype(merge)::value;
@@ -133,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
       });
     });
   });
-  fc.finish(x, L, dropout, seed);
+  fc.finish(x, L, plan, dropout, seed);
   return {fc.out, fc.lse2, fc.attn};
 }
 

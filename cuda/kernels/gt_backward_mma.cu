@@ -277,7 +277,7 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
                         const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
                         const LayoutView& L, at::Tensor& dq, float* pds, double scale) {
   TORCH_CHECK(dsum != nullptr || q.size(0) == 0,
-              "dfgnn::gt_bwd: the tensor-core dq walk needs D in fp32");
+              "dfgnn::attention_bwd (dot): the tensor-core dq walk needs D in fp32");
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   auto stream = at::cuda::getCurrentCUDAStream();
   launch_units(q.scalar_type(), q.size(2), q.size(0), q.size(1),

@@ -25,7 +25,7 @@
 // non-finite, not only the rows it is a neighbour of.
 // Runs where the kernel plan says so (pyg_dfgnn/ops/plan.py: by default calls
 // without split rows; never with dropout or returned attention weights, and C in
-// {32, 64, 128}); the rest runs on the CUDA-core kernel.
+// {32, 64, 128}, 16-byte rows); the others run the CUDA-core walks.
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"

@@ -79,7 +79,8 @@ namespace {
 // rnorm [N, H], and k and q when `with_kq` (cos_fwd needs the norms alone: then
 // the kernel writes nothing else and k, q are undefined).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
-    const at::Tensor& x, const float* beta, double eps, bool with_kq, const char* op) {
+    const at::Tensor& x, const float* beta, double eps, bool with_kq, bool vector_rows,
+    const char* op) {
   const int64_t N = x.size(0), H = x.size(1), C = x.size(2), n_units = N * H;
   at::Tensor k, q;
   if (with_kq) {
@@ -87,10 +88,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
     q = at::empty_like(x);
   }
   auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
-  const bool aligned = is_aligned16(x) && (!with_kq || (is_aligned16(k) && is_aligned16(q)));
+  check_vector_rows(op, vector_rows, {{"x", &x}});
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, aligned, op, [&](auto shape) {
+  dispatch_rows(x.scalar_type(), C, vector_rows, op, [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;
@@ -107,25 +108,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
                                                                    const at::Tensor& beta,
-                                                                   double eps) {
-  return l2norm_launch(x, beta.data_ptr<float>(), eps, true, "dfgnn::l2norm_fwd");
+                                                                   double eps, bool vector_rows) {
+  return l2norm_launch(x, beta.data_ptr<float>(), eps, true, vector_rows, "dfgnn::l2norm_fwd");
 }
 
-at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps) {
-  return std::get<2>(l2norm_launch(x, nullptr, eps, false, "dfgnn::cos_fwd"));
+at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps, bool vector_rows) {
+  return std::get<2>(l2norm_launch(x, nullptr, eps, false, vector_rows, "dfgnn::attention_fwd (cosine)"));
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
                                                         const at::Tensor& k,
                                                         const at::Tensor& rnorm,
-                                                        const at::Tensor& beta) {
+                                                        const at::Tensor& beta,
+                                                        bool vector_rows) {
   const int64_t N = k.size(0), H = k.size(1), C = k.size(2), n_units = N * H;
   auto dx = at::empty_like(k);
   auto dbeta_part = at::empty({N, H}, k.options().dtype(at::kFloat));
-  const bool aligned = is_aligned16(k) && is_aligned16(dk) && is_aligned16(dq) && is_aligned16(dx);
+  check_vector_rows("dfgnn::l2norm_bwd", vector_rows,
+                    {{"k", &k}, {"dk", &dk}, {"dq", &dq}});
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(k.scalar_type(), C, aligned, "dfgnn::l2norm_bwd", [&](auto shape) {
+  dispatch_rows(k.scalar_type(), C, vector_rows, "dfgnn::l2norm_bwd", [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;

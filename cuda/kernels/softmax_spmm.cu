@@ -84,16 +84,16 @@ softmax_spmm_kernel(const typename S::T* __restrict__ x, const float* __restrict
 }  // namespace
 
 void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
-                  at::Tensor& out, at::Tensor& lse2, float* attn, double dropout, int64_t seed) {
+                  bool vector_rows, at::Tensor& out, at::Tensor& lse2, float* attn,
+                  double dropout, int64_t seed) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2);
   const int64_t n_units = rw.items.size(0) * H;
   const float p = (float)dropout;
-  const bool aligned = is_aligned16(x) && is_aligned16(out);
   auto stream = at::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(x.scalar_type(), C, aligned, "dfgnn (softmax + SpMM)", [&](auto shape) {
+  dispatch_rows(x.scalar_type(), C, vector_rows, "dfgnn (softmax + SpMM)", [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;

@@ -30,7 +30,7 @@ def _attention_fwd_fake(inputs, plan, params, dropout, seed, need_attn):
     out = value.new_empty((n, h, value.size(2)))
     lse = value.new_empty((n, h), dtype=_FLOAT)
     attn = value.new_empty((plan.num_edges(), h) if need_attn else (0,), dtype=_FLOAT)
-    return out, lse, attn, spec.saved_like(inputs)
+    return out, lse, attn, spec.saved_like(inputs, plan)
 
 
 @torch.library.register_fake("dfgnn::attention_bwd")

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 from torch import Tensor
 
 
-def _no_saved(inputs: Sequence[Tensor]) -> List[Tensor]:
+def _no_saved(inputs: Sequence[Tensor], plan=None) -> List[Tensor]:
     return []
 
 
@@ -40,8 +40,9 @@ class ScoreSpec:
             the CPU path and the oracle of the tests.
         check (callable): ``(layout, *inputs)``, raises :class:`ValueError` on
             inputs the op cannot take (shapes, dtypes, devices).
-        saved_like (callable): ``(inputs) -> list`` of empty tensors shaped like
-            the tensors the CUDA forward saves for its backward (the fakes).
+        saved_like (callable): ``(inputs, plan=None) -> list`` of empty tensors
+            shaped like those the CUDA forward saves for its backward (the fakes;
+            ``plan``: the call's plan object, where known).
         pmf (bool): the score has an edge-parallel (PMF) path.
         pmf_rule (bool): the paper's rule (§4.2) sends it to PMF on graphs with
             rows longer than shared memory (dot-product-like scores).

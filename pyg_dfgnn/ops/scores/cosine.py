@@ -36,18 +36,20 @@ def _reference(layout, inputs, params, dropout, training):
     return reference.cosine_attention(layout.rowptr, layout.col, x, x, beta)
 
 
-def _saved_like(inputs: Sequence[Tensor]) -> List[Tensor]:
-    # rnorm [N, H]; fp16 / bf16 also keep k = x / ||x|| and q = beta k.
+def _saved_like(inputs: Sequence[Tensor], plan=None) -> List[Tensor]:
+    # rnorm [N, H] from the fp32 SMMF kernel; otherwise (fp16 / bf16, PMF) also
+    # k = x / ||x|| and q = beta k, first: (k, q, rnorm).
     x = inputs[0]
     rnorm = x.new_empty(x.shape[:2], dtype=torch.float32)
-    return [rnorm] if x.dtype == torch.float32 else [rnorm, x.new_empty(x.shape),
-                                                     x.new_empty(x.shape)]
+    if x.dtype == torch.float32 and not (plan is not None and plan.pmf()):
+        return [rnorm]
+    return [x.new_empty(x.shape), x.new_empty(x.shape), rnorm]
 
 
 SPEC = register(ScoreSpec(
     name="cosine", inputs=("x", "beta"), params=("eps",), dst_input=0, value_input=0,
-    row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, pmf=False,
-    mma=True, dropout=False))
+    row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, mma=True,
+    dropout=False))
 
 
 def _normalised(x: Tensor) -> Tensor:
@@ -64,12 +66,11 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
         \left(\beta \cos(\mathbf{x}_i, \mathbf{x}_j)\right) \mathbf{x}_j
 
     With ``x_dst`` ``None`` (one node set) on the fused-kernel path, the
-    normalisation and the SMMF attention are one op call and one autograd node
-    (the cosine score); in fp32 its kernel scores
-    ``beta rnorm_i rnorm_j (x_i . x_j)`` on the unnormalised rows. PMF and
-    bipartite calls normalise first and call :func:`~pyg_dfgnn.ops.gt_attention`
-    with scale 1; gradients reach ``beta`` and ``x`` through the normalisation and
-    the aggregation either way.
+    normalisation and the attention are one op call and one autograd node (the
+    cosine score); its fp32 SMMF kernel scores ``beta rnorm_i rnorm_j (x_i . x_j)``
+    on the unnormalised rows. Bipartite calls normalise first and call
+    :func:`~pyg_dfgnn.ops.gt_attention` with scale 1; gradients reach ``beta``
+    and ``x`` through the normalisation and the aggregation either way.
 
     Args:
         x_src (Tensor): ``[N_src, C]`` (or ``[N_src, H, C]``) source features.
@@ -100,11 +101,10 @@ def agnn_attention(layout, x_src: Tensor, x_dst: Optional[Tensor], beta: Union[T
     C, dtype = xs.shape[-1], xs.dtype
     on_kernels = calls.uses_kernels(layout, xs)
     one_set = x_dst is x_src and xs.size(0) == layout.num_dst == layout.num_src
-    if on_kernels and one_set and choose_strategy(
-            layout.max_in_degree, "cosine", dtype.itemsize, strategy) == "smmf":
+    if on_kernels and one_set:
         b = beta if isinstance(beta, Tensor) else torch.tensor(float(beta), device=xs.device)
         res = attention(SPEC, layout, (xs, b.to(torch.float32)), (NORMALIZE_EPS,),
-                        return_attention=return_attention, strategy="smmf")
+                        return_attention=return_attention, strategy=strategy)
     elif not on_kernels:
         # The reference scores the cosine from the features in float32; rounding
         # beta * normalize(x) to half precision first cost beta's gradient (a sum

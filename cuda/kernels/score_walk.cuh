@@ -1,0 +1,70 @@
+// What the walks over a destination row's edges (the SMMF forward, D, the dq
+// walk) gather per edge for a score (scores/score.cuh): its key row, its value
+// row unless the key is the value, and its per-source scalar.
+#pragma once
+
+#include <cstdint>
+
+#include "device/fragments.cuh"
+#include "scores/score.cuh"
+
+namespace dfgnn {
+
+// The rows of U edges whose sources are j[u] (< 0: none), every load issued
+// before any is used; vf is left alone where the score sums its key rows, sc
+// where it has no per-source scalar. FULL: all U edges exist (j[u] >= 0 is
+// known, not tested).
+template <typename Score, int U, bool FULL>
+__device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp, const int (&j)[U],
+                                                int h, int H, int64_t HC, int64_t head_off,
+                                                int gl, int nvec,
+                                                PackedOf<typename Score::Shape> (&kf)[U][Score::NV],
+                                                PackedOf<typename Score::Shape> (&vf)[U][Score::NV],
+                                                float (&sc)[U]) {
+  using S = typename Score::Shape;
+  using T = typename S::T;
+  // A score with a per-source scalar tests every edge, also in full steps: with
+  // the test compiled out the fp32 cosine kernels took up to 11 registers more
+  // and spilled in three shapes.
+  constexpr bool kKnown = FULL && !Score::kSrcScalar;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (kKnown || j[u] >= 0) {
+      const int64_t off = (int64_t)j[u] * HC + head_off;
+      load_packed<T, S::VEC, S::G, S::NV>(Score::key_rows(sp) + off, gl, nvec, kf[u]);
+      if constexpr (!Score::kValueIsKey)
+        load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, nvec, vf[u]);
+      if constexpr (Score::kSrcScalar) sc[u] = Score::src_scalar(sp, j[u], h, H);
+    }
+  }
+}
+
+// This lane's shares of the U edges' scores s[u] (dst.partial) and of dP =
+// dO_i . value_j (dp[u], gf: the lane's fp32 slice of dO_i); 0 past the item's
+// end.
+template <typename Score, int U, bool FULL, typename Dst>
+__device__ __forceinline__ void lane_scores_dp(
+    const Dst& dst, const float (&gf)[Score::NV][Score::VEC], const int (&j)[U],
+    const PackedOf<typename Score::Shape> (&kf)[U][Score::NV],
+    const PackedOf<typename Score::Shape> (&vf)[U][Score::NV], float* s, float* dp) {
+  using T = typename Score::T;
+  constexpr int VEC = Score::VEC, NV = Score::NV;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    s[u] = FULL || j[u] >= 0 ? dst.partial(kf[u]) : 0.f;
+    if constexpr (Score::kValueIsKey)
+      dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, kf[u]) : 0.f;
+    else
+      dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
+  }
+}
+
+// The per-source scalar finish() takes for edge u of a step, source j (< 0:
+// none, its scalar was not gathered); 0 for scores without one.
+template <typename Score, int U>
+__device__ __forceinline__ float src_scalar_of(int j, const float (&sc)[U], int u) {
+  if constexpr (Score::kSrcScalar) return j >= 0 ? sc[u] : 0.f;
+  return 0.f;
+}
+
+}  // namespace dfgnn

@@ -1,0 +1,56 @@
+// AGNN's cosine score over unnormalised rows x (the fp32 SMMF forward):
+//   s_ij = beta cos(x_i, x_j) = beta rnorm_i rnorm_j (x_i . x_j),  value x_j,
+// with rnorm [N, H] = +-1 / max(||x||, eps) (l2norm_rnorm_cuda; negative where
+// clamped). Each edge gathers one row (key and value) and one scalar, rnorm_j,
+// instead of a normalised key row and a value row. The interface is described
+// in scores/score.cuh; the backward runs the dot score on the normalised rows
+// (scores/cosine.cu).
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "device/numerics.cuh"
+#include "scores/score.cuh"
+
+namespace dfgnn {
+
+template <typename T> struct CosineParams {
+  const T* x;          // [N, H, C]
+  const float* rnorm;  // [N, H]
+  const float* beta;   // [1]
+  auto tie() const { return std::make_tuple(x, rnorm, beta); }
+};
+
+template <typename S> struct CosineScore {
+  using Shape = S;
+  using T = typename S::T;
+  static constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
+  using P = PackedOf<S>;
+  using Params = CosineParams<T>;
+  static constexpr bool kValueIsKey = true, kSrcScalar = true, kParamGrad = false;
+  // fp32 only: fp16 / bf16 calls normalise first and run the dot score
+  // (scores/cosine.cu says why).
+  static constexpr bool kHasKernels = std::is_same_v<T, float>;
+
+  __device__ __forceinline__ static const T* key_rows(const Params& p) { return p.x; }
+  __device__ __forceinline__ static const T* value_rows(const Params& p) { return p.x; }
+  __device__ __forceinline__ static float src_scalar(const Params& p, int64_t j, int h, int H) {
+    return fabsf(__ldg(p.rnorm + j * H + h));
+  }
+
+  // x_i beta log2(e) |rnorm_i|: all of the score's scale but rnorm_j, once per row.
+  struct Dst {
+    float q[NV][VEC];
+    __device__ __forceinline__ Dst(const Params& p, const RowAt& at) {
+      load_row<T, VEC, G, NV>(p.x + at.off, at.gl, at.nvec, q);
+      scale_frag(__ldg(p.beta) * kLog2e * fabsf(__ldg(p.rnorm + at.row * at.H + at.h)), q);
+    }
+    __device__ __forceinline__ float partial(const P (&k)[NV]) const {
+      return dot_packed<T, VEC, NV>(q, k);
+    }
+    __device__ __forceinline__ float finish(float s, float rnorm_j) const { return s * rnorm_j; }
+  };
+};
+
+}  // namespace dfgnn

@@ -1,0 +1,89 @@
+// What a score function is to the kernels: a functor type over the row shape S
+// (device/row_shape.cuh) that the edge walks (kernels/row_forward.cuh,
+// edge_sddmm.cuh, row_backward.cuh, row_dsum.cuh) are templates over. The walks
+// own the edge loop, the gathers, the group reductions, the online softmax, the
+// dropout mask, the split rows and every store; a score supplies what differs
+// per destination and per edge, and each of its calls inlines into the walk.
+//
+//   template <typename S> struct XScore {
+//     using Shape = S;
+//     struct Params;                   // its inputs (pointers, scalars); tie() lists them
+//     static constexpr bool kValueIsKey;   // one gathered row per edge is key and value
+//     static constexpr bool kSrcScalar;    // a per-source scalar comes with each edge
+//     static constexpr bool kParamGrad;    // the dq walk accumulates a parameter gradient
+//     static constexpr bool kHasKernels;   // S's kernels are compiled (dtypes it serves)
+//     static const T* query_rows(const Params&);  // [N_dst, H, C] rows the CSC walks gather
+//     static const T* key_rows(const Params&);    // [N_src, H, C] rows gathered per edge
+//     static const T* value_rows(const Params&);  // !kValueIsKey: the summed rows
+//     static float src_scalar(const Params&, int64_t j, int h, int H);  // kSrcScalar
+//
+//     struct Dst {                     // a destination row, prepared once per work item
+//       Dst(const Params&, const RowAt&);              // prepare_dst
+//       float partial(const P (&key)[NV]) const;       // this lane's share of the score
+//       float finish(float sum, float src) const;      // group sum -> base-2 score
+//       void grad(float ds, const P (&key)[NV],        // dq walk: acc += dS d s / d q_i,
+//                 Frag& acc, Frag& param) const;       //   param += dS d s / d param
+//       float finish_grad(const Params&, Frag& acc) const; // dq_i = acc * (returned)
+//     };
+//     struct Src {                     // a source row (the CSC walk that recomputes P)
+//       Src(const Params&, const RowAt&);
+//       float partial(const P (&query)[NV]) const;     // share of the score with a gathered q_i
+//       float finish(float sum) const;
+//       const Frag& value() const;                     // the held value row (dP = dO_i . value)
+//       void grad(float ds, const P (&query)[NV], Frag& acc) const;  // acc += dS d s / d k_j
+//       float finish_grad(const Params&, Frag& dk, Frag& dv) const;  // dk_j = dk * (returned)
+//     };
+//     using SrcGrad = ...;             // Src's gradient half alone (the CSC walk from saved
+//                                      // (P', dS)): its constructor, grad and finish_grad
+//     struct EdgeDst;                  // optional: Dst as the edge-parallel SDDMM takes it
+//   };                                 // (one edge per prepared row; default Dst)
+//
+// A score's Params reach the kernels as separate arguments, its fields in the
+// order tie() gives them, and each kernel assembles the struct: as one struct
+// argument, nvcc loads every field at the kernel's start, and ptxas then
+// allocated 39 of the 96 dot-score SMMF kernels differently from main's
+// separate arguments and spilled in two of them (the fp16 / bf16 scalar-row
+// kernels, 8 bytes); with separate arguments the walks over the dot functor
+// compile to main's SASS.
+//
+// Scores are in base 2 (log2(e) folded in where it is free: the dot score scales
+// q_i once per row); the backward's dS is in natural-log units. With kValueIsKey
+// the dk walk's finish_grad leaves the whole gradient of the one gathered row in
+// dk (dv is not written). Edge terms (a row or scalar per CSR edge position, as
+// edge features add) enter as another gathered operand indexed by the edge's
+// CSR position next to key_rows and src_scalar.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+
+#include "device/fragments.cuh"
+#include "device/row_shape.cuh"
+
+namespace dfgnn {
+
+// Where a lane group's held row lies: row `row` of head h, its H * C row at
+// element `off`, the head's C elements at `head_off` of a per-head [H, C]
+// parameter; lane gl of the group holds vectors gl, gl + G, ... (< nvec).
+struct RowAt {
+  int64_t row;
+  int h, H;
+  int64_t off, head_off;
+  int gl, nvec;
+};
+
+// The fp32 fragment a lane holds of one row.
+template <typename S> using FragOf = float[S::NV][S::VEC];
+template <typename S> using PackedOf = typename Packed<typename S::T, S::VEC>::type;
+
+// Score::EdgeDst where the score has one, else Score::Dst.
+template <typename Score, typename = void> struct EdgeDstOf {
+  using type = typename Score::Dst;
+};
+template <typename Score>
+struct EdgeDstOf<Score, std::void_t<typename Score::EdgeDst>> {
+  using type = typename Score::EdgeDst;
+};
+
+}  // namespace dfgnn
