@@ -14,6 +14,14 @@ of
 * ``dense-sdpa`` (batch graphs, GT): ``to_dense_batch`` of q / k / v +
   ``scaled_dot_product_attention`` with the adjacency mask (:func:`dense_sdpa`),
   checked against ``fused-auto`` once before timing,
+* ``flex-seq`` / ``flex-padded`` (batch graphs, GT): FlexAttention, compiled
+  (``torch.compile(flex_attention)``), with a block mask from the graph: the whole
+  batch as one sequence, or padded per graph (:mod:`benchmarks.flex`); the mask
+  build (``mask_build_first_s``: the first, compiling ``create_block_mask``;
+  ``mask_build_ms``: a rebuild) and the first calls (``compile_fwd_s`` /
+  ``compile_fwd_bwd_s``) are reported apart from the timings, and the output and
+  gradients are checked against the float64 reference before timing
+  (:func:`run_flex`),
 * ``sparse``: ``torch.sparse.sampled_addmm`` -> sparse softmax -> ``spmm`` per head
   (the role DGL-sparse plays in the paper),
 
@@ -30,18 +38,23 @@ per-node tensors (``score_rows`` in the JSON).
 
 Every method runs under the same matmul precision (``--tf32``, off by default:
 ``torch.backends.cuda.matmul.allow_tf32`` is set explicitly and recorded in ``info``).
-Each method's result has ``status``: ``ok``, ``error``, ``compile_failed`` or
-``mismatch`` (dense SDPA disagreeing with the fused result).
+Each method's result has ``status``: ``ok``, ``error``, ``compile_failed``,
+``mismatch`` (dense SDPA disagreeing with the fused result, FlexAttention with the
+float64 reference), ``not_applicable`` (FlexAttention on a graph with duplicate
+edges, which a mask cannot count) or ``unsupported`` (FlexAttention on a torch or
+device without it).
 
 Usage, from the repository root (needs a CUDA GPU and the compiled extension):
 ``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
 (``--quick``: two small graphs, GT 1x128 fp32 only, fused-auto / PyG / compiled PyG /
-dense SDPA, short repeats; under a minute).
+dense SDPA, short repeats; under a minute). ``--methods a,b`` runs only the named
+methods, wherever the full grid has them (``--quick --methods`` on the quick graphs).
 
 The JSON is rewritten after every case and ``--resume`` runs only the cases it lacks
-(keyed model / graph / HxC / dtype), so a long run can be split, e.g. ``--models gt``
-then ``--models gat,agnn --resume`` with the same ``--out``: compiling PyG afresh for
-every case makes the full grid take many minutes (``compile_*_s`` in the JSON).
+(keyed model / graph / HxC / dtype; for GT, the methods a case's row lacks), so a
+long run can be split, e.g. ``--models gt`` then ``--models gat,agnn --resume`` with
+the same ``--out``: compiling PyG afresh for every case makes the full grid take many
+minutes (``compile_*_s`` in the JSON).
 """
 from __future__ import annotations
 
@@ -55,7 +68,7 @@ import time
 
 import torch
 
-from benchmarks import generators
+from benchmarks import flex, generators
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 
@@ -70,6 +83,8 @@ REPEATS = (25, 150)
 QUICK_REPEATS = (10, 40)
 #: Methods timed under ``torch.compile`` (their eager function, compiled per case).
 COMPILED = {"pyg-compile": "pyg"}
+#: Methods that compile, timed after every eager one (:func:`phases`).
+LATE = (*COMPILED, *flex.FORMS)
 
 
 def bench(fn, warmup_ms=None, rep_ms=None):
@@ -260,24 +275,38 @@ def compile_case(fn, leaves, g, with_backward=True, compile_fn=None):
     try:
         torch._dynamo.reset()
         cf = compile_fn(fn, dynamic=False)
-        for stage in ("fwd", "fwd_bwd") if with_backward else ("fwd",):
-            _sync(leaves)
-            t0 = time.perf_counter()
-            if stage == "fwd":
-                with torch.no_grad():
-                    cf()
-            else:
-                torch.autograd.backward(cf(), g)
-            _sync(leaves)
-            res[f"compile_{stage}_s"] = time.perf_counter() - t0
+        stage = "first call"
+        first_calls(cf, leaves, g, with_backward, res)
     except Exception as e:  # noqa: BLE001  (a compiler failure is a result, not a crash)
         _free_cache(leaves)
-        return None, {"status": "compile_failed", "error": _first_line(e), "stage": stage}
+        return None, {"status": "compile_failed", "error": _first_line(e),
+                      "stage": stage if stage == "compile" else _first_call_stage(res)}
     finally:
         for t in leaves:
             t.grad = None
     res["graph_breaks"] = _graph_breaks() - breaks
     return cf, res
+
+
+def first_calls(fn, leaves, g, with_backward, res):
+    """Wall time of ``fn``'s first forward (under ``no_grad``) and, with
+    ``with_backward``, first forward + backward of ``g``, into ``res`` as
+    ``compile_fwd_s`` / ``compile_fwd_bwd_s``: a compiled function compiles there."""
+    for stage in ("fwd", "fwd_bwd") if with_backward else ("fwd",):
+        _sync(leaves)
+        t0 = time.perf_counter()
+        if stage == "fwd":
+            with torch.no_grad():
+                fn()
+        else:
+            torch.autograd.backward(fn(), g)
+        _sync(leaves)
+        res[f"compile_{stage}_s"] = time.perf_counter() - t0
+
+
+def _first_call_stage(res):
+    """The stage of :func:`first_calls` that raised, from what it recorded."""
+    return "fwd_bwd" if "compile_fwd_s" in res else "fwd"
 
 
 def cuda_context_ok(device) -> bool:
@@ -294,23 +323,25 @@ def cuda_context_ok(device) -> bool:
 
 
 def phases(cases):
-    """``[(phase, model, args, kwargs)]``: every case without its compiled method first,
-    then the compiled methods alone. Timed after a compile, the host-bound fused
-    backward of GAT and AGNN ran 2-3x slower than timed before one (the compiler's
-    worker processes share the host), so no compile precedes an eager measurement."""
+    """``[(phase, model, args, kwargs)]``: every case without its compiled methods
+    (:data:`LATE`: compiled PyG, FlexAttention) first, then those alone. Timed after a
+    compile, the host-bound fused backward of GAT and AGNN ran 2-3x slower than timed
+    before one (the compiler's worker processes share the host), so no compile
+    precedes an eager measurement."""
     eager, compiled = [], []
     for model, args, kw in cases:
         if model == "gt":
             methods = args[7]
-            eager.append(("eager", model, args[:7] + ([m for m in methods if m not in COMPILED],)
+            eager.append(("eager", model, args[:7] + ([m for m in methods if m not in LATE],)
                           + args[8:], kw))
-            if any(m in COMPILED for m in methods):
+            if any(m in LATE for m in methods):
                 compiled.append(("compiled", model, args[:7]
-                                 + ([m for m in methods if m in COMPILED],) + args[8:], kw))
+                                 + ([m for m in methods if m in LATE],) + args[8:], kw))
         else:
             eager.append(("eager", model, args, dict(kw, compiled=False)))
-            if kw.get("compiled", True) and not kw.get("fused_only", False):
-                compiled.append(("compiled", model, args, dict(kw, only=tuple(COMPILED))))
+            only = tuple(m for m in COMPILED if m in (kw.get("only") or COMPILED))
+            if kw.get("compiled", True) and not kw.get("fused_only", False) and only:
+                compiled.append(("compiled", model, args, dict(kw, only=only)))
     return eager + compiled
 
 
@@ -318,6 +349,20 @@ def case_key(model, args) -> str:
     """``model/graph/HxC/dtype``: what identifies a case across resumed runs."""
     name, H, C, dtype = args[0], args[4], args[5], args[6]
     return f"{model}/{name}/{H}x{C}/{str(dtype).split('.')[-1]}"
+
+
+def pending(by_key, phase, model, args):
+    """What a step of :func:`phases` still has to run, given the rows by
+    :func:`case_key`: ``args`` with only the methods the case's row lacks (GT; all of
+    them without a row), ``args`` (GAT / AGNN without a row, or a compiled phase
+    without a compiled method in it) or ``None`` (done)."""
+    row = by_key.get(case_key(model, args))
+    if row is None:
+        return args
+    if model == "gt":
+        rest = [m for m in args[7] if m not in row["methods"]]
+        return args[:7] + (rest,) + args[8:] if rest else None
+    return None if phase == "eager" or any(m in row["methods"] for m in COMPILED) else args
 
 
 def _graph_breaks() -> int:
@@ -408,7 +453,8 @@ def measure(f, g, leaves, with_backward=True, peak=True, timer=None):
 def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True, batch=None,
              compile_fn=None):
     """GT (dot-product) attention on one graph and configuration; ``batch`` (the
-    batch vector of a batch of graphs) enables ``dense-sdpa``."""
+    batch vector of a batch of graphs) enables ``dense-sdpa`` and the FlexAttention
+    forms (:func:`run_flex`)."""
     torch.manual_seed(0)
     lay = GraphLayout.from_edge_index(ei, (n, n))
     lay.colptr  # noqa: B018  (CSC built before timing, as a cached layout would be)
@@ -445,12 +491,100 @@ def run_case(name, ei, n, kind, H, C, dtype, methods, with_backward=True, batch=
                 methods.append("dense-sdpa")
             else:
                 failed["dense-sdpa"] = {"status": "mismatch" if dense else "error", "error": why}
+    forms = [m for m in methods if m in flex.FORMS]
+    methods = [m for m in methods if m not in flex.FORMS]
     res["methods"] = measure_methods(fns, methods, g, (q, k, v), kind, with_backward, compile_fn)
     res["methods"].update(failed)
+    if forms:
+        res["methods"].update(run_flex(forms, ei, batch, lay, q, k, v, g, with_backward,
+                                       compile_fn))
     for r in res["methods"].values():
         if "fwd_ms" in r:
             r["fwd_GBps"] = compulsory / (r["fwd_ms"] * 1e-3) / 1e9
     return res
+
+
+def flex_reference(lay, q, k, v, g, with_backward):
+    """``(out, grads or None)``: float64 GT attention
+    (:func:`pyg_dfgnn.ops.reference.dot_attention`, scale ``1 / sqrt(C)``) of ``q`` /
+    ``k`` / ``v`` promoted to float64, and the gradients of ``<out, g>``: what
+    :func:`flex.check` compares with."""
+    from pyg_dfgnn.ops import reference
+    leaves = [t.detach().double().requires_grad_(with_backward) for t in (q, k, v)]
+    with torch.enable_grad():
+        out = reference.dot_attention(lay.rowptr.long(), lay.col.long(), *leaves,
+                                      1 / math.sqrt(q.size(-1)))[0]
+        grads = torch.autograd.grad(out, leaves, g.double()) if with_backward else None
+    return out.detach(), grads
+
+
+def run_flex(forms, ei, batch, lay, q, k, v, g, with_backward=True, compile_fn=None):
+    r"""The FlexAttention forms (:mod:`benchmarks.flex`) of GT attention on a batch
+    graph, each ``{"status": ...}`` plus, in order of the steps:
+
+    * ``mask_build_first_s``: wall time of the first build of the lookup tables and
+      the block mask, ``create_block_mask`` compiled by ``compile_fn`` (its compile
+      included); ``mask_build_ms``: the median rebuild (:func:`bench`), what a new
+      batch of graphs costs each step;
+    * ``compile_fwd_s`` / ``compile_fwd_bwd_s``: the first forward (under
+      ``no_grad``) and forward + backward of ``compile_fn(flex_attention)``
+      (``dynamic=False``, after a reset of the compiler's caches), ``graph_breaks``;
+    * ``check_rel_err``: output and gradients against float64 (:func:`flex.check`);
+    * the timings of :func:`measure` of the compiled call.
+
+    ``not_applicable`` (duplicate edges, edges between graphs: :func:`flex.not_applicable`)
+    and ``unsupported`` (:func:`flex.unsupported`) skip every step; a failing build
+    is an ``error`` with ``stage: "mask"``, a failing first call ``compile_failed``,
+    a failing check ``mismatch``: each recorded, never raised."""
+    why, status = flex.not_applicable(ei, batch), "not_applicable"
+    if why is None:
+        why, status = flex.unsupported(q.device, q.dtype, with_backward), "unsupported"
+    if why is not None:
+        return {form: {"status": status, "error": why} for form in forms}
+    flex_attention, create_block_mask = flex.api()
+    compile_fn = compile_fn or torch.compile
+    leaves, ref, out = (q, k, v), None, {}
+    for form in forms:
+        r, stage = out.setdefault(form, {}), "mask"
+        try:
+            torch._dynamo.reset()
+            build = compile_fn(create_block_mask, dynamic=False)
+
+            def make():
+                fg = flex.FlexGraph(ei, batch)
+                return fg, fg.block_mask(form, build)
+            _sync(leaves)
+            t0 = time.perf_counter()
+            fg, bm = make()
+            _sync(leaves)
+            r["mask_build_first_s"] = time.perf_counter() - t0
+            r["mask_build_ms"] = bench(make)
+            breaks = _graph_breaks()
+            fx = compile_fn(flex_attention, dynamic=False)
+
+            def fn():
+                return flex.attention(form, fg, bm, q, k, v, fx)
+            stage = "first call"
+            first_calls(fn, leaves, g, with_backward, r)
+            r["graph_breaks"] = _graph_breaks() - breaks
+            stage = "check"
+            if ref is None:
+                ref = flex_reference(lay, q, k, v, g, with_backward)
+            why, r["check_rel_err"] = flex.check(fn, leaves, g, *ref, q.dtype, fg.empty)
+        except Exception as e:  # noqa: BLE001  (a result, not a crash)
+            _free_cache(leaves)
+            failed = stage in ("mask", "check")
+            r.update(status="error" if failed else "compile_failed", error=_first_line(e),
+                     stage=stage if failed else _first_call_stage(r))
+            continue
+        finally:
+            for t in leaves:
+                t.grad = None
+        if why is not None:
+            r.update(status="mismatch", error=why)
+            continue
+        r.update(measure(fn, g, leaves, with_backward))
+    return out
 
 
 def chunk_sweep(graphs, chunks, dtype=torch.float32):
@@ -515,8 +649,8 @@ def _cell(d, key):
     v = d.get(key)
     if isinstance(v, float):
         return f"{v:.3f}"
-    return {"compile_failed": "cfail", "mismatch": "mism"}.get(d.get("status"),
-                                                              "err" if "error" in d else "-")
+    return {"compile_failed": "cfail", "mismatch": "mism", "not_applicable": "n/a",
+            "unsupported": "unsup"}.get(d.get("status"), "err" if "error" in d else "-")
 
 
 def _ratio(m, other, key, ref="fused-auto"):
@@ -580,6 +714,35 @@ def fmt_table(rows):
     return "\n".join(lines)
 
 
+def fmt_flex_table(rows):
+    """The FlexAttention table (rows that have a ``flex-*`` method): per graph and
+    configuration, fused-auto and each form in ms with its ratio to fused-auto
+    (``×``), forward and forward + backward; the mask build (s, the first one with
+    its compile / ms, a rebuild) and the first calls (s, forward + training graphs)."""
+    forms = [(m, m.split("-")[1]) for m in flex.FORMS]
+    head = f"{'graph':<13}{'H×C':>7}{'dtype':>9} |"
+    for key in ("fwd", "f+b"):
+        head += f"{'fused ' + key:>10}" + "".join(f"{s:>8}{'×':>6}" for _, s in forms) + " |"
+    head += "".join(f"{'mask ' + s + ' s/ms':>18}{'cmp s':>7}" for _, s in forms)
+    lines = [head]
+    for r in rows:
+        m = r["methods"]
+        if not any(f in m for f, _ in forms):
+            continue
+        line = f"{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}{r['dtype']:>9} |"
+        for key in ("fwd_ms", "fwd_bwd_ms"):
+            line += f"{_cell(m.get('fused-auto', {}), key):>10}" + "".join(
+                f"{_cell(m.get(f, {}), key):>8}{_ratio(m, f, key):>6}" for f, _ in forms) + " |"
+        for f, _ in forms:
+            d = m.get(f, {})
+            first, again = d.get("mask_build_first_s"), d.get("mask_build_ms")
+            mask = f"{first:.1f}/{again:.1f}" if first is not None and again else _cell(d, "x")
+            cmp = [d[k] for k in ("compile_fwd_s", "compile_fwd_bwd_s") if k in d]
+            line += f"{mask:>18}{(f'{sum(cmp):.1f}' if cmp else _cell(d, 'x')):>7}"
+        lines.append(line)
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def failures(rows):
     """One line per method that did not run: ``graph H×C dtype model method: status: error``."""
     out = []
@@ -591,28 +754,44 @@ def failures(rows):
     return "\n".join(out)
 
 
-def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, compiled=True,
-                dense=True):
-    """``[(model, run_case / run_score_case positional args, keyword args)]`` in run order."""
+def gt_methods(batch_graph, quick=False, fused_only=False, sparse=True, compiled=True,
+               dense=True, flex_forms=True):
+    """``[(H, C, dtype, methods)]``: the GT configurations of a graph and their methods."""
     base = ["fused-auto", "fused-smmf", "fused-pmf"]
     native = [] if fused_only else ["pyg"]
     # compiled last: a fault in generated code ends the CUDA context for what follows
     cc = ["pyg-compile"] if compiled and not fused_only else []
+    dn = ["dense-sdpa"] if dense and not fused_only and batch_graph else []
+    fx = list(flex.FORMS) if flex_forms and not fused_only and not quick and batch_graph else []
+    sp = ["sparse"] if sparse and not fused_only else []
+    out = [(1, 128, torch.float32,
+            (["fused-auto"] if quick else base) + native + ([] if quick else sp) + dn + cc + fx)]
+    if not quick:
+        out += [(4, 32, torch.float32, base + native + dn + cc + fx),
+                (1, 128, torch.bfloat16, ["fused-auto"] + native + dn + cc + fx)]
+    return out
+
+
+def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, compiled=True,
+                dense=True, flex_forms=True, methods=None):
+    """``[(model, run_case / run_score_case positional args, keyword args)]`` in run order.
+    ``methods``: only these, in the configurations where the full grid has them (GT),
+    or as ``only`` (GAT, AGNN)."""
     cases = []
     for name, (ei, n, kind, batch) in graphs.items():
-        dn = ["dense-sdpa"] if dense and not fused_only and batch is not None else []
         kw = {"batch": batch}
         if "gt" in models:
-            sp = ["sparse"] if sparse and not fused_only else []
-            cases.append(("gt", (name, ei, n, kind, 1, 128, torch.float32,
-                                 (["fused-auto"] if quick else base) + native
-                                 + ([] if quick else sp) + dn + cc), kw))
-            if not quick:
-                cases.append(("gt", (name, ei, n, kind, 4, 32, torch.float32,
-                                     base + native + dn + cc), kw))
-                cases.append(("gt", (name, ei, n, kind, 1, 128, torch.bfloat16,
-                                     ["fused-auto"] + native + dn + cc), kw))
+            configs = gt_methods(batch is not None, quick, fused_only, sparse, compiled, dense,
+                                 flex_forms)
+            if methods is not None:
+                every = {cfg[:3]: cfg[3] for cfg in gt_methods(batch is not None)}
+                configs = [(*cfg[:3], [m for m in every[cfg[:3]] if m in methods])
+                           for cfg in configs]
+            cases += [("gt", (name, ei, n, kind, H, C, dtype, ms), kw)
+                      for H, C, dtype, ms in configs if ms]
         skw = {"fused_only": fused_only, "compiled": compiled}
+        if methods is not None:
+            skw["only"] = tuple(methods)
         if "gat" in models:
             cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32), skw))
             if not quick:
@@ -638,6 +817,11 @@ def main(argv=None):
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
     ap.add_argument("--no-compile", action="store_true", help="skip PyG + torch.compile")
     ap.add_argument("--no-dense", action="store_true", help="skip dense masked SDPA")
+    ap.add_argument("--no-flex", action="store_true",
+                    help="skip FlexAttention (flex-seq, flex-padded)")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated methods to run, wherever the full grid has them "
+                         "(e.g. fused-auto,flex-seq,flex-padded; default: the grid's own)")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 in fp32 matmuls (all methods alike; default: off)")
     ap.add_argument("--chunk-sweep", default="",
@@ -656,6 +840,10 @@ def main(argv=None):
                          "restarts itself this way when a case leaves the CUDA context unusable)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
+    methods = args.methods.split(",") if args.methods else None
+    known = {m for cfg in gt_methods(True) for m in cfg[3]}
+    if methods is not None and not set(methods) <= known:
+        ap.error(f"--methods: unknown {sorted(set(methods) - known)}; known: {sorted(known)}")
     global ACCUMULATE_GRADS
     ACCUMULATE_GRADS = args.accumulate_grads
     cli.require_kernels("benchmarks.kernels")
@@ -682,7 +870,7 @@ def main(argv=None):
         return 0
     models = (args.models or ("gt" if args.quick else "gt,gat,agnn")).split(",")
     cases = build_cases(graphs, models, args.quick, args.fused_only, not args.no_sparse,
-                        not args.no_compile, not args.no_dense)
+                        not args.no_compile, not args.no_dense, not args.no_flex, methods)
     rows, score_rows = [], []
     if args.resume and os.path.exists(args.out):
         with open(args.out) as f:
@@ -692,16 +880,12 @@ def main(argv=None):
         info["resumed_from"] = prev.get("resumed_from", prev)  # the first run's info
     by_key = {r["key"]: r for r in rows + score_rows if "key" in r}
 
-    def done(phase, model, c):
-        row = by_key.get(case_key(model, c))
-        return row is not None and (phase == "eager" or any(
-            m in row["methods"] for m in COMPILED))
-
-    steps = [st for st in phases(cases) if not done(*st[:3])]
+    steps = [(p, m, pending(by_key, p, m, c), kw) for p, m, c, kw in phases(cases)]
+    steps = [st for st in steps if st[2] is not None]
     for phase, model, c, kw in tqdm(steps, desc="kernels", file=sys.stderr):
         res = run_case(*c, **kw) if model == "gt" else run_score_case(model, *c, **kw)
         key = case_key(model, c)
-        if phase == "compiled":  # joins the case's row from the first phase
+        if key in by_key:  # joins the case's row (the first phase's, or a resumed one)
             row = by_key[key]
             row["methods"].update(res["methods"])
         else:
@@ -723,6 +907,9 @@ def main(argv=None):
     if score_rows:
         print(fmt_score_table(score_rows))
     print(fmt_table(rows))
+    ftable = fmt_flex_table(rows)
+    if ftable:
+        print(ftable)
     bad = failures(rows + score_rows)
     if bad:
         print("not measured:\n" + bad)

@@ -5,8 +5,10 @@ r"""PNG bar charts of the kernel and end-to-end benchmark results (matplotlib, A
   and forward + backward, one bar per configuration (heads x channels, dtype),
   one row of panels per model (GT rows, and GAT / AGNN ``score_rows`` when the
   file has them), like the paper's Fig. 9 / 10; where the file has compiled PyG
-  (``pyg-compile``), a hatched bar beside each is the speedup over it, and where
-  it has dense masked SDPA (``dense-sdpa``, batch graphs), a dotted one.
+  (``pyg-compile``), a hatched bar beside each is the speedup over it, where it
+  has dense masked SDPA (``dense-sdpa``, batch graphs) a dotted one, and where it
+  has FlexAttention (``flex-seq``, ``flex-padded``, batch graphs) a cross-hatched
+  and a back-hatched one.
 * ``e2e_speedup.png`` (from ``benchmarks/e2e.py`` JSON): training-step speedup
   (native step time / fused step time) per dataset and model; hatched ``×``
   bars: over the compiled native model (``native_compile``) where measured.
@@ -69,10 +71,15 @@ def _label_bars(ax, bars, fmt="{:.1f}x") -> None:
 
 # ------------------------------------------------------------------- kernels
 #: ``(method, key suffix)`` of the yardsticks a fused time is divided into.
-SERIES = (("pyg", ""), ("pyg-compile", "_compiled"), ("dense-sdpa", "_sdpa"))
+SERIES = (("pyg", ""), ("pyg-compile", "_compiled"), ("dense-sdpa", "_sdpa"),
+          ("flex-seq", "_flex_seq"), ("flex-padded", "_flex_padded"))
 #: Bar hatch, legend text and title key of each yardstick but eager PyG.
 SERIES_STYLE = {"_compiled": ("//", "vs compiled PyG", "hatched: PyG under torch.compile"),
-                "_sdpa": ("..", "vs dense SDPA", "dotted: dense masked SDPA")}
+                "_sdpa": ("..", "vs dense SDPA", "dotted: dense masked SDPA"),
+                "_flex_seq": ("xx", "vs FlexAttention, one sequence",
+                              "cross-hatched: FlexAttention, the batch as one sequence"),
+                "_flex_padded": ("\\\\", "vs FlexAttention, padded",
+                                 "back-hatched: FlexAttention, padded per graph")}
 
 
 def _measured(d: Dict[str, object]) -> bool:
@@ -82,8 +89,9 @@ def _measured(d: Dict[str, object]) -> bool:
 def kernel_speedups(data: Dict[str, object]) -> Dict[str, Dict[str, Dict[str, Dict[str, float]]]]:
     r"""``{model: {config: {graph: {"fwd": x, "fwd_bwd": y, "fwd_compiled": ...,
     "fwd_bwd_compiled": ..., "fwd_sdpa": ..., "fwd_bwd_sdpa": ...}}}}``: speedup of
-    ``fused-auto`` over ``pyg``, (keys ``*_compiled``) over ``pyg-compile`` and
-    (keys ``*_sdpa``) over ``dense-sdpa``; missing, failed or mismatching
+    ``fused-auto`` over ``pyg``, (keys ``*_compiled``) over ``pyg-compile``,
+    (keys ``*_sdpa``) over ``dense-sdpa`` and (keys ``*_flex_seq``, ``*_flex_padded``)
+    over ``flex-seq``, ``flex-padded``; missing, failed, mismatching or not applicable
     measurements (a ``status`` other than ``ok``) are left out."""
     out: Dict[str, Dict[str, Dict[str, Dict[str, float]]]] = {}
     rows = list(data.get("rows", [])) + list(data.get("score_rows", []))
@@ -123,7 +131,7 @@ def plot_kernels(data: Dict[str, object], path: str, dpi: int = 130) -> str:
         several = bool(present)  # more than one yardstick: legends and axis name them
         shown |= present
         # one bar per configuration and yardstick: eager PyG, then compiled PyG
-        # (hatched) and dense SDPA (dotted), where the model has them
+        # (hatched), dense SDPA (dotted) and FlexAttention, where the model has them
         suffixes = [""] + [sfx for sfx in SERIES_STYLE if sfx in present]
         series = [(cfg, s) for cfg in cfgs for s in suffixes]
         width = 0.8 / max(len(series), 1)
