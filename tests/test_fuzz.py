@@ -37,11 +37,11 @@ from typing import Optional
 import pytest
 import torch
 from torch import Tensor
-from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
 from torch_geometric.utils import add_self_loops, remove_self_loops, scatter, softmax
 
 from conftest import layer_grad_floor, rel_err_floor
-from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
@@ -51,8 +51,8 @@ pytestmark = pytest.mark.fuzz
 
 #: Device and examples per graph family of each layer test, per profile.
 PROFILES = {
-    "ci": dict(device="cpu", examples={"gt": 100, "gat": 100, "agnn": 80}),
-    "gpu": dict(device="cuda", examples={"gt": 90, "gat": 85, "agnn": 75}),
+    "ci": dict(device="cpu", examples={"gt": 100, "gat": 100, "gatv2": 60, "agnn": 80}),
+    "gpu": dict(device="cuda", examples={"gt": 90, "gat": 85, "gatv2": 80, "agnn": 75}),
 }
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2),
@@ -463,6 +463,32 @@ def test_fuzz_gat_conv(fuzz, family):
                     negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
                     bias=case["bias"], residual=case["residual"], dropout=case["dropout"])
         _run_case("gat", f"test_fuzz_gat_conv[{family}]", fuzz, case, native_cls=GATConv, fused_cls=FusedGATConv, ctor=ctor,
+                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
+                  want_alpha=case["alpha"])
+
+    case()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_gatv2_conv(fuzz, family):
+    @fuzz("gatv2", family)
+    @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
+           f_src=st.integers(1, 10), f_dst=st.integers(1, 10), concat=st.booleans(),
+           negative_slope=st.sampled_from([0.2, 0.0, 0.01, 0.5, 1.0]),
+           add_self_loops=st.booleans(), bias=st.booleans(), residual=st.booleans(),
+           share_weights=st.booleans(), dropout=st.sampled_from([0.0, 0.4]),
+           alpha=st.booleans(), **common())
+    def case(**case):
+        graph = case["graph"]
+        bip = graph.num_src != graph.num_dst
+        ctor = dict(in_channels=(case["f_src"], case["f_dst"]) if bip else case["f_src"],
+                    out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
+                    negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
+                    bias=case["bias"], residual=case["residual"], dropout=case["dropout"],
+                    share_weights=case["share_weights"] and not bip)
+        _run_case("gatv2", f"test_fuzz_gatv2_conv[{family}]", fuzz, case, native_cls=GATv2Conv,
+                  fused_cls=FusedGATv2Conv, ctor=ctor,
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
                   want_alpha=case["alpha"])

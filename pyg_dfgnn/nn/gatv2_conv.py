@@ -1,0 +1,167 @@
+"""Fused :class:`~torch_geometric.nn.conv.GATv2Conv`."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.conv import GATv2Conv
+from torch_geometric.typing import Adj, OptTensor, PairTensor
+from torch_geometric.utils import is_torch_sparse_tensor
+from torch_geometric.utils.sparse import set_sparse_value
+
+from ..layout_cache import get_layout
+from ..ops.scores.gatv2 import gatv2_attention
+from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
+                      is_sparse_tensor, kernels_missing, propagate_is_customised,
+                      use_own_propagate)
+
+
+@fused_layer
+class FusedGATv2Conv(GATv2Conv):
+    r"""Drop-in :class:`torch_geometric.nn.conv.GATv2Conv` whose attention
+    (:math:`\mathbf{a}^\top \mathrm{LeakyReLU}(\mathbf{\Theta}_s \mathbf{x}_i +
+    \mathbf{\Theta}_t \mathbf{x}_j)` -> edge softmax -> SpMM) runs as one fused
+    op, :func:`pyg_dfgnn.ops.gatv2_attention` (DF-GNN paper §3–4): no
+    ``E x H x C`` tensor of per-edge sums or messages exists, forward or
+    backward.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \alpha_{i,j}\mathbf{\Theta}_{s}\mathbf{x}_{j}, \qquad
+        \alpha_{i,j} = \mathrm{softmax}_j\left(\mathbf{a}^{\top}\mathrm{LeakyReLU}\left(
+        \mathbf{\Theta}_{s} \mathbf{x}_j + \mathbf{\Theta}_{t} \mathbf{x}_{i}
+        \right)\right)
+
+    Constructor arguments, parameters (``lin_l``, ``lin_r``, ``att``, ``res``,
+    ``bias``), initialisation and ``state_dict`` are those of
+    :class:`~torch_geometric.nn.conv.GATv2Conv`; only :meth:`forward` differs, in
+    speed and memory. With ``add_self_loops=True`` the self-loops (existing loops
+    removed, one per node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does) are
+    added once, when the graph's layout is built and cached.
+
+    Args:
+        in_channels (int or tuple), out_channels (int), heads (int, optional),
+        concat (bool, optional), negative_slope (float, optional),
+        dropout (float, optional), add_self_loops (bool, optional),
+        edge_dim (int, optional), fill_value (float or Tensor or str, optional),
+        bias (bool, optional), share_weights (bool, optional),
+        residual (bool, optional), **kwargs: as in ``GATv2Conv``.
+        strategy (str, optional): ``"auto"``, ``"smmf"`` or ``"pmf"``. Ignored on
+            CPU. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite,
+          edge indices :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a
+          sparse ``adj_t`` (``SparseTensor`` or ``torch.sparse``)
+        - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`
+          (:math:`(|\mathcal{V}_t|, F_{out})` if ``concat=False``); with
+          ``return_attention_weights=True`` also ``(edge_index, alpha)`` as PyG
+          returns them.
+
+    Falls back to PyG's own ``forward`` (same results, unfused) when:
+
+    * edge features are used (``edge_dim`` set or ``edge_attr`` given);
+    * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
+    * ``return_attention_weights=True`` with a ``torch.sparse`` input and
+      ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
+    * an uncoalesced ``torch.sparse`` COO input without self-loops, or a
+      ``torch.sparse`` layout other than COO / CSR (PyG raises);
+    * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
+      returns the weights *after* dropout, the fused op those before it;
+    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
+    * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
+      mode, registered message-passing hooks, or inputs PyG rejects.
+
+    Differences from PyG: the returned attention weights are detached from the
+    autograd graph; under autocast the attention vector enters the kernels in the
+    features' dtype (the sums stay float32).
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
+                 *args, strategy: str = "auto", **kwargs):
+        use_own_propagate(type(self))
+        super().__init__(in_channels, out_channels, *args, **kwargs)
+        self.strategy = check_strategy(strategy)
+
+    def fallback_reason(self, x, edge_index, edge_attr=None,
+                        return_attention_weights=None) -> str:
+        r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
+        if edge_attr is not None or self.lin_edge is not None or self.edge_dim is not None:
+            return "edge features (edge_dim)"
+        if propagate_is_customised(self):
+            return "flow, aggr, explain mode or message-passing hooks"
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                return "features that are not 2-D (PyG raises)"
+        elif not (isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], Tensor)
+                  and x[0].dim() == 2 and isinstance(x[1], Tensor) and x[1].dim() == 2):
+            return "bipartite features that are not two 2-D tensors (PyG raises)"
+        want_alpha = bool(return_attention_weights)
+        if want_alpha and self.training and self.dropout > 0:
+            return "attention weights while training with dropout (PyG returns them dropped)"
+        if self.add_self_loops and is_sparse_tensor(edge_index):
+            return "SparseTensor with add_self_loops (PyG's set_diag)"
+        if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
+            return "attention weights of a torch.sparse input with self-loops"
+        if not adjacency_supported(edge_index, want_alpha, self.add_self_loops):
+            return "an adjacency PyG's propagate handles itself (or rejects)"
+        return kernels_missing(self, x)
+
+    def forward(  # noqa: F811
+        self,
+        x: Union[Tensor, PairTensor],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        return_attention_weights: Optional[bool] = None,
+    ):
+        r"""Runs the forward pass (same signature and results as
+        :meth:`torch_geometric.nn.conv.GATv2Conv.forward`)."""
+        if self.fallback_reason(x, edge_index, edge_attr, return_attention_weights):
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        ok, lsize = edge_index_size(edge_index, x_src.size(0), x_dst.size(0))
+        if not ok:
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+
+        # Feature transforms, exactly as GATv2Conv.forward:
+        res = self.res(x_dst) if self.res is not None else None
+        x_l = self.lin_l(x_src).view(-1, H, C)
+        if self.share_weights and x_dst is x_src:
+            x_r = x_l
+        else:
+            x_r = self.lin_r(x_dst).view(-1, H, C)  # lin_r is lin_l with share_weights
+
+        # Under autocast the projections are half precision and att float32, so
+        # PyG's scores and sums come out float32: the kernel takes one dtype (its
+        # sums are float32), and the result is returned in PyG's dtype.
+        att = self.att.view(H, C)
+        out_dtype = torch.promote_types(att.dtype, x_l.dtype)
+        layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
+        want_alpha = bool(return_attention_weights)
+        out = gatv2_attention(layout, x_l, x_r, att.to(x_l.dtype),
+                              negative_slope=self.negative_slope, dropout=self.dropout,
+                              training=self.training, return_attention=want_alpha,
+                              strategy=self.strategy)
+        alpha = None
+        if want_alpha:
+            out, alpha = out
+            alpha = alpha.to(out_dtype)
+        out = out.to(out_dtype)
+
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+
+        if want_alpha:
+            if is_sparse_tensor(edge_index):
+                return out, edge_index.set_value(alpha, layout='coo')
+            if is_torch_sparse_tensor(edge_index):  # no self-loops here (see fallback_reason)
+                return out, (set_sparse_value(edge_index, alpha), alpha)
+            used = layout.edge_index if self.add_self_loops else edge_index
+            return out, (used, alpha)
+        return out
