@@ -607,7 +607,7 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, comp
     """GAT (additive) or AGNN (cosine): fused op vs native PyG message passing on the
     same per-node tensors; same fields as :func:`run_case`."""
     import torch.nn.functional as F
-    from torch_geometric.nn import AGNNConv, GATConv
+    from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv
     torch.manual_seed(0)
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
@@ -622,6 +622,20 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, comp
                "pyg": lambda: conv.propagate(ei, x=(x, x), alpha=conv.edge_updater(
                    ei, alpha=(a_src, a_dst), edge_attr=None, size=None), size=None)}
         leaves = (a_src, a_dst, x)
+    elif model == "gatv2":
+        x_r = torch.randn(n, H, C, device=ei.device, dtype=dtype, requires_grad=True)
+        conv = GATv2Conv(H * C, C, heads=H, add_self_loops=False).to(ei.device).to(dtype)
+        att = conv.att.view(H, C)
+
+        def pyg():
+            alpha = conv.edge_updater(ei, x=(x, x_r), edge_attr=None)
+            return conv.propagate(ei, x=(x, x_r), alpha=alpha)
+
+        fns = {"fused-auto": lambda: ops.gatv2_attention(lay, x, x_r, att),
+               "fused-smmf": lambda: ops.gatv2_attention(lay, x, x_r, att, strategy="smmf"),
+               "fused-pmf": lambda: ops.gatv2_attention(lay, x, x_r, att, strategy="pmf"),
+               "pyg": pyg}
+        leaves = (x, x_r, conv.att)
     else:
         beta = torch.ones((), device=ei.device, dtype=dtype, requires_grad=True)
         conv = AGNNConv(add_self_loops=False).to(ei.device).to(dtype)
@@ -633,7 +647,8 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, comp
     res = {"graph": name, "kind": kind, "model": model, "nodes": n, "edges": lay.num_edges,
            "max_in_degree": lay.max_in_degree, "H": H, "C": C, "dtype": str(dtype).split(".")[-1],
            "auto": ops.choose_strategy(
-               lay.max_in_degree, "additive" if model == "gat" else "cosine", x.element_size()),
+               lay.max_in_degree, {"gat": "additive", "gatv2": "gatv2"}.get(model, "cosine"),
+               x.element_size()),
            "methods": {}}
     methods = [m for m in fns if not (fused_only and m == "pyg")]
     if compiled and not fused_only:
@@ -796,6 +811,10 @@ def build_cases(graphs, models, quick=False, fused_only=False, sparse=True, comp
             cases.append(("gat", (name, ei, n, kind, 1, 128, torch.float32), skw))
             if not quick:
                 cases.append(("gat", (name, ei, n, kind, 4, 32, torch.float32), skw))
+        if "gatv2" in models:
+            cases.append(("gatv2", (name, ei, n, kind, 1, 128, torch.float32), skw))
+            if not quick:
+                cases.append(("gatv2", (name, ei, n, kind, 4, 32, torch.float32), skw))
         if "agnn" in models:
             cases.append(("agnn", (name, ei, n, kind, 1, 128, torch.float32), skw))
     return cases

@@ -82,7 +82,7 @@ from benchmarks import cli, generators, kernels, profile_backward
 #: Graphs in run order: the two batch graphs, then the power-law ones.
 BATCH_GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster"}
 GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS
-MODELS = ("gt", "gat", "agnn")
+MODELS = ("gt", "gat", "gatv2", "agnn")
 METHODS = ("pyg", "pyg-compile", "fused", "fused-compile")
 #: Compiled method -> its eager method (the layer it compiles).
 COMPILED = {"pyg-compile": "pyg", "fused-compile": "fused"}
@@ -136,7 +136,7 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
     r"""``(native, fused, fused_reason)``: the PyG layer (seeded) and its fused copy
     with the same state; ``fused_reason`` is why the fused copy falls back to PyG's
     forward (``""`` when it runs fused)."""
-    from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+    from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
 
     from pyg_dfgnn.nn import fuse
     torch.manual_seed(0)
@@ -145,6 +145,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
         native = TransformerConv(in_channels, C, heads=H)
     elif model == "gat":
         native = GATConv(in_channels, C, heads=H, add_self_loops=loops)
+    elif model == "gatv2":
+        native = GATv2Conv(in_channels, C, heads=H, add_self_loops=loops)
     elif model == "agnn":
         native = AGNNConv(add_self_loops=loops)
     else:
