@@ -44,8 +44,10 @@ endif
 endif
 
 TORCH_VERSION ?= 2.14.1
+# rdkit: the molecule tests build a few molecules from SMILES (seconds), never the
+# whole of MoleculeNet HIV
 DEPS := torch==$(TORCH_VERSION) torch_geometric tqdm pytest hypothesis matplotlib numpy scipy \
-        ninja "setuptools>=64" wheel
+        rdkit ninja "setuptools>=64" wheel
 
 DEPS_STAMP  := $(VENV)/.deps.stamp
 BUILD_STAMP := $(VENV)/.build.stamp

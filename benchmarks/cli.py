@@ -1,5 +1,6 @@
 r"""What the example and benchmark scripts share at their entry points: the help
-formatter, output files, and the one-line refusal of a script that needs a GPU.
+formatter, the ``--device`` check, output files, result tables, and the one-line
+refusal of a script that needs a GPU.
 
 (The ``--data`` option and the exit on missing data are in
 :mod:`benchmarks.datasets`.)
@@ -10,9 +11,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
-__all__ = ["HelpFormatter", "out_file", "require_kernels", "pick_device"]
+__all__ = ["HelpFormatter", "add_run_arguments", "parse_device", "out_file", "table",
+           "require_kernels", "pick_device"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -26,6 +28,48 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 or action.default is None or action.default is argparse.SUPPRESS):
             return text
         return text + " (default: %(default)s)"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, results: str) -> None:
+    r"""Adds the training examples' ``--device`` (check it with
+    :func:`parse_device`), ``--json PATH`` (what it holds: ``results``) and
+    ``--no-progress``."""
+    parser.add_argument("--device", default=None,
+                        help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
+                             "available, else cpu)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help=f"write the results ({results}) to PATH (default: not written)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no tqdm progress bar (for logs and non-interactive runs)")
+
+
+def parse_device(parser: argparse.ArgumentParser, device: Optional[str]):
+    r"""The :class:`torch.device` of a training example's ``--device``: ``device``,
+    else ``cuda`` where a GPU is visible, else ``cpu``. A device this machine lacks
+    ends in ``parser.error`` (one line, exit status 2) before any work starts."""
+    import torch
+
+    try:
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        parser.error(f"--device {device}: {e}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"--device {device}: no CUDA GPU is available here "
+                         f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                         "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            parser.error(f"--device {device}: only {torch.cuda.device_count()} GPU(s) here")
+    return dev
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    r"""``rows`` (the first one the header) as a plain-text table, columns padded
+    and separated by ``|``, a rule under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines: List[str] = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def out_file(path: Union[str, os.PathLike]) -> Path:

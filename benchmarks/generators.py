@@ -20,7 +20,7 @@ Parameters follow the original generators (as summarised in the data folder's
   average degree about 5.65, low maximum degree).
 * :func:`power_law_graph`: Chung-Lu graphs with a given number of nodes,
   average and maximum in-degree (Reddit-, Protein- and ppa-like super-node
-  graphs).
+  graphs); :func:`power_law_edge_graph` adds random edge features.
 * :func:`describe` prints (and returns) nodes, edges and the average / maximum
   in-degree of any generator's output next to the published numbers
   (:data:`PUBLISHED`); :func:`expected_stats` gives what the construction
@@ -42,7 +42,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["SBM_PARAMS", "KNN_PARAMS", "PUBLISHED", "sbm_graph", "sbm_batch", "sbm_dataset",
-           "knn_graph_points", "knn_batch", "knn_dataset", "power_law_graph", "graph_stats",
+           "knn_graph_points", "knn_batch", "knn_dataset", "power_law_graph",
+           "power_law_edge_graph", "graph_stats",
            "describe", "expected_stats", "summary"]
 
 
@@ -536,6 +537,27 @@ def power_law_graph(num_nodes: int, avg_degree: float, max_degree: int, seed: in
     src = torch.multinomial(w, E, replacement=True, generator=g)
     perm = torch.randperm(num_nodes, generator=g, device=device)
     return torch.stack([perm[src], perm[dst]])
+
+
+def power_law_edge_graph(num_nodes: int, avg_degree: float, max_degree: int,
+                         edge_dim: int = 16, seed: int = 0,
+                         device: Optional[torch.device] = None):
+    r""":func:`power_law_graph` with a random feature per edge: the super-node
+    graph of the edge-feature benchmarks (``edge_dim = 16``).
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``edge_index`` (the same as
+        ``power_law_graph(num_nodes, avg_degree, max_degree, seed)``),
+        ``edge_attr`` ``[E, edge_dim]`` float32 standard normal (from its own
+        generator, seeded with ``seed``) and ``num_nodes``.
+    """
+    from torch_geometric.data import Data
+
+    edge_index = power_law_graph(num_nodes, avg_degree, max_degree, seed, device)
+    g = torch.Generator(device=edge_index.device)
+    g.manual_seed(seed)
+    edge_attr = torch.randn(edge_index.size(1), edge_dim, generator=g, device=edge_index.device)
+    return Data(edge_index=edge_index, edge_attr=edge_attr, num_nodes=num_nodes)
 
 
 # ============================================================== statistics

@@ -277,32 +277,14 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                         "pmf (edge-parallel scores) or auto, the package's choice per graph "
                         "(default: auto)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--device", default=None,
-                   help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, "
-                        "else cpu)")
-    p.add_argument("--json", metavar="PATH", default=None,
-                   help="write the results (config, per-impl metrics, per-epoch losses) to PATH "
-                        "(default: not written)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no tqdm progress bar (for logs and non-interactive runs)")
+    cli.add_run_arguments(p, "config, per-impl metrics, per-epoch losses")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.epochs < 1:
         p.error("--epochs must be >= 1")
-    try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as e:
-        p.error(f"--device {args.device}: {e}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            p.error(f"--device {args.device}: no CUDA GPU is available here "
-                    f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
-                    "use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            p.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) here")
-    args.device = device
+    args.device = cli.parse_device(p, args.device)
     return args
 
 
@@ -314,13 +296,6 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed)
     except ImportError:  # pragma: no cover
         pass
-
-
-def _fmt_table(rows: List[List[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Dict[str, object]:
@@ -402,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
             "pure-PyTorch reference path on the CPU (times say nothing about the kernels)"
             if device.type == "cpu" else
             "PyG's own forward: no compiled kernels (python -m pyg_dfgnn info)"))
-    print(_fmt_table(rows))
+    print(cli.table(rows))
 
     if args.json:
         path = Path(args.json)

@@ -4,6 +4,7 @@ $PYG_DFGNN_DATA)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,104 @@ def test_failed_download_keeps_what_was_there(monkeypatch, tmp_path):
     with pytest.raises(datasets.DataUnavailable):
         datasets.tu_dataset("MUTAG")
     assert keep.read_text() == "x"
+
+
+# ------------------------------------------------------------ MoleculeNet HIV
+def _rdkit():
+    return pytest.importorskip("rdkit", reason=f"needs RDKit ({datasets.RDKIT_HINT})")
+
+
+def _hiv_rows(root: Path, n: int):
+    """The first n rows of HIV.csv whose SMILES RDKit parses into atoms, read
+    with the csv module (an independent reading of the file)."""
+    import csv
+    from rdkit import Chem, RDLogger
+    RDLogger.DisableLog("rdApp.*")
+    rows = []
+    with open(root / "MoleculeNet" / "hiv" / "raw" / "HIV.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            mol = Chem.MolFromSmiles(row["smiles"])
+            if mol is not None and mol.GetNumAtoms() > 0:
+                rows.append(row)
+            if len(rows) == n:
+                return rows
+
+
+@needs_data
+def test_hiv_first_molecules_leave_the_data_folder_alone(monkeypatch):
+    _rdkit()
+    root = datasets.data_dir()
+    before = _snapshot(root)
+    monkeypatch.setattr(datasets, "_COPIES", {})
+    monkeypatch.setattr(datasets, "_TMP_ROOT", None)
+    # Row 137 of HIV.csv gives no atom: the 140 molecules span 141 rows.
+    ds = datasets.load("moleculenet-hiv", limit=140)
+    rows = _hiv_rows(root, 140)
+    assert len(ds) == 140 and list(ds.smiles) == [r["smiles"] for r in rows]
+    assert ds.y.view(-1).tolist() == [float(r["HIV_active"]) for r in rows]
+    g = ds[139]
+    assert g.x.dtype == g.edge_attr.dtype == torch.long
+    assert g.x.size(1) == 9 and g.edge_attr.shape == (g.edge_index.size(1), 3)
+    assert g.is_undirected() and g.y.shape == (1, 1)
+    assert _snapshot(root) == before and not (root / "MoleculeNet" / "hiv" / "processed").exists()
+
+
+@needs_data
+def test_hiv_batch():
+    _rdkit()
+    batch = datasets.hiv_batch(128)
+    assert batch.num_graphs == 128 and batch.y.shape == (128, 1)
+    assert batch.edge_attr.shape == (batch.edge_index.size(1), 3)
+    assert batch.x.shape == (batch.num_nodes, 9)
+    assert 15 < batch.num_nodes / 128 < 40  # about 25.5 atoms per molecule in HIV
+
+
+def test_hiv_failed_download_is_two_lines(monkeypatch, tmp_path):
+    _rdkit()
+    from torch_geometric.datasets import MoleculeNet
+
+    def offline(self):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(MoleculeNet, "download", offline)
+    monkeypatch.delenv(datasets.ENV_DATA, raising=False)
+    monkeypatch.setenv(datasets.ENV_CACHE, str(tmp_path))
+    with pytest.raises(datasets.DataUnavailable) as e:
+        datasets.moleculenet_hiv(limit=10)
+    assert len(str(e.value).splitlines()) == 2
+    assert "MoleculeNet/hiv/raw/HIV.csv" in str(e.value)
+    assert not (tmp_path / "MoleculeNet").exists()
+
+
+def test_hiv_without_rdkit_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "rdkit", None)  # import rdkit raises ImportError
+    with pytest.raises(ModuleNotFoundError) as e:
+        datasets.moleculenet_hiv()
+    assert "pip install rdkit" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ModuleNotFoundError, match="pip install rdkit"):
+        datasets.scaffold_split(["CCO"])
+
+
+def test_scaffold_split_groups_scaffolds_as_ogb():
+    """OGB's rule on 11 molecules: scaffold groups largest first (benzene 4,
+    acyclic 3, pyridine 2, then naphthalene and cyclohexane, 1 each, the later
+    first molecule first), each into train while train stays <= 80 % (8.8),
+    else into validation while train + validation stays <= 90 % (9.9), else
+    into test."""
+    _rdkit()
+    smiles = ["Cc1ccccc1", "CCO", "Cc1ccncc1", "Oc1ccccc1", "CC1CCCCC1", "CCN",
+              "Nc1ccccc1", "Oc1ccncc1", "Cc1ccc2ccccc2c1", "CCCC", "CCc1ccccc1"]
+    # benzene 0 3 6 10, acyclic 1 5 9, pyridine 2 7, cyclohexane 4, naphthalene 8
+    split = datasets.scaffold_split(smiles)
+    assert {k: v.tolist() for k, v in split.items()} == {
+        "train": [0, 1, 3, 5, 6, 8, 9, 10], "val": [2, 7], "test": [4]}
+    again = datasets.scaffold_split(smiles)
+    assert all(torch.equal(split[k], again[k]) for k in split)
+
+
+def test_random_split_is_seeded_disjoint_and_covering():
+    a, b, c = (datasets.random_split(1000, seed=s) for s in (1, 1, 2))
+    assert [len(a[k]) for k in ("train", "val", "test")] == [800, 100, 100]
+    assert torch.equal(torch.cat(list(a.values())).sort().values, torch.arange(1000))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["test"], c["test"])

@@ -170,6 +170,20 @@ def test_power_law_statistics(n, avg, mx):
     assert st["max_in_degree"] == pytest.approx(mx, rel=0.15)
 
 
+def test_power_law_edge_graph():
+    """The power-law graph of the edge-feature benchmarks: the same edges as
+    power_law_graph, one random D = 16 feature row per edge, seeded."""
+    data = G.power_law_edge_graph(2_000, 20, 300, seed=3)
+    assert torch.equal(data.edge_index, G.power_law_graph(2_000, 20, 300, seed=3))
+    assert data.num_nodes == 2_000
+    assert data.edge_attr.shape == (40_000, 16) and data.edge_attr.dtype == torch.float32
+    assert data.edge_attr.std().item() == pytest.approx(1.0, rel=0.05)
+    assert torch.equal(G.power_law_edge_graph(2_000, 20, 300, seed=3).edge_attr, data.edge_attr)
+    other = G.power_law_edge_graph(2_000, 20, 300, edge_dim=4, seed=4)
+    assert other.edge_attr.shape == (40_000, 4) and not torch.equal(
+        other.edge_attr, data.edge_attr[:, :4])
+
+
 def test_power_law_rejects_bad_degrees():
     with pytest.raises(ValueError):
         G.power_law_graph(100, 50, 10)

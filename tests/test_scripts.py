@@ -18,6 +18,7 @@ SCRIPTS = {
     "examples/train.py": lambda: load_script("examples/train.py").parse_args,
     "examples/train_minibatch.py": lambda: load_script("examples/train_minibatch.py").main,
     "examples/multi_gpu.py": lambda: load_script("examples/multi_gpu.py").parse_args,
+    "examples/train_molhiv.py": lambda: load_script("examples/train_molhiv.py").parse_args,
     "benchmarks.kernels": lambda: load_benchmark("kernels").main,
     "benchmarks.layers": lambda: load_benchmark("layers").parse_args,
     "benchmarks.e2e": lambda: load_benchmark("e2e").parse_args,
