@@ -2,7 +2,7 @@
 
 Runs every kernel family once per path on small graphs, forward and backward,
 and checks each result against the float64 reference, so that a sanitizer run
-covers: GT / GAT / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
+covers: GT / GAT / GATv2 / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``); attention
@@ -152,6 +152,34 @@ def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
         _check(f"{name} d{nm}", got, want, tol)
 
 
+def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None):
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
+    x_l = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    x_r = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    att = (torch.randn(H, C, device=DEV) / C ** 0.5).to(dtype).requires_grad_()
+    g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
+    with _path(bwd_launches=bwd):
+        out = ops.gatv2_attention(lay, x_l, x_r, att, dropout=dropout, training=dropout > 0,
+                                  strategy=strategy)
+        out.backward(g)
+    torch.cuda.synchronize()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    if dropout > 0:
+        ok = all(torch.isfinite(t).all() for t in (out, x_l.grad, x_r.grad, att.grad))
+        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            FAILURES.append((name, float("nan")))
+        return
+    lay64 = lay.to("cpu")
+    t64 = [t.detach().double().cpu().requires_grad_() for t in (x_r, x_l, att)]
+    ref, _ = ops.spec.get("gatv2").reference(lay64, t64, (0.2,), 0.0, False)
+    ref.backward(g.double().cpu())
+    _check(name + " out", out, ref, tol)
+    for nm, got, want in (("x_r", x_r.grad, t64[0].grad), ("x_l", x_l.grad, t64[1].grad),
+                          ("att", att.grad, t64[2].grad)):
+        _check(f"{name} d{nm}", got, want, tol)
+
+
 def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n), add_self_loops=True)
     x = torch.randn(n, C, device=DEV, dtype=dtype, requires_grad=True)
@@ -279,6 +307,15 @@ def main(argv=None) -> int:
             gat_case(f"gat {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat)
         gat_case(f"gat {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16)
         gat_case(f"gat {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4)
+    print("GATv2")
+    for kind in ("small", "super_node", "bipartite", "batch"):
+        for strat in ("smmf", "pmf"):
+            for bwd in (1, 2):
+                gatv2_case(f"gatv2 {kind} {strat} fp32 H2C32 bwd{bwd}", *G[kind], 2, 32, f32,
+                           strat, bwd=bwd)
+            gatv2_case(f"gatv2 {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat)
+        gatv2_case(f"gatv2 {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16)
+        gatv2_case(f"gatv2 {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4)
     if not args.no_layers:
         print("layers")
         for dt in (b16, f16):
@@ -295,6 +332,7 @@ def main(argv=None) -> int:
         ei, n, _ = _graph("large", gen)
         gt_case("gt large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
         gat_case("gat large smmf fp32 H1C32", ei, n, n, 1, 32, f32)
+        gatv2_case("gatv2 large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
     print(f"{len(FAILURES)} failed")
     for name, err in FAILURES:
         print(f"FAIL {name}: {err:.3e}")
