@@ -100,6 +100,41 @@ def kernels_missing(layer, x) -> str:
     return f"no fused CUDA kernels ({reason})"
 
 
+def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights,
+                        dst_optional: bool) -> str:
+    r"""Why a ``GATConv``-like layer (``GATConv``, ``GATv2Conv``) runs PyG's
+    ``forward`` for this call, ``""`` when it runs fused: edge features, a
+    customised ``propagate``, features PyG rejects (``dst_optional``: a bipartite
+    pair may leave the destination features ``None``), attention weights PyG
+    returns after dropout or in a rebuilt sparse matrix, a ``SparseTensor`` with
+    self-loops, an adjacency the layout does not see as PyG does, or missing
+    kernels."""
+    if edge_attr is not None or conv.lin_edge is not None or conv.edge_dim is not None:
+        return "edge features (edge_dim)"
+    if propagate_is_customised(conv):
+        return "flow, aggr, explain mode or message-passing hooks"
+    if isinstance(x, Tensor):
+        if x.dim() != 2:
+            return "features that are not 2-D (PyG raises)"
+    elif isinstance(x, (tuple, list)) and len(x) == 2:
+        ok_dst = ((dst_optional and x[1] is None) or
+                  (isinstance(x[1], Tensor) and x[1].dim() == 2))
+        if not (isinstance(x[0], Tensor) and x[0].dim() == 2 and ok_dst):
+            return "bipartite features that are not 2-D (PyG raises)"
+    else:
+        return "features that are not a tensor or a pair of tensors"
+    want_alpha = bool(return_attention_weights)
+    if want_alpha and conv.training and conv.dropout > 0:
+        return "attention weights while training with dropout (PyG returns them dropped)"
+    if conv.add_self_loops and is_sparse_tensor(edge_index):
+        return "SparseTensor with add_self_loops (PyG's set_diag)"
+    if want_alpha and conv.add_self_loops and is_torch_sparse_tensor(edge_index):
+        return "attention weights of a torch.sparse input with self-loops"
+    if not adjacency_supported(edge_index, want_alpha, conv.add_self_loops):
+        return "an adjacency PyG's propagate handles itself (or rejects)"
+    return kernels_missing(conv, x)
+
+
 def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")

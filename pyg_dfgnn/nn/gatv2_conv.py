@@ -12,9 +12,8 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from ..layout_cache import get_layout
 from ..ops.scores.gatv2 import gatv2_attention
-from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
-                      is_sparse_tensor, kernels_missing, propagate_is_customised,
-                      use_own_propagate)
+from ._common import (check_strategy, edge_index_size, fused_layer, gat_fallback_reason,
+                      is_sparse_tensor, use_own_propagate)
 
 
 @fused_layer
@@ -88,26 +87,8 @@ class FusedGATv2Conv(GATv2Conv):
     def fallback_reason(self, x, edge_index, edge_attr=None,
                         return_attention_weights=None) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
-        if edge_attr is not None or self.lin_edge is not None or self.edge_dim is not None:
-            return "edge features (edge_dim)"
-        if propagate_is_customised(self):
-            return "flow, aggr, explain mode or message-passing hooks"
-        if isinstance(x, Tensor):
-            if x.dim() != 2:
-                return "features that are not 2-D (PyG raises)"
-        elif not (isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], Tensor)
-                  and x[0].dim() == 2 and isinstance(x[1], Tensor) and x[1].dim() == 2):
-            return "bipartite features that are not two 2-D tensors (PyG raises)"
-        want_alpha = bool(return_attention_weights)
-        if want_alpha and self.training and self.dropout > 0:
-            return "attention weights while training with dropout (PyG returns them dropped)"
-        if self.add_self_loops and is_sparse_tensor(edge_index):
-            return "SparseTensor with add_self_loops (PyG's set_diag)"
-        if want_alpha and self.add_self_loops and is_torch_sparse_tensor(edge_index):
-            return "attention weights of a torch.sparse input with self-loops"
-        if not adjacency_supported(edge_index, want_alpha, self.add_self_loops):
-            return "an adjacency PyG's propagate handles itself (or rejects)"
-        return kernels_missing(self, x)
+        return gat_fallback_reason(self, x, edge_index, edge_attr, return_attention_weights,
+                                   dst_optional=False)
 
     def forward(  # noqa: F811
         self,
