@@ -90,7 +90,7 @@ else
 	@echo "pyg_dfgnn: $(if $(CUDA_EXT_DETECTED),no GPU seen,CUDA_EXT=0): installing without compiling the CUDA extension (CUDA_EXT=1 compiles it)"
 	PYG_DFGNN_NO_EXT=1 $(PIP) install --no-build-isolation --no-deps -e .
 endif
-	@$(PY) -c "from pyg_dfgnn import _ext; print('pyg_dfgnn: extension', 'loaded' if _ext.HAS_EXTENSION else _ext.missing_reason())"
+	@$(PY) -c "from pyg_dfgnn import extension as e; print('pyg_dfgnn: extension', 'loaded' if e.HAS_EXTENSION else e.missing_reason())"
 	touch $@
 
 train: venv
