@@ -4,6 +4,7 @@ and 2 GPUs (DistributedDataParallel, NCCL).
     python -m benchmarks.multi_gpu                  # node and graph task, fused and native
     python -m benchmarks.multi_gpu --oversubscribe  # one GPU: also 2 ranks on it (gloo)
     python -m benchmarks.multi_gpu --tasks graph --world-sizes 1 2 4 --out out/ddp
+    python -m benchmarks.multi_gpu --tasks graph --batch-sizes 64 512 --amp none bf16 --time-split
 
 Each configuration (task x implementation x world size) trains
 ``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
@@ -55,8 +56,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="run world sizes above the number of GPUs with ranks sharing GPUs")
     p.add_argument("--steps", type=int, default=40, help="training steps per run")
     p.add_argument("--warmup", type=int, default=10, help="of which the first are not timed")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="per rank (default: 1024 seeds for node, 64 graphs for graph)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="per rank, each a run (default: 1024 seeds for node, 64 graphs for "
+                        "graph)")
+    p.add_argument("--amp", nargs="+", choices=("none", "bf16"), default=["none"],
+                   help="precisions, each a run: none (fp32) or bf16 autocast")
+    p.add_argument("--time-split", action="store_true",
+                   help="also report data / compute / all-reduce time per step (each step "
+                        "then synchronises)")
     p.add_argument("--hidden", type=int, default=32, help="channels per head")
     p.add_argument("--workers", type=int, default=4, help="data loader workers per rank")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
@@ -68,16 +75,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dict[str, object]:
+def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: int,
+            out: Path) -> Dict[str, object]:
     """Trains one configuration; returns the example's report, or an ``error``."""
-    batch = args.batch_size or BATCH_SIZE[task]
-    path = out / f"{task}_{args.model}_{impl}_{world}.json"
+    path = out / f"{task}_{args.model}_{impl}_{world}_b{batch}_{amp}.json"
     cmd = [sys.executable, str(EXAMPLE), "--task", task, "--model", args.model, "--impl", impl,
            "--device", "cuda", "--nprocs", str(world), "--epochs", "1",
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--batch-size", str(batch), "--hidden", str(args.hidden),
            "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
-           "--json", str(path)]
+           "--amp", amp, "--json", str(path)]
+    if args.time_split:
+        cmd.append("--time-split")
     if args.data:
         cmd += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
@@ -85,7 +94,8 @@ def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dic
     if world > gpus:
         cmd.append("--oversubscribe")
     print(" ".join(cmd[1:]), flush=True)
-    base = {"task": task, "model": args.model, "impl": impl, "world_size": world}
+    base = {"task": task, "model": args.model, "impl": impl, "world_size": world,
+            "batch_size_per_rank": batch, "amp": amp}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -103,23 +113,27 @@ def run_one(args, task: str, impl: str, world: int, gpus: int, out: Path) -> Dic
 
 def table(reports: List[Dict[str, object]]) -> str:
     """Markdown table with the scaling over one rank and fused over native."""
-    thr = {(r["task"], r["impl"], r["world_size"]): r.get("throughput")
-           for r in reports if "error" not in r}
-    rows = ["| task | model | impl | ranks | backend | throughput | vs 1 rank | fused / native "
-            "| note |", "|---|---|---|---|---|---|---|---|---|"]
+    def key(r, impl=None, world=None):
+        return (r["task"], r["batch_size_per_rank"], r["amp"], impl or r["impl"],
+                world or r["world_size"])
+    thr = {key(r): r.get("throughput") for r in reports if "error" not in r}
+    rows = ["| task | batch / rank | amp | impl | ranks | throughput | vs 1 rank | fused / native "
+            "| data ms | compute ms | all-reduce ms | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
-        key = (r["task"], r["impl"], r["world_size"])
+        head = (f"| {r['task']} | {r['batch_size_per_rank']} | {r['amp']} | {r['impl']} | "
+                f"{r['world_size']} |")
         if "error" in r:
-            rows.append(f"| {r['task']} | {r['model']} | {r['impl']} | {r['world_size']} | | "
-                        f"| | | failed: {r['error']} |")
+            rows.append(f"{head} | | | | | | failed: {r['error']} |")
             continue
-        one = thr.get((r["task"], r["impl"], 1))
-        native = thr.get((r["task"], "native", r["world_size"]))
+        one = thr.get(key(r, world=1))
+        native = thr.get(key(r, impl="native"))
         scale = f"{r['throughput'] / one:.2f}x" if one else ""
         ratio = f"{r['throughput'] / native:.2f}x" if native and r["impl"] == "fused" else ""
+        split = " | ".join(f"{r[k]:.2f}" if k in r else "" for k in
+                           ("data_ms", "compute_ms", "allreduce_ms"))
         note = "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else ""
-        rows.append(f"| {r['task']} | {r['model']} | {r['impl']} | {r['world_size']} | "
-                    f"{r['backend']} | {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} "
+        rows.append(f"{head} {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} | {split} "
                     f"| {note} |")
     return "\n".join(rows)
 
@@ -138,8 +152,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             if world > gpus and not args.oversubscribe:
                 print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares them)")
                 continue
-            for impl in args.impls:
-                reports.append(run_one(args, task, impl, world, gpus, out))
+            for batch in args.batch_sizes or [BATCH_SIZE[task]]:
+                for amp in args.amp:
+                    for impl in args.impls:
+                        reports.append(run_one(args, task, impl, world, batch, amp, gpus, out))
     nccl = torch.cuda.nccl.version()
     result = {
         # From a run's report: this process leaves the GPUs to the runs (no CUDA context).

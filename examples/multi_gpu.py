@@ -109,6 +109,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="data loader worker processes per rank (default: 0)")
     p.add_argument("--warmup", type=int, default=None,
                    help="first steps left out of the throughput (default: 3)")
+    p.add_argument("--amp", choices=("none", "bf16"), default="none",
+                   help="bf16: forward and loss under torch.autocast in bfloat16 (default: none)")
+    p.add_argument("--time-split", action="store_true",
+                   help="synchronise after each batch transfer and each step to report the "
+                        "median data and compute (forward, backward, all-reduce, optimiser) "
+                        "time per step, and time an all-reduce of the gradients alone")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--check-params", action="store_true",
                    help="at the end, all-gather a checksum of the parameters and fail unless "
@@ -284,6 +290,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
 
         step, samples, t0, loss = 0, 0, None, torch.zeros(())
+        data_s: List[float] = []
+        compute_s: List[float] = []
         for epoch in range(args.epochs):
             if sampler is not None:
                 sampler.set_epoch(epoch)
@@ -292,17 +300,30 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
                        disable=rank != 0 or args.no_progress, dynamic_ncols=True,
                        file=sys.stderr)
             ddp.train()
+            t_data = time.perf_counter()
             for i, batch in enumerate(train_loader):
                 if i == n_steps:
                     break
                 if step == args.warmup:  # timing starts after the warm-up steps
                     _sync(device)
                     t0, samples = time.perf_counter(), 0
+                batch = batch.to(device)
+                if args.time_split:
+                    _sync(device)
+                    t_step = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                out, y, n = _outputs(ddp, batch.to(device), args.task)
-                loss = F.cross_entropy(out, y)
+                with torch.autocast(device.type, dtype=torch.bfloat16,
+                                    enabled=args.amp == "bf16"):
+                    out, y, n = _outputs(ddp, batch, args.task)
+                    loss = F.cross_entropy(out.float(), y)
                 loss.backward()
                 opt.step()
+                if args.time_split:
+                    _sync(device)
+                    if step >= args.warmup:
+                        data_s.append(t_step - t_data)
+                        compute_s.append(time.perf_counter() - t_step)
+                    t_data = time.perf_counter()
                 step, samples = step + 1, samples + n
                 bar.update()
                 if rank == 0 and (i % 10 == 0 or i == n_steps - 1):
@@ -311,6 +332,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         _sync(device)
         elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
 
+        split = _time_split(model, data_s, compute_s, comm, world) if args.time_split else {}
         correct, total = _evaluate(model, test_loader, args, device)
         stats = torch.tensor([correct, total, samples, loss.item()], dtype=torch.float64,
                              device=comm)
@@ -345,7 +367,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "unit": "seeds/s" if args.task == "node" else "graphs/s",
         "throughput": samples / slowest.item() if step > args.warmup else math.nan,
         "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
-        "param_checksum_initial": initial,
+        "param_checksum_initial": initial, "amp": args.amp, **split,
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
           f"{step} steps, final loss {report['final_loss']:.4f}, test accuracy "
@@ -358,6 +380,31 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
 
 
 @torch.no_grad()
+def _time_split(model, data_s, compute_s, comm, world: int) -> Dict[str, float]:
+    r"""The slowest rank's median data and compute time per step (ms), and the
+    median time of one all-reduce of a buffer as large as the model's gradients
+    (ms, ``0`` on one rank): DDP overlaps that all-reduce with the backward, so it
+    bounds what communication adds to a step."""
+    import statistics
+    med = torch.tensor([statistics.median(data_s) if data_s else math.nan,
+                        statistics.median(compute_s) if compute_s else math.nan],
+                       dtype=torch.float64, device=comm)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    allreduce = 0.0
+    if world > 1:
+        grads = torch.randn(sum(p.numel() for p in model.parameters()), device=comm)
+        times = []
+        for _ in range(25):
+            _sync(comm)
+            t = time.perf_counter()
+            dist.all_reduce(grads)
+            _sync(comm)
+            times.append(time.perf_counter() - t)
+        allreduce = statistics.median(times[5:]) * 1e3
+    return {"data_ms": med[0].item() * 1e3, "compute_ms": med[1].item() * 1e3,
+            "allreduce_ms": allreduce}
+
+
 def _evaluate(model, loader, args, device) -> tuple:
     """This rank's ``(correct, total)`` test predictions (nodes)."""
     model.eval()

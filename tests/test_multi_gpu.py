@@ -328,3 +328,64 @@ def test_ddp_two_processes_on_one_gpu(tmp_path):
                    "--nprocs", "2", "--oversubscribe", env={"CUDA_VISIBLE_DEVICES": "0"})
     _check_ddp_report(rep, 2)
     assert rep["backend"] == "gloo"
+
+
+def _two_nodes(tmp_path, *args, timeout=300):
+    """Two torchrun agents on this host as two "nodes" of one process each, meeting
+    at a c10d rendezvous on 127.0.0.1 (what a multi-node launch does, one agent
+    per machine); returns node 0's rank-0 report."""
+    import socket
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in range(2):
+        out = tmp_path / f"node{node}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+               str(EXAMPLE), *args, "--quick", "--check-params", "--no-progress",
+               "--json", str(out)]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(node)} if "cuda" in args else None
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    reports = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("node*.json"))]
+    assert len(reports) == 1, "only global rank 0 reports"
+    return reports[0]
+
+
+def test_two_torchrun_nodes_on_cpu(tmp_path):
+    rep = _two_nodes(tmp_path, "--task", "graph", "--device", "cpu")
+    _check_ddp_report(rep, 2)
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_two_torchrun_nodes_on_two_gpus(tmp_path):
+    rep = _two_nodes(tmp_path, "--task", "graph", "--device", "cuda")
+    _check_ddp_report(rep, 2)
+    assert rep["backend"] == "nccl"
+
+
+def test_time_split_and_bf16_autocast_on_cpu(tmp_path):
+    rep = _example(tmp_path, "--task", "graph", "--device", "cpu", "--nprocs", "2",
+                   "--amp", "bf16", "--time-split")
+    _check_ddp_report(rep, 2)
+    assert rep["amp"] == "bf16"
+    assert rep["compute_ms"] > 0 and rep["data_ms"] >= 0 and rep["allreduce_ms"] > 0
+
+
+def test_benchmark_table_scales_over_one_rank_and_native():
+    table = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["table"]
+    runs = [dict(task="graph", model="gat", impl=impl, world_size=w, batch_size_per_rank=64,
+                 amp="none", throughput=t, unit="graphs/s", data_ms=1.0, compute_ms=2.0,
+                 allreduce_ms=0.5)
+            for impl, w, t in (("fused", 1, 100.0), ("native", 1, 50.0), ("fused", 2, 180.0),
+                               ("native", 2, 60.0))]
+    runs.append(dict(task="graph", model="gat", impl="fused", world_size=4,
+                     batch_size_per_rank=64, amp="none", error="timed out"))
+    rows = table(runs).splitlines()
+    assert "| 1.80x | 3.00x |" in rows[4]  # fused, 2 ranks: over 1 rank, over native
+    assert "failed: timed out" in rows[-1]
