@@ -90,9 +90,10 @@ HEADS, CHANNELS = 1, 128
 PROFILE_STEPS = 5
 #: Bytes of the L2 flush before each profiled step (the H100's L2 is 50 MB).
 FLUSH_BYTES = 256 * 2**20
-#: The backward kernels (``cuda/kernels/gt_backward.cu``, ``gat_backward.cu``).
-NCU_KERNELS = "gt_bwd_dsum_kernel|gt_bwd_dq_kernel|gt_bwd_dkv_kernel|" \
-              "gt_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
+#: The backward kernels (``cuda/kernels/row_backward.cuh``, ``row_dsum.cuh``,
+#: ``gt_backward_mma.cu``, ``gat_backward.cu``).
+NCU_KERNELS = "row_bwd_dsum_kernel|row_bwd_dq_kernel|row_bwd_dkv_kernel|" \
+              "row_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
               "gat_bwd_dst_kernel|gat_bwd_src_kernel"
 #: A few counters: each needs replays of the kernel, so the set stays small.
 NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -106,10 +107,12 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_wr
 NCU_BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
 #: Kernel name (the function, without namespaces and template arguments) -> phase of
 #: :func:`byte_model`.
-KERNEL_PHASE = {"gt_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
-                "gt_fwd_dense_kernel": "gt_fwd", "gt_bwd_dsum_kernel": "gt_bwd_dsum",
-                "gt_bwd_dq_kernel": "gt_bwd_dq",
-                "gt_bwd_dkv_kernel": "gt_bwd_dkv", "gt_bwd_one_launch_kernel": "gt_bwd_one_launch",
+# The row_* walks are every walked score's (kernels/row_*.cuh); the GT model's
+# calls run them over the dot score.
+KERNEL_PHASE = {"row_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
+                "gt_fwd_dense_kernel": "gt_fwd", "row_bwd_dsum_kernel": "gt_bwd_dsum",
+                "row_bwd_dq_kernel": "gt_bwd_dq",
+                "row_bwd_dkv_kernel": "gt_bwd_dkv", "row_bwd_one_launch_kernel": "gt_bwd_one_launch",
                 "gt_bwd_dq_mma_kernel": "gt_bwd_dq", "gt_bwd_dkv_mma_kernel": "gt_bwd_dkv",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
@@ -210,7 +213,7 @@ def summarize_phases(phases: dict) -> dict:
 # ------------------------------------------------------------- kernel names
 def short_name(name: str) -> str:
     """The function of a demangled kernel name: ``void ns::(anonymous
-    namespace)::gt_bwd_dq_kernel<...>(...)`` -> ``gt_bwd_dq_kernel``; ATen's
+    namespace)::row_bwd_dq_kernel<...>(...)`` -> ``row_bwd_dq_kernel``; ATen's
     elementwise and reduction kernels keep their functor
     (``vectorized_elementwise_kernel/FillFunctor``)."""
     s = name.strip().replace("(anonymous namespace)::", "")

@@ -11,7 +11,7 @@ fp32 forward of larger graphs; the GT layer's backward writing into the
 projections' joined gradient.
 
 Paths are forced through :func:`pyg_dfgnn.ops.plan.override`. Exits non-zero on a
-wrong result. Usage: ``python benchmarks/sanitize.py [--quick]``.
+wrong result. Usage, from the repository root: ``python -m benchmarks.sanitize [--quick]``.
 """
 from __future__ import annotations
 

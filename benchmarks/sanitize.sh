@@ -42,7 +42,7 @@ for tool in $tools; do
   [ "$tool" = initcheck ] && args+=(--no-layers)
   t0=$(date +%s)
   "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
-    "$PYTHON" benchmarks/sanitize.py "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
+    "$PYTHON" -m benchmarks.sanitize "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
   failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)

@@ -8,7 +8,8 @@ import torch
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import calls, plan, reference
-from test_cuda_gt import DEV, GRAPHS, assert_matches_ref, poison, random_graph, rel_err
+from test_cuda_gt import (DEV, GRAPHS, assert_matches_ref, opcheck_plan_op, poison,
+                          random_graph, rel_err)
 
 pytestmark = pytest.mark.cuda
 
@@ -252,7 +253,7 @@ def test_opcheck_and_bad_input(pmf):
     lay, a_src, a_dst, x = make("super_node", 2, 32, torch.float32)
     args = ops.op_args("additive", lay, [a_dst, a_src, x], (0.2,), need_attn=True,
                        strategy="pmf" if pmf else "smmf")
-    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
     bad = [list(args[0])] + list(args[1:])
     bad[0][1] = a_src.detach().half()
     with pytest.raises(RuntimeError, match="a_src has dtype"):
@@ -381,7 +382,7 @@ def test_cosine_op_opcheck_and_bad_input():
     x = torch.randn(n, 2, 32, device=DEV, requires_grad=True)
     beta = torch.tensor([1.1], device=DEV, requires_grad=True)
     args = ops.op_args("cosine", lay, [x, beta], (1e-12,), need_attn=True)
-    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
     out, lse, attn, saved = torch.ops.dfgnn.attention_fwd(*args)
     k = torch.nn.functional.normalize(x.detach(), dim=-1, eps=1e-12)
     want = torch.ops.dfgnn.attention_fwd(*ops.op_args("dot", lay, [1.1 * k, k, x.detach()],

@@ -11,7 +11,7 @@ from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.nn import FusedGATv2Conv
 from pyg_dfgnn.ops import plan
-from test_cuda_gt import DEV, GRAPHS, assert_matches_ref, poison, rel_err
+from test_cuda_gt import DEV, GRAPHS, assert_matches_ref, opcheck_plan_op, poison, rel_err
 
 pytestmark = pytest.mark.cuda
 REF = ops.spec.get("gatv2").reference
@@ -78,7 +78,14 @@ def test_negative_slopes(slope):
     g = torch.randn(lay.num_dst, 2, 32, device=DEV)
     ops.gatv2_attention(lay, x_l, x_r, att, negative_slope=slope).backward(g)
     ref, _, grads = ref64(lay, x_l, x_r, att, slope, g)
-    for got, want in zip((x_l.grad, x_r.grad, att.grad), grads):
+    for name, got, want in zip(("x_l", "x_r", "att"), (x_l.grad, x_r.grad, att.grad), grads):
+        if slope == 1.0 and name == "x_r":
+            # A linear score: x_r_i's term is the same for every edge of row i and
+            # cancels in the softmax, so the true gradient is 0 and fp32 leaves
+            # rounding noise, held against the scale of x_l's gradient.
+            assert want.abs().max() < 1e-12
+            assert (got.double() - want).norm() / grads[0].norm() < 1e-5
+            continue
         assert rel_err(got, want) < 1e-4
 
 
@@ -145,7 +152,7 @@ def test_opcheck():
     lay, x_l, x_r, att = make("small", 2, 16, torch.float32, requires_grad=False)
     lay.colptr  # noqa: B018
     args = ops.op_args("gatv2", lay, [x_r, x_l, att], (0.2,), need_attn=True)
-    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -319,7 +319,7 @@ def test_outputs_of_one_call_are_separate_tensors(graph, dtype):
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges):
     """The backward's CSR (dq) and CSC (dk, dv) walks in one launch, the CSC walk
-    recomputing each edge's weights with D_i = dO_i . O_i (gt_bwd_one_launch_kernel,
+    recomputing each edge's weights with D_i = dO_i . O_i (row_bwd_one_launch_kernel,
     the default under 2^16 edges), and in two, the CSC walk an SpMM with the
     per-edge (P', dS) that the dq kernel saved; plan.override(bwd_launches=) forces each
     on either size. Both match the float64 reference, with split rows merged in the
@@ -335,12 +335,12 @@ def test_backward_one_launch_and_two_launches_agree(dtype, dropout, n_edges):
     q, k, v = qkv(lay, 2, 64, dtype, requires_grad=True)
     g = torch.randn(lay.num_dst, 2, 64, device=DEV, dtype=dtype)
     default = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
-    assert any("gt_bwd_one_launch_kernel" in n for n in default) == (n_edges < 2**16)
+    assert any("row_bwd_one_launch_kernel" in n for n in default) == (n_edges < 2**16)
     grads = {}
     for launches in (1, 2):
         with plan.override(bwd_launches=launches):
             names = _kernel_names(lambda: ops.gt_attention(lay, q, k, v).backward(g))
-            assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
+            assert any("row_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
             for t in (q, k, v):
                 t.grad = None
             poison()
@@ -390,12 +390,12 @@ def test_half_backward_row_sums_in_fp32(dtype, dropout, launches, plan_override,
     bipartite graph with duplicate edges and a super node (split rows), in both
     backward paths. D from the output rounded to the half type gives the
     gradients 2e-2 (bf16) / 2.5e-3 (fp16) relative error here without dropout,
-    4e-3 / 5e-4 with it (float64 emulation); D in fp32 (gt_bwd_dsum_kernel) leaves
+    4e-3 / 5e-4 with it (float64 emulation); D in fp32 (row_bwd_dsum_kernel) leaves
     the rounding of the gradients themselves, 1.7e-3 / 2.1e-4."""
     plan_override(bwd_launches=launches)
     torch.manual_seed(hash((str(dtype), dropout, launches)) % 2**31)
     seed = 987654321987
-    monkeypatch.setattr(ops, "_seed", lambda: seed)
+    monkeypatch.setattr(calls, "seed", lambda: seed)
     ei = random_graph(1_500, 1_000, 12_000, super_deg=3_000)
     lay = GraphLayout.from_edge_index(ei, (1_500, 1_000))
     assert lay.work("row", chunk_for(lay.num_edges))[1].shape[0] > 0  # split rows
@@ -408,8 +408,8 @@ def test_half_backward_row_sums_in_fp32(dtype, dropout, launches, plan_override,
     out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
     poison()
     names = _kernel_names(lambda: out.backward(g))
-    assert any("gt_bwd_dsum_kernel" in n for n in names)
-    assert any("gt_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
+    assert any("row_bwd_dsum_kernel" in n for n in names)
+    assert any("row_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     deg = (lay.rowptr[1:] - lay.rowptr[:-1]).long()
@@ -592,6 +592,26 @@ def test_dropout_backward_matches_forward_mask():
     assert abs(fd - an) / abs(an) < 2e-2
 
 
+#: opcheck's utilities but ``test_schema``: torch's SchemaCheckMode takes ``len()`` of
+#: every argument, which a ``torch.classes`` object (the Plan) answers with
+#: NotImplementedError instead of TypeError; :func:`opcheck_plan_op` checks what
+#: test_schema would (no input is written) itself.
+PLAN_OPCHECK = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def opcheck_plan_op(op, args):
+    """``torch.library.opcheck`` of an op that takes the Plan object, and a check
+    that the call leaves every input tensor bit for bit as it was."""
+    flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+            if isinstance(t, torch.Tensor)]
+    before = [t.detach().clone() for t in flat]
+    with torch.no_grad():
+        op(*args)
+    for t, b in zip(flat, before):
+        assert torch.equal(t.detach(), b), "the op wrote into an input"
+    torch.library.opcheck(op, args, test_utils=PLAN_OPCHECK)
+
+
 def test_opcheck():
     torch.manual_seed(6)
     lay = make_layout("super_node")
@@ -599,7 +619,7 @@ def test_opcheck():
     for pmf in (False, True):
         args = dot_args(lay, q, k, v, 1 / math.sqrt(32), need_attn=pmf,
                         strategy="pmf" if pmf else "smmf")
-        torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+        opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
     torch.library.opcheck(torch.ops.dfgnn.csr_rowptr.default,
                           (lay.csr_row.sort().values, lay.num_dst))
 
@@ -616,7 +636,7 @@ def test_opcheck_tensor_core(kernel, mode, plan_override):
     args = dot_args(lay, q, k, v, 1 / 8)
     assert any(kernel in n for n in
                _kernel_names(lambda: torch.ops.dfgnn.attention_fwd.default(*args)))
-    torch.library.opcheck(torch.ops.dfgnn.attention_fwd.default, args)
+    opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
 
 
 def test_csr_rowptr_matches_torch():
@@ -731,8 +751,9 @@ def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
 def test_forced_plan_paths_match_reference(forced, plan_override):
     """Paths the default plan does not take but override() may force: the
     tensor-core forward on a graph with split rows (it walks whole rows, whatever
-    the work items), two rows per warp on a small fp32 graph, and two_rows on a
-    head shape without that variant (the default shape runs)."""
+    the work items) and two rows per warp on a small fp32 graph; two_rows on a
+    head shape without that variant is refused by the plan (ValueError), never
+    silently run as another shape."""
     torch.manual_seed(11)
     lay = make_layout("small" if forced != "mma_split_rows" else "super_node")
     dtype, C = (torch.bfloat16, 64) if forced == "mma_split_rows" else (torch.float32, 32)
@@ -745,6 +766,10 @@ def test_forced_plan_paths_match_reference(forced, plan_override):
         plan_override(chunk=DEFAULT_CHUNK, two_rows=True)  # no split rows at chunk 128
     q, k, v = qkv(lay, 2, C, dtype, requires_grad=True)
     g = torch.randn(lay.num_dst, 2, C, device=DEV, dtype=dtype)
+    if forced == "scalar_two_rows":
+        with pytest.raises(ValueError, match="two rows per warp"):
+            ops.gt_attention(lay, q, k, v)
+        return
     names = " ".join(_kernel_names(lambda: ops.gt_attention(lay, q, k, v)))
     assert ("gt_fwd_mma_kernel" in names) == (forced == "mma_split_rows")
     for t in (q, k, v):

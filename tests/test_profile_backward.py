@@ -87,12 +87,12 @@ def test_byte_model_matches_design_notes_github(pb):
 
 
 def test_short_name_and_dtype(pb):
-    dq = ("void dfgnn::(anonymous namespace)::gt_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>,"
+    dq = ("void dfgnn::(anonymous namespace)::row_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>,"
           " false>(const float*, const float*, int)")
-    assert pb.short_name(dq) == "gt_bwd_dq_kernel"
+    assert pb.short_name(dq) == "row_bwd_dq_kernel"
     assert pb.kernel_dtype_size(dq) == 4
-    bf = "void dfgnn::gt_fwd_smmf_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>, false, false>()"
-    assert pb.short_name(bf) == "gt_fwd_smmf_kernel" and pb.kernel_dtype_size(bf) == 2
+    bf = "void dfgnn::row_fwd_smmf_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>, false, false>()"
+    assert pb.short_name(bf) == "row_fwd_smmf_kernel" and pb.kernel_dtype_size(bf) == 2
     fill = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
             "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)")
     assert pb.short_name(fill) == "vectorized_elementwise_kernel/FillFunctor"
@@ -119,12 +119,12 @@ def test_aggregate_steps(pb):
 
 def test_attach_floors_half_case_uses_fp32_model_for_fp32_kernels(pb):
     half, full = model(pb, esize=2), model(pb, esize=4)
-    rows = [{"name": "void dfgnn::gt_fwd_smmf_kernel<dfgnn::RowShape<float, 4, 32, 1>>()",
-             "short": "gt_fwd_smmf_kernel", "calls": 1, "us": 2.0},
-            {"name": "void dfgnn::gt_fwd_smmf_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>>()",
-             "short": "gt_fwd_smmf_kernel", "calls": 1, "us": 1.0},
-            {"name": "void dfgnn::gt_bwd_dkv_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>>()",
-             "short": "gt_bwd_dkv_kernel", "calls": 2, "us": 4.0},
+    rows = [{"name": "void dfgnn::row_fwd_smmf_kernel<dfgnn::RowShape<float, 4, 32, 1>>()",
+             "short": "row_fwd_smmf_kernel", "calls": 1, "us": 2.0},
+            {"name": "void dfgnn::row_fwd_smmf_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>>()",
+             "short": "row_fwd_smmf_kernel", "calls": 1, "us": 1.0},
+            {"name": "void dfgnn::row_bwd_dkv_kernel<dfgnn::RowShape<__nv_bfloat16, 8, 16, 1>>()",
+             "short": "row_bwd_dkv_kernel", "calls": 2, "us": 4.0},
             {"name": "Memset (Device)", "short": "Memset", "calls": 1, "us": 1.0}]
     pb.attach_floors(rows, half, full)
     assert rows[0]["MB"] == full["gt_fwd"]["bytes"] / 1e6
@@ -135,12 +135,12 @@ def test_attach_floors_half_case_uses_fp32_model_for_fp32_kernels(pb):
 
 NCU_CSV = textwrap.dedent('''\
     ==PROF== Connected to process 4242 (/usr/bin/python3)
-    ==PROF== Profiling "gt_bwd_dq_kernel": 0%....50%....100% - 5 passes
+    ==PROF== Profiling "row_bwd_dq_kernel": 0%....50%....100% - 5 passes
     "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gt_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","12,345,678"
-    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gt_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Mbyte","1.5"
-    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gt_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","41.5"
-    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gt_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_sector_hit_rate.pct","%","63.2"
+    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::row_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","12,345,678"
+    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::row_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Mbyte","1.5"
+    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::row_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","41.5"
+    "0","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::row_bwd_dq_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_sector_hit_rate.pct","%","63.2"
     "1","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gat_bwd_src_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","2,048"
     "1","4242","python3","127.0.0.1","void dfgnn::(anonymous namespace)::gat_bwd_src_kernel<dfgnn::RowShape<float, 4, 32, 1>, false>(const float *, int)","1","7","(256, 1, 1)","(10, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","40"
     ==PROF== Disconnected from process 4242
@@ -149,7 +149,7 @@ NCU_CSV = textwrap.dedent('''\
 
 def test_parse_ncu_csv(pb):
     rows = pb.parse_ncu_csv(NCU_CSV)
-    assert [r["short"] for r in rows] == ["gt_bwd_dq_kernel", "gat_bwd_src_kernel"]
+    assert [r["short"] for r in rows] == ["row_bwd_dq_kernel", "gat_bwd_src_kernel"]
     m = rows[0]["metrics"]
     assert m["dram__bytes_read.sum"] == 12_345_678
     assert m["dram__bytes_write.sum"] == pytest.approx(1.5e6)
@@ -211,7 +211,7 @@ def test_main_on_cpu_tiny_with_fake_ncu(pb, tmp_path, fake_ncu):
     nc = doc["ncu"]
     assert nc["returncode"] == 0, nc  # the child ran on the CPU graph
     assert "--ncu-child" in nc["command"] and "--tiny" in nc["command"]
-    assert [k["short"] for k in nc["kernels"]] == ["gt_bwd_dq_kernel", "gat_bwd_src_kernel"]
+    assert [k["short"] for k in nc["kernels"]] == ["row_bwd_dq_kernel", "gat_bwd_src_kernel"]
     # the tiny graph's GT backward is one launch: no dq kernel in its model
     assert "compulsory_MB" not in nc["kernels"][0]
     assert nc["kernels"][1]["compulsory_MB"] > 0
