@@ -111,8 +111,8 @@ NCU_BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__by
 # calls run them over the dot score.
 KERNEL_PHASE = {"row_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
                 "gt_fwd_dense_kernel": "gt_fwd", "row_bwd_dsum_kernel": "gt_bwd_dsum",
-                "row_bwd_dq_kernel": "gt_bwd_dq",
-                "row_bwd_dkv_kernel": "gt_bwd_dkv", "row_bwd_one_launch_kernel": "gt_bwd_one_launch",
+                "row_bwd_dq_kernel": "gt_bwd_dq", "row_bwd_dkv_kernel": "gt_bwd_dkv",
+                "row_bwd_one_launch_kernel": "gt_bwd_one_launch",
                 "gt_bwd_dq_mma_kernel": "gt_bwd_dq", "gt_bwd_dkv_mma_kernel": "gt_bwd_dkv",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
