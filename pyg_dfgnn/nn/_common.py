@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
+from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import extension
 from ..ops.plan import STRATEGIES
@@ -210,3 +211,26 @@ def edge_index_size(adj, num_src: int, num_dst: int) -> Tuple[bool, Optional[Tup
                                                           and int(s[1]) != num_dst):
             return False, None
     return True, (int(num_src), int(num_dst))
+
+
+def gat_output(conv, out: Tensor, res: Optional[Tensor], alpha: Optional[Tensor], edge_index,
+               layout):
+    r"""The end of ``GATConv`` / ``GATv2Conv.forward`` after the attention:
+    ``out [N_dst, H, C]`` concatenated or averaged over the heads, plus the
+    residual ``res`` and the bias; with ``alpha [E, H]`` (the weights were asked
+    for) also the graph PyG returns them with: a ``SparseTensor`` holding them, a
+    ``torch.sparse`` matrix and ``alpha`` (no self-loops then: the layers' fallback
+    covers that case), or ``(edge_index, alpha)`` with the self-loops the layer
+    added."""
+    out = out.reshape(-1, conv.heads * conv.out_channels) if conv.concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if conv.bias is not None:
+        out = out + conv.bias
+    if alpha is None:
+        return out
+    if is_sparse_tensor(edge_index):
+        return out, edge_index.set_value(alpha, layout='coo')
+    if is_torch_sparse_tensor(edge_index):
+        return out, (set_sparse_value(edge_index, alpha), alpha)
+    return out, (layout.edge_index if conv.add_self_loops else edge_index, alpha)

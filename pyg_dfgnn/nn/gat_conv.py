@@ -7,13 +7,11 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.conv import GATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
-from torch_geometric.utils import is_torch_sparse_tensor
-from torch_geometric.utils.sparse import set_sparse_value
 
 from ..layout_cache import get_layout
 from ..ops import gat_attention
 from ._common import (check_strategy, edge_index_size, fused_layer, gat_fallback_reason,
-                      is_sparse_tensor, use_own_propagate)
+                      gat_output, use_own_propagate)
 
 
 #: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
@@ -226,24 +224,4 @@ class FusedGATConv(GATConv):
         alpha = None
         if want_alpha:
             out, alpha = out
-        out = out.to(out_dtype)
-
-        if self.concat:
-            out = out.reshape(-1, self.heads * self.out_channels)
-        else:
-            out = out.mean(dim=1)
-
-        if res is not None:
-            out = out + res
-
-        if self.bias is not None:
-            out = out + self.bias
-
-        if want_alpha:
-            if is_sparse_tensor(edge_index):
-                return out, edge_index.set_value(alpha, layout='coo')
-            if is_torch_sparse_tensor(edge_index):  # no self-loops here (see fallback_reason)
-                return out, (set_sparse_value(edge_index, alpha), alpha)
-            used = layout.edge_index if self.add_self_loops else edge_index
-            return out, (used, alpha)
-        return out
+        return gat_output(self, out.to(out_dtype), res, alpha, edge_index, layout)
