@@ -124,6 +124,26 @@ def gt_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", bwd=None, dense=None
         _check(f"{name} d{nm}", got, want, tol)
 
 
+def _check_score(name, score, lay, inputs, names, params, out, g, dropout):
+    """One case of a walked score against its float64 reference (the spec's, on
+    the CPU): the output and the gradient of each input; with dropout, whose mask
+    the reference does not draw, only that every result is finite."""
+    torch.cuda.synchronize()
+    tol = 1e-4 if out.dtype == torch.float32 else 2e-2
+    if dropout > 0:
+        ok = all(torch.isfinite(t).all() for t in (out, *(t.grad for t in inputs)))
+        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            FAILURES.append((name, float("nan")))
+        return
+    t64 = [t.detach().double().cpu().requires_grad_() for t in inputs]
+    ref, _ = ops.spec.get(score).reference(lay.to("cpu"), t64, params, 0.0, False)
+    ref.backward(g.double().cpu())
+    _check(name + " out", out, ref, tol)
+    for nm, got, want in zip(names, inputs, t64):
+        _check(f"{name} d{nm}", got.grad, want.grad, tol)
+
+
 def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
     x = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
@@ -133,23 +153,8 @@ def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
     out = ops.gat_attention(lay, a_s, a_d, x, dropout=dropout, training=dropout > 0,
                             strategy=strategy)
     out.backward(g)
-    torch.cuda.synchronize()
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    if dropout > 0:
-        ok = all(torch.isfinite(t).all() for t in (out, x.grad, a_s.grad, a_d.grad))
-        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
-        if not ok:
-            FAILURES.append((name, float("nan")))
-        return
-    lay64 = lay.to("cpu")
-    x64, s64, d64 = (t.detach().double().cpu().requires_grad_() for t in (x, a_s, a_d))
-    ref, _ = ops.reference.additive_attention(lay64.rowptr, lay64.col, d64, s64, x64, 0.2, 0.0,
-                                              training=False)
-    ref.backward(g.double().cpu())
-    _check(name + " out", out, ref, tol)
-    for nm, got, want in (("x", x.grad, x64.grad), ("a_src", a_s.grad, s64.grad),
-                          ("a_dst", a_d.grad, d64.grad)):
-        _check(f"{name} d{nm}", got, want, tol)
+    _check_score(name, "additive", lay, (a_d, a_s, x), ("a_dst", "a_src", "x"), (0.2,), out, g,
+                 dropout)
 
 
 def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None):
@@ -162,22 +167,8 @@ def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=
         out = ops.gatv2_attention(lay, x_l, x_r, att, dropout=dropout, training=dropout > 0,
                                   strategy=strategy)
         out.backward(g)
-    torch.cuda.synchronize()
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    if dropout > 0:
-        ok = all(torch.isfinite(t).all() for t in (out, x_l.grad, x_r.grad, att.grad))
-        print(f"  {name:<58} finite {'ok' if ok else 'FAIL'}", flush=True)
-        if not ok:
-            FAILURES.append((name, float("nan")))
-        return
-    lay64 = lay.to("cpu")
-    t64 = [t.detach().double().cpu().requires_grad_() for t in (x_r, x_l, att)]
-    ref, _ = ops.spec.get("gatv2").reference(lay64, t64, (0.2,), 0.0, False)
-    ref.backward(g.double().cpu())
-    _check(name + " out", out, ref, tol)
-    for nm, got, want in (("x_r", x_r.grad, t64[0].grad), ("x_l", x_l.grad, t64[1].grad),
-                          ("att", att.grad, t64[2].grad)):
-        _check(f"{name} d{nm}", got, want, tol)
+    _check_score(name, "gatv2", lay, (x_r, x_l, att), ("x_r", "x_l", "att"), (0.2,), out, g,
+                 dropout)
 
 
 def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
