@@ -6,8 +6,9 @@ visible GPUs' compute capabilities. Without a GPU and without
 ``TORCH_CUDA_ARCH_LIST`` the extension is not built, unless ``FORCE_CUDA=1``: then
 it is built for the architectures torch was built for that the toolkit supports.
 Otherwise the package installs without it and says why in one line (shown by
-``pip install -v``) and in ``pyg_dfgnn/_build_info.json``, which
-``python -m pyg_dfgnn info`` reads.
+``pip install -v``) and in ``pyg_dfgnn/_build_info.json``, stamped with the torch
+version and environment prefix it was made for, which ``python -m pyg_dfgnn info``
+reads. A built extension carries its own record (``cuda/glue/build_record.cu``).
 
 * ``FORCE_CUDA=1``: a build that cannot compile the extension fails with the reason.
 * ``PYG_DFGNN_NO_EXT=1``: installs without the extension, without looking.
@@ -236,7 +237,8 @@ def _extensions():
         removed = f" (removed the earlier build {os.path.basename(stale[0])})" if stale else ""
         print(f"pyg_dfgnn: installing without the CUDA extension: {reason}{removed}; {HOW}",
               file=sys.stderr)
-        _write_info({"extension": False, "reason": reason})
+        _write_info({"extension": False, "reason": reason, "prefix": sys.prefix,
+                     "torch": _torch_version()})
         return [], {}
     from torch.utils import cpp_extension
 
@@ -244,7 +246,10 @@ def _extensions():
     print(f"pyg_dfgnn: building the CUDA extension for {info['arch_list']} with CUDA "
           f"{info['cuda']} at {info['cuda_home']} (a few minutes per architecture)",
           file=sys.stderr)
-    _write_info(info)
+    # The library records what it was built with; a record of an earlier
+    # install without it would contradict that.
+    if os.path.exists(BUILD_INFO):
+        os.remove(BUILD_INFO)
     # cuda/ holds the torch glue (glue/), host code (host/), device building blocks
     # (device/, headers only) and one file per kernel family (kernels/).
     srcs = sorted(glob.glob(os.path.join("cuda", "**", "*.cu"), recursive=True)) + \
@@ -262,6 +267,15 @@ def _extensions():
         extra_compile_args={"cxx": ["-O3"] + system, "nvcc": nvcc + system},
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
+
+
+def _torch_version():
+    """The installed torch's version (``torch.__version__``), or ``None``."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
 
 
 def _write_info(info):

@@ -17,15 +17,15 @@ PROG = "python -m pyg_dfgnn"
 def _extension_line() -> str:
     from pyg_dfgnn import extension
 
-    if extension.HAS_EXTENSION:
-        info = extension.build_info()
-        if info.get("extension") is False:  # a build older than the last install
-            return (f"loaded, but the last install recorded 'not built: {info.get('reason')}' "
-                    "(an earlier build is still in place; reinstall to replace it)")
-        built = f" (built for {info['arch_list']}, CUDA {info.get('cuda')})" if info.get(
-            "arch_list") else ""
-        return "loaded" + built
-    return extension.missing_reason()
+    if not extension.HAS_EXTENSION:
+        return extension.missing_reason()
+    record = extension.build_info()
+    if not record.get("torch"):
+        return "loaded (the library holds no build record: rebuilt by another tool?)"
+    line = (f"loaded: built against torch {record['torch']}, CUDA {record['cuda']}, for "
+            f"{', '.join(record['arch'])}")
+    mismatch = extension.torch_mismatch(record)
+    return f"{line}\n                 {mismatch}" if mismatch else line
 
 
 def info() -> int:
