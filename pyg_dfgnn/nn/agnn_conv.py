@@ -46,11 +46,12 @@ class FusedAGNNConv(AGNNConv):
     ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
     uncoalesced ``torch.sparse`` COO matrix with ``add_self_loops=False`` (with
     self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
-    does), features that are not 2-D, an
-    ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
-    ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode,
-    registered message-passing hooks, or CUDA inputs when the compiled kernels
-    are missing (warned once per process, with the reason).
+    does), features that are not 2-D, features whose node count disagrees with
+    the adjacency's size (a sparse ``adj_t``'s shape, an ``EdgeIndex``'s
+    ``sparse_size``; PyG raises), ``flow="target_to_source"``, an ``aggr``
+    other than ``"add"``, explain mode, registered message-passing hooks, or
+    CUDA inputs when the compiled kernels are missing (warned once per process,
+    with the reason).
 
     :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward (sharing ``beta``):
     the fused op runs in Python and under ``torch.compile``.
@@ -95,7 +96,7 @@ class FusedAGNNConv(AGNNConv):
         if self.fallback_reason(x, edge_index):
             return super().forward(x, edge_index)
         n = x.size(self.node_dim)
-        ok, size = edge_index_size(edge_index, n, n)
+        ok, size = edge_index_size(edge_index, n, n, add_self_loops=self.add_self_loops)
         if not ok:
             return super().forward(x, edge_index)
         layout = get_layout(edge_index, size=size, add_self_loops=self.add_self_loops)

@@ -67,7 +67,8 @@ class FusedGATv2Conv(GATv2Conv):
       ``torch.sparse`` layout other than COO / CSR (PyG raises);
     * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
       returns the weights *after* dropout, the fused op those before it;
-    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
+    * node features whose counts disagree with the adjacency's size (a sparse
+      ``adj_t``'s shape, an ``EdgeIndex``'s ``sparse_size``; PyG raises);
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, registered message-passing hooks, or inputs PyG rejects.
 
@@ -101,7 +102,8 @@ class FusedGATv2Conv(GATv2Conv):
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        ok, lsize = edge_index_size(edge_index, x_src.size(0), x_dst.size(0))
+        ok, lsize = edge_index_size(edge_index, x_src.size(0), x_dst.size(0),
+                                    add_self_loops=self.add_self_loops)
         if not ok:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 

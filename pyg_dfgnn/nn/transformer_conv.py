@@ -86,7 +86,8 @@ class FusedTransformerConv(TransformerConv):
     * the adjacency is an uncoalesced ``torch.sparse`` COO matrix (PyG keeps its
       duplicate entries as separate edges) or a ``torch.sparse`` layout other than
       COO/CSR (PyG raises for it);
-    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features (PyG raises);
+    * node features whose counts disagree with the adjacency's size (a sparse
+      ``adj_t``'s shape, an ``EdgeIndex``'s ``sparse_size``; PyG raises);
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, or registered message-passing hooks;
     * training with ``dropout >= 1``, or inputs that are not plain tensors;
