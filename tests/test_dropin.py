@@ -1,6 +1,6 @@
 """The fused convs as drop-ins for PyG's (CPU, float64, against the native conv
 holding the same ``state_dict``): the node counts PyG's ``propagate`` infers from
-a bipartite adjacency, ``size`` and the features."""
+a bipartite adjacency, ``size`` and the features, and TorchScript."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,7 +16,8 @@ import pyg_dfgnn.nn.gat_conv as gat_mod
 import pyg_dfgnn.nn.gatv2_conv as gatv2_mod
 import pyg_dfgnn.nn.transformer_conv as gt_mod
 from conftest import make_adj, random_graph
-from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
+from pyg_dfgnn.nn import (FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv,
+                          fuse)
 
 NS, ND, F = 9, 5, 6
 NATIVE = {FusedGATConv: GATConv, FusedGATv2Conv: GATv2Conv,
@@ -217,3 +218,129 @@ def test_agnn_adjacency_size_like_pyg(loops, adj_kind, fused_calls):
     ei = random_graph(NS, num_edges=40, num_self_loops=3)
     assert_like_pyg(native, fused, features(NS), lambda: adjacency(adj_kind, ei, NS, NS))
     assert len(fused_calls) == 1
+
+
+# ----------------------------------------------------------------------------- TorchScript
+class Net(torch.nn.Module):
+    """A model around one conv, as PyG models script."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv(x, edge_index).tanh()
+
+
+class EdgeNet(Net):
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+        return self.conv(x, edge_index, edge_attr).tanh()
+
+
+SCRIPT_CONFIGS = {
+    "gat": (FusedGATConv, (F, 4), dict(heads=2)),
+    "gat_two_lins_mean": (FusedGATConv, ((F, F), 4), dict(heads=2, concat=False)),
+    "gat_edge_dim": (FusedGATConv, (F, 4), dict(heads=2, edge_dim=3, residual=True)),
+    "gatv2": (FusedGATv2Conv, (F, 4), dict(heads=2)),
+    "gatv2_shared_residual": (FusedGATv2Conv, (F, 4), dict(heads=2, share_weights=True,
+                                                           residual=True)),
+    "gatv2_edge_dim": (FusedGATv2Conv, (F, 4), dict(heads=2, edge_dim=3)),
+    "transformer": (FusedTransformerConv, (F, 4), dict(heads=2)),
+    "transformer_beta_mean": (FusedTransformerConv, (F, 4), dict(heads=2, beta=True,
+                                                                 concat=False)),
+    "transformer_edge_dim": (FusedTransformerConv, (F, 4), dict(heads=2, edge_dim=3)),
+    "transformer_no_root": (FusedTransformerConv, (F, 4), dict(heads=2, root_weight=False)),
+    "agnn": (FusedAGNNConv, (), dict()),
+    "agnn_buffer_no_loops": (FusedAGNNConv, (), dict(requires_grad=False,
+                                                     add_self_loops=False)),
+}
+
+
+def _script_inputs(kwargs):
+    g = torch.Generator().manual_seed(2)
+    ei = random_graph(NS, num_edges=40, generator=g)
+    x = torch.randn(NS, F, generator=g, dtype=torch.float64)
+    if "edge_dim" in kwargs:
+        return EdgeNet, (x, ei, torch.randn(ei.size(1), 3, generator=g, dtype=torch.float64))
+    return Net, (x, ei)
+
+
+def _perturb(conv):
+    """Changes every parameter and buffer of ``conv`` in place."""
+    with torch.no_grad():
+        for t in list(conv.parameters()) + list(conv.buffers()):
+            t.mul_(1.5).add_(0.1)
+
+
+@pytest.mark.parametrize("config", list(SCRIPT_CONFIGS))
+def test_scripts_where_pyg_does(config, fused_calls):
+    r""":func:`torch.jit.script` of the fused layer, and of a model holding it,
+    succeeds where it does for PyG's conv (and raises the same exception type
+    where PyG's does: with torch 2.14 and PyG 2.8, ``GATConv`` and ``GATv2Conv``
+    do not script, and a scripted ``TransformerConv`` has only its overloads,
+    ``forward__0`` ..., no ``forward``). The scripted module computes what the
+    eager fused layer computes, and shares its parameters: an in-place change of
+    the fused layer shows in it."""
+    cls, args, kwargs = SCRIPT_CONFIGS[config]
+    native, fused = pair(cls, *args, **kwargs)
+    wrap, inputs = _script_inputs(kwargs)
+    try:
+        native_direct = torch.jit.script(native)
+        torch.jit.script(wrap(native))
+    except Exception as e:  # PyG's conv does not script: neither does the fused one
+        with pytest.raises(type(e)):
+            torch.jit.script(fused)
+        with pytest.raises(type(e)):
+            torch.jit.script(wrap(fused))
+        return
+    direct = torch.jit.script(fused)
+    assert hasattr(direct, "forward") == hasattr(native_direct, "forward")
+    scripted = torch.jit.script(wrap(fused))
+    eager = wrap(fused)  # the fused layer itself: scripting put PyG's in the model
+    for _ in range(2):
+        want = eager(*inputs)
+        torch.testing.assert_close(scripted(*inputs), want)
+        if hasattr(direct, "forward"):
+            torch.testing.assert_close(direct(*inputs).tanh(), want)
+        _perturb(fused)
+    assert not torch.allclose(eager(*inputs), want)
+    if "edge_dim" not in kwargs:
+        assert len(fused_calls) == 3  # the eager calls ran fused
+
+
+@pytest.mark.parametrize("config", list(SCRIPT_CONFIGS))
+def test_scripted_twin_is_the_native_conv_in_the_same_state(config):
+    """What TorchScript compiles in the fused layer's place, a PyG conv whatever
+    PyG's scriptability: same class as PyG's, the same parameter and buffer
+    objects, the same training flag, and eagerly the same results."""
+    cls, args, kwargs = SCRIPT_CONFIGS[config]
+    dropout = {} if cls is FusedAGNNConv else dict(dropout=0.25)
+    _, fused = pair(cls, *args, **dropout, **kwargs)
+    fused.eval()
+    twin = fused.__prepare_scriptable__()
+    assert type(twin) is NATIVE[cls]
+    assert [(n, id(p)) for n, p in twin.named_parameters()] == \
+        [(n, id(p)) for n, p in fused.named_parameters()]
+    assert [(n, id(b)) for n, b in twin.named_buffers()] == \
+        [(n, id(b)) for n, b in fused.named_buffers()]
+    assert not twin.training
+    _, inputs = _script_inputs(kwargs)
+    _perturb(fused)
+    torch.testing.assert_close(twin(*inputs), fused(*inputs))
+
+
+def test_scripting_a_model_puts_pyg_conv_in_it_and_fuse_restores():
+    """torch.jit.script stores what ``__prepare_scriptable__`` returns in the
+    scripted model's ``_modules``: the eager model then holds PyG's conv (same
+    parameters, same results) until :func:`~pyg_dfgnn.nn.fuse` switches it back."""
+    _, fused = pair(FusedTransformerConv, F, 4, heads=2)
+    model = Net(fused)
+    _, inputs = _script_inputs({})
+    want = model(*inputs)
+    torch.jit.script(model)
+    assert type(model.conv) is TransformerConv
+    assert model.conv.lin_query.weight is fused.lin_query.weight
+    torch.testing.assert_close(model(*inputs), want)
+    fuse(model)
+    assert type(model.conv) is FusedTransformerConv
+    torch.testing.assert_close(model(*inputs), want)

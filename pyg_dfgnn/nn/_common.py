@@ -2,6 +2,7 @@
 graph size the layout is built for."""
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Dict, Optional, Tuple
 
@@ -54,15 +55,47 @@ FUSED: Dict[type, type] = {}
 
 def fused_layer(cls):
     r"""Class decorator of a fused layer: registers ``cls`` as the fused subclass
-    of its first base (a PyG conv) for :func:`~pyg_dfgnn.nn.fuse`. The class calls
-    :func:`use_own_propagate` in its ``__init__`` and has a
+    of its first base (a PyG conv) for :func:`~pyg_dfgnn.nn.fuse`, and makes
+    :func:`native_twin` what :func:`torch.jit.script` compiles in its place. The
+    class calls :func:`use_own_propagate` in its ``__init__`` and has a
     ``fallback_reason(*args) -> str`` method (``""``: the call runs fused)."""
     native = cls.__bases__[0]
     if native in FUSED and FUSED[native] is not cls:
         raise ValueError(f"{native.__name__} has a fused layer already: "
                          f"{FUSED[native].__name__}")
     FUSED[native] = cls
+    cls.__prepare_scriptable__ = native_twin
     return cls
+
+
+def native_twin(layer):
+    r"""The native PyG conv that :func:`torch.jit.script` compiles in place of the
+    fused ``layer`` (its ``__prepare_scriptable__``; the fused ops are not
+    TorchScript), so a fused layer scripts wherever its PyG conv does, running
+    PyG's forward.
+
+    The twin is an instance of the PyG class that ``layer``'s class fuses, with
+    ``layer``'s attributes; it shares the layer's parameter, buffer, submodule and
+    hook dictionaries, so a change to either shows in both and in the scripted
+    module. PyG's constructor builds it first, on the meta device (no random
+    numbers drawn, nothing allocated), so that the PyG class's TorchScript
+    templates exist; the twin keeps that class's ``inspector``, which they are
+    generated from.
+
+    :func:`torch.jit.script` stores the twin in the place of a fused submodule of
+    the model it scripts (its ``_modules``): that model then runs PyG's forward
+    eagerly too, until :func:`~pyg_dfgnn.nn.fuse` switches it back.
+    """
+    native_cls = next(c for c in type(layer).__mro__ if c in FUSED)
+    params = list(inspect.signature(native_cls.__init__).parameters.values())[1:]
+    args = [getattr(layer, p.name) for p in params
+            if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    with torch.device("meta"):
+        twin = native_cls(*args)
+    # All of the layer's state: the constructor's defaults may have put what the
+    # layer holds as a submodule (lin_edge) in the instance dict.
+    twin.__dict__ = {**layer.__dict__, "inspector": twin.inspector}
+    return twin
 
 
 def missing_kernels_reason(x: Tensor) -> str:

@@ -53,8 +53,10 @@ class FusedAGNNConv(AGNNConv):
     CUDA inputs when the compiled kernels are missing (warned once per process,
     with the reason).
 
-    :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward (sharing ``beta``):
-    the fused op runs in Python and under ``torch.compile``.
+    :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward in this layer's
+    place, sharing ``beta`` (:func:`~pyg_dfgnn.nn._common.native_twin`), so the
+    layer scripts wherever ``AGNNConv`` does; the fused op runs eagerly and under
+    ``torch.compile``.
     """
 
     def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, *,
@@ -62,15 +64,6 @@ class FusedAGNNConv(AGNNConv):
         use_own_propagate(type(self))
         super().__init__(requires_grad=requires_grad, add_self_loops=add_self_loops, **kwargs)
         self.strategy = check_strategy(strategy)
-
-    def __prepare_scriptable__(self) -> AGNNConv:
-        """What :func:`torch.jit.script` compiles: a native ``AGNNConv`` sharing
-        this layer's ``beta`` (the fused op is not TorchScript), so scripting
-        works where ``AGNNConv``'s does, with PyG's forward."""
-        native = AGNNConv(requires_grad=self.requires_grad, add_self_loops=self.add_self_loops,
-                          aggr=self.aggr, flow=self.flow, node_dim=self.node_dim)
-        native.beta = self.beta
-        return native.train(self.training)
 
     def fallback_reason(self, x, edge_index) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""

@@ -138,6 +138,11 @@ class FusedGATConv(GATConv):
     * CUDA inputs when the compiled kernels are missing (warned once per
       process, with the reason).
 
+    :func:`torch.jit.script` compiles PyG's ``GATConv`` forward in this layer's
+    place, sharing its parameters (:func:`~pyg_dfgnn.nn._common.native_twin`), so
+    the layer scripts wherever ``GATConv`` does; the fused op runs eagerly and
+    under ``torch.compile``.
+
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; with ``add_self_loops=True`` and an ``EdgeIndex`` input the
     returned ``edge_index`` is a plain tensor (same values).

@@ -72,6 +72,11 @@ class FusedGATv2Conv(GATv2Conv):
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, registered message-passing hooks, or inputs PyG rejects.
 
+    :func:`torch.jit.script` compiles PyG's ``GATv2Conv`` forward in this layer's
+    place, sharing its parameters (:func:`~pyg_dfgnn.nn._common.native_twin`), so
+    the layer scripts wherever ``GATv2Conv`` does; the fused op runs eagerly and
+    under ``torch.compile``.
+
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; under autocast the attention vector enters the kernels in the
     features' dtype (the sums stay float32).

@@ -94,6 +94,12 @@ class FusedTransformerConv(TransformerConv):
     * CUDA inputs when the compiled kernels are missing (warned once per
       process, with the reason).
 
+    :func:`torch.jit.script` compiles PyG's ``TransformerConv`` forward in this
+    layer's place, sharing its parameters
+    (:func:`~pyg_dfgnn.nn._common.native_twin`), so the layer scripts wherever
+    ``TransformerConv`` does; the fused op runs eagerly and under
+    ``torch.compile``.
+
     Differences from PyG: the returned attention weights are detached from the
     autograd graph (PyG's carry gradients).
     """
