@@ -15,6 +15,8 @@ from typing import Optional
 import pytest
 import torch
 from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
 import pyg_dfgnn
 
@@ -153,6 +155,23 @@ def random_graph(num_src: int, num_dst: Optional[int] = None, num_edges: int = 6
         ei = torch.cat([ei, torch.stack([loops, loops])], 1)
     perm = torch.randperm(ei.size(1), generator=g)
     return ei[:, perm].contiguous()
+
+
+def make_adj(kind: str, edge_index: Tensor, num_src: int, num_dst: int):
+    """The same graph as each adjacency type PyG layers accept (sparse ones are adj_t)."""
+    if kind == "coo":
+        return edge_index.clone()
+    if kind == "edge_index":
+        return EdgeIndex(edge_index.clone(), sparse_size=(num_src, num_dst))
+    if kind == "csr":
+        return to_torch_csr_tensor(edge_index.flip(0), size=(num_dst, num_src))
+    if kind == "sparse_coo":
+        return to_torch_coo_tensor(edge_index.flip(0), size=(num_dst, num_src))
+    if kind == "sparse_tensor":
+        torch_sparse = pytest.importorskip("torch_sparse")
+        return torch_sparse.SparseTensor(row=edge_index[1], col=edge_index[0],
+                                         sparse_sizes=(num_dst, num_src))
+    raise ValueError(kind)
 
 
 def isolated_dst(edge_index: Tensor, num_dst: int) -> Tensor:

@@ -10,15 +10,13 @@ import pytest
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch_geometric import EdgeIndex
 from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
-from torch_geometric.utils import (add_self_loops, remove_self_loops, to_torch_coo_tensor,
-                                   to_torch_csr_tensor)
+from torch_geometric.utils import add_self_loops, remove_self_loops
 
 import pyg_dfgnn.nn.agnn_conv as agnn_mod
 import pyg_dfgnn.nn.gat_conv as gat_mod
 import pyg_dfgnn.nn.transformer_conv as gt_mod
-from conftest import has_duplicates, isolated_dst, random_graph, rel_err
+from conftest import has_duplicates, isolated_dst, make_adj, random_graph, rel_err
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
 
@@ -29,23 +27,6 @@ ADJ_KINDS = ["coo", "edge_index", "csr", "sparse_coo", "sparse_tensor"]
 
 
 # ----------------------------------------------------------------------------- helpers
-def make_adj(kind: str, edge_index: Tensor, num_src: int, num_dst: int):
-    """The same graph as each adjacency type PyG layers accept (sparse ones are adj_t)."""
-    if kind == "coo":
-        return edge_index.clone()
-    if kind == "edge_index":
-        return EdgeIndex(edge_index.clone(), sparse_size=(num_src, num_dst))
-    if kind == "csr":
-        return to_torch_csr_tensor(edge_index.flip(0), size=(num_dst, num_src))
-    if kind == "sparse_coo":
-        return to_torch_coo_tensor(edge_index.flip(0), size=(num_dst, num_src))
-    if kind == "sparse_tensor":
-        torch_sparse = pytest.importorskip("torch_sparse")
-        return torch_sparse.SparseTensor(row=edge_index[1], col=edge_index[0],
-                                         sparse_sizes=(num_dst, num_src))
-    raise ValueError(kind)
-
-
 def plain(t: Tensor) -> Tensor:
     return t.as_subclass(Tensor) if isinstance(t, Tensor) else t
 

@@ -316,20 +316,6 @@ def test_sparse_adjacency_with_duplicates_gives_one_answer(name, layout):
     assert rel_err(first, want) < 1e-5 and rel_err(second, want) < 1e-5
 
 
-# ----------------------------------------------------------------------------- TorchScript
-def test_fused_agnn_scripts_like_agnn():
-    fused = FusedAGNNConv()
-    with torch.no_grad():
-        fused.beta.fill_(0.4)
-    scripted = torch.jit.script(fused)
-    x, ei = torch.randn(N, F), random_graph(N, num_edges=40)
-    assert rel_err(scripted(x, ei), fused(x, ei)) < 1e-5
-    with torch.no_grad():  # the parameter is shared
-        fused.beta.fill_(0.9)
-    assert rel_err(scripted(x, ei), fused(x, ei)) < 1e-5
-    torch.jit.script(FusedAGNNConv(requires_grad=False, add_self_loops=False))
-
-
 # ----------------------------------------------------------------------------- exceptions
 def test_out_of_range_raises_index_error_like_pyg():
     ei = torch.tensor([[0, 1, 5], [1, 2, 0]])

@@ -2,6 +2,7 @@
 graph size the layout is built for."""
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Dict, Optional, Tuple
 
@@ -54,15 +55,47 @@ FUSED: Dict[type, type] = {}
 
 def fused_layer(cls):
     r"""Class decorator of a fused layer: registers ``cls`` as the fused subclass
-    of its first base (a PyG conv) for :func:`~pyg_dfgnn.nn.fuse`. The class calls
-    :func:`use_own_propagate` in its ``__init__`` and has a
+    of its first base (a PyG conv) for :func:`~pyg_dfgnn.nn.fuse`, and makes
+    :func:`native_twin` what :func:`torch.jit.script` compiles in its place. The
+    class calls :func:`use_own_propagate` in its ``__init__`` and has a
     ``fallback_reason(*args) -> str`` method (``""``: the call runs fused)."""
     native = cls.__bases__[0]
     if native in FUSED and FUSED[native] is not cls:
         raise ValueError(f"{native.__name__} has a fused layer already: "
                          f"{FUSED[native].__name__}")
     FUSED[native] = cls
+    cls.__prepare_scriptable__ = native_twin
     return cls
+
+
+def native_twin(layer):
+    r"""The native PyG conv that :func:`torch.jit.script` compiles in place of the
+    fused ``layer`` (its ``__prepare_scriptable__``; the fused ops are not
+    TorchScript), so a fused layer scripts wherever its PyG conv does, running
+    PyG's forward.
+
+    The twin is an instance of the PyG class that ``layer``'s class fuses, with
+    ``layer``'s attributes; it shares the layer's parameter, buffer, submodule and
+    hook dictionaries, so a change to either shows in both and in the scripted
+    module. PyG's constructor builds it first, on the meta device (no random
+    numbers drawn, nothing allocated), so that the PyG class's TorchScript
+    templates exist; the twin keeps that class's ``inspector``, which they are
+    generated from.
+
+    :func:`torch.jit.script` stores the twin in the place of a fused submodule of
+    the model it scripts (its ``_modules``): that model then runs PyG's forward
+    eagerly too, until :func:`~pyg_dfgnn.nn.fuse` switches it back.
+    """
+    native_cls = next(c for c in type(layer).__mro__ if c in FUSED)
+    params = list(inspect.signature(native_cls.__init__).parameters.values())[1:]
+    args = [getattr(layer, p.name) for p in params
+            if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    with torch.device("meta"):
+        twin = native_cls(*args)
+    # All of the layer's state: the constructor's defaults may have put what the
+    # layer holds as a submodule (lin_edge) in the instance dict.
+    twin.__dict__ = {**layer.__dict__, "inspector": twin.inspector}
+    return twin
 
 
 def missing_kernels_reason(x: Tensor) -> str:
@@ -195,22 +228,49 @@ def adjacency_supported(adj, need_input_edge_order: bool, add_self_loops: bool =
             and adj.dtype != torch.bool)
 
 
-def edge_index_size(adj, num_src: int, num_dst: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
-    r"""``(ok, size)``: the ``(N_src, N_dst)`` to build the layout for.
+def edge_index_size(adj, num_src: int, num_dst: Optional[int], size=None,
+                    add_self_loops: bool = False) -> Tuple[bool, Optional[Tuple[int, int]]]:
+    r"""``(ok, size)``: the ``(N_src, N_dst)`` to build the layout for, as PyG's
+    ``propagate`` infers them.
 
-    Sparse matrices carry their own size (``size=None``). For ``[2, E]`` tensors
-    it is ``(num_src, num_dst)``, as PyG infers it from the node features. A PyG
-    ``EdgeIndex`` whose ``sparse_size`` disagrees with the features gives
-    ``ok=False``: PyG raises for it, so the layer defers to PyG's forward.
+    A sparse matrix's shape (``size=None`` is returned: the layout reads the
+    matrix's) or an ``EdgeIndex``'s ``sparse_size`` come first, and PyG ignores
+    ``size`` for both; ``size`` sets those of a ``[2, E]`` tensor. The feature
+    row counts ``num_src`` and ``num_dst`` (``None``: no destination features)
+    set the counts still open, and a count left open is the other one. With
+    ``add_self_loops``, PyG adds ``min(size)`` loops to an ``EdgeIndex``
+    (without ``size``, as many as the fewest feature rows) and widens its
+    ``sparse_size`` to hold them.
+
+    ``ok=False`` where PyG raises (features that disagree with the counts) or
+    adds other self-loops than the layout's one per node below
+    ``min(N_src, N_dst)``: the layer then runs PyG's forward.
     """
-    if is_sparse_tensor(adj) or is_torch_sparse_tensor(adj):
-        return True, None
-    if hasattr(adj, "sparse_size"):  # EdgeIndex
-        s = adj.sparse_size()
-        if (s[0] is not None and int(s[0]) != num_src) or (s[1] is not None
-                                                          and int(s[1]) != num_dst):
+    sparse = is_sparse_tensor(adj) or is_torch_sparse_tensor(adj)
+    # PyG's self-loop count where it can differ from the layout's, an EdgeIndex's:
+    # a sparse matrix gets min(N_dst, N_src) loops, a [2, E] tensor min(size) or
+    # the fewest feature rows, which are its counts then.
+    loops: Optional[int] = None
+    if sparse:
+        sizes = [adj.size(1), adj.size(0)]
+    elif hasattr(adj, "sparse_size"):  # EdgeIndex
+        if add_self_loops:
+            loops = (min(size) if size is not None else
+                     num_src if num_dst is None else min(num_src, num_dst))
+        sizes = [None if s is None else int(s) if loops is None else max(int(s), loops)
+                 for s in adj.sparse_size()]
+    else:
+        sizes = list(size) if size is not None else [None, None]
+    for i, rows in enumerate((num_src, num_dst)):
+        if rows is not None and sizes[i] is not None and int(sizes[i]) != rows:
             return False, None
-    return True, (int(num_src), int(num_dst))
+        if sizes[i] is None:
+            sizes[i] = rows
+    n_src = int(sizes[0] if sizes[0] is not None else sizes[1])
+    n_dst = int(sizes[1] if sizes[1] is not None else sizes[0])
+    if loops is not None and loops != min(n_src, n_dst):
+        return False, None
+    return True, (None if sparse else (n_src, n_dst))
 
 
 def gat_output(conv, out: Tensor, res: Optional[Tensor], alpha: Optional[Tensor], edge_index,

@@ -46,14 +46,17 @@ class FusedAGNNConv(AGNNConv):
     ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
     uncoalesced ``torch.sparse`` COO matrix with ``add_self_loops=False`` (with
     self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
-    does), features that are not 2-D, an
-    ``EdgeIndex`` whose ``sparse_size`` disagrees with the features,
-    ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain mode,
-    registered message-passing hooks, or CUDA inputs when the compiled kernels
-    are missing (warned once per process, with the reason).
+    does), features that are not 2-D, features whose node count disagrees with
+    the adjacency's size (a sparse ``adj_t``'s shape, an ``EdgeIndex``'s
+    ``sparse_size``; PyG raises), ``flow="target_to_source"``, an ``aggr``
+    other than ``"add"``, explain mode, registered message-passing hooks, or
+    CUDA inputs when the compiled kernels are missing (warned once per process,
+    with the reason).
 
-    :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward (sharing ``beta``):
-    the fused op runs in Python and under ``torch.compile``.
+    :func:`torch.jit.script` compiles PyG's ``AGNNConv`` forward in this layer's
+    place, sharing ``beta`` (:func:`~pyg_dfgnn.nn._common.native_twin`), so the
+    layer scripts wherever ``AGNNConv`` does; the fused op runs eagerly and under
+    ``torch.compile``.
     """
 
     def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, *,
@@ -61,15 +64,6 @@ class FusedAGNNConv(AGNNConv):
         use_own_propagate(type(self))
         super().__init__(requires_grad=requires_grad, add_self_loops=add_self_loops, **kwargs)
         self.strategy = check_strategy(strategy)
-
-    def __prepare_scriptable__(self) -> AGNNConv:
-        """What :func:`torch.jit.script` compiles: a native ``AGNNConv`` sharing
-        this layer's ``beta`` (the fused op is not TorchScript), so scripting
-        works where ``AGNNConv``'s does, with PyG's forward."""
-        native = AGNNConv(requires_grad=self.requires_grad, add_self_loops=self.add_self_loops,
-                          aggr=self.aggr, flow=self.flow, node_dim=self.node_dim)
-        native.beta = self.beta
-        return native.train(self.training)
 
     def fallback_reason(self, x, edge_index) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
@@ -95,7 +89,7 @@ class FusedAGNNConv(AGNNConv):
         if self.fallback_reason(x, edge_index):
             return super().forward(x, edge_index)
         n = x.size(self.node_dim)
-        ok, size = edge_index_size(edge_index, n, n)
+        ok, size = edge_index_size(edge_index, n, n, add_self_loops=self.add_self_loops)
         if not ok:
             return super().forward(x, edge_index)
         layout = get_layout(edge_index, size=size, add_self_loops=self.add_self_loops)

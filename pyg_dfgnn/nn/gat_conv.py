@@ -108,6 +108,13 @@ class FusedGATConv(GATConv):
           :math:`(|\mathcal{E}'|, H)` weights; for ``torch.sparse`` input
           ``(adj, alpha)``, for ``SparseTensor`` the adjacency holding ``alpha``.
 
+    The node counts are those PyG's ``propagate`` infers: a sparse ``adj_t``'s
+    shape, an ``EdgeIndex``'s ``sparse_size`` (where set) or, for a ``[2, E]``
+    tensor, ``size`` (PyG ignores ``size`` for the other kinds), and the node
+    features for the counts these leave open; without destination features,
+    :math:`|\mathcal{V}_t| = |\mathcal{V}_s|` unless the adjacency or ``size``
+    sets it.
+
     Falls back to PyG's own ``forward`` (same results, unfused) when:
 
     * edge features are used (``edge_dim`` set or ``edge_attr`` given);
@@ -120,12 +127,21 @@ class FusedGATConv(GATConv):
       ``add_self_loops`` does;
     * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
       returns the weights *after* dropout, the fused op those before it;
-    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
+    * node features whose counts disagree with the adjacency's size or ``size``
+      (PyG raises);
+    * ``add_self_loops=True`` with an ``EdgeIndex`` and a ``size`` whose minimum
+      is not :math:`\min(|\mathcal{V}_s|, |\mathcal{V}_t|)`: PyG then adds
+      ``min(size)`` self-loops;
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, registered message-passing hooks, or inputs PyG rejects (non-2-D
       features);
     * CUDA inputs when the compiled kernels are missing (warned once per
       process, with the reason).
+
+    :func:`torch.jit.script` compiles PyG's ``GATConv`` forward in this layer's
+    place, sharing its parameters (:func:`~pyg_dfgnn.nn._common.native_twin`), so
+    the layer scripts wherever ``GATConv`` does; the fused op runs eagerly and
+    under ``torch.compile``.
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; with ``add_self_loops=True`` and an ``EdgeIndex`` input the
@@ -161,7 +177,10 @@ class FusedGATConv(GATConv):
             edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
                 the graph.
             edge_attr (torch.Tensor, optional): edge features (runs PyG's path).
-            size ((int, int), optional): ``(N_src, N_dst)``.
+            size ((int, int), optional): ``(N_src, N_dst)`` of a ``[2, E]``
+                tensor (ignored for the other kinds, as in PyG); with
+                ``add_self_loops`` and a ``[2, E]`` tensor or ``EdgeIndex``, its
+                minimum is the number of self-loops added, as in PyG.
             return_attention_weights (bool, optional): if ``True``, also return
                 ``(edge_index, alpha)``.
         """
@@ -169,14 +188,10 @@ class FusedGATConv(GATConv):
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
 
         H, C = self.heads, self.out_channels
-        x_src_in = x if isinstance(x, Tensor) else x[0]
-        x_dst_in = x if isinstance(x, Tensor) else x[1]
-        num_src = x_src_in.size(0)
-        num_dst = x_dst_in.size(0) if x_dst_in is not None else num_src
-        if size is not None:
-            num_src = size[0] if size[0] is not None else num_src
-            num_dst = size[1] if size[1] is not None else num_dst
-        ok, lsize = edge_index_size(edge_index, num_src, num_dst)
+        x_src_in, x_dst_in = (x, x) if isinstance(x, Tensor) else x
+        ok, lsize = edge_index_size(edge_index, x_src_in.size(0),
+                                    None if x_dst_in is None else x_dst_in.size(0), size,
+                                    self.add_self_loops)
         if not ok:
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
 
@@ -206,8 +221,8 @@ class FusedGATConv(GATConv):
         # Node-level attention terms; the edge-level sum, LeakyReLU, softmax,
         # dropout and aggregation are fused:
         alpha_src, alpha_dst = _attention_terms(x_src, x_dst, self.att_src, self.att_dst)
-        if alpha_dst is None:  # PyG then uses alpha_j alone, over N_dst = N_src rows
-            alpha_dst = alpha_src.new_zeros(num_dst, H)
+        if alpha_dst is None:  # PyG then uses alpha_j alone; a sparse adj_t's rows are N_dst
+            alpha_dst = alpha_src.new_zeros(edge_index.size(0) if lsize is None else lsize[1], H)
         # Under autocast the projections are half precision and att_* float32, so
         # PyG's attention terms come out float32 and it aggregates in float32: the
         # kernel takes one dtype, and the result is returned in PyG's dtype.

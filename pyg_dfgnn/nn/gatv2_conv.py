@@ -67,9 +67,15 @@ class FusedGATv2Conv(GATv2Conv):
       ``torch.sparse`` layout other than COO / CSR (PyG raises);
     * ``return_attention_weights=True`` while training with ``dropout > 0``: PyG
       returns the weights *after* dropout, the fused op those before it;
-    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features;
+    * node features whose counts disagree with the adjacency's size (a sparse
+      ``adj_t``'s shape, an ``EdgeIndex``'s ``sparse_size``; PyG raises);
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, registered message-passing hooks, or inputs PyG rejects.
+
+    :func:`torch.jit.script` compiles PyG's ``GATv2Conv`` forward in this layer's
+    place, sharing its parameters (:func:`~pyg_dfgnn.nn._common.native_twin`), so
+    the layer scripts wherever ``GATv2Conv`` does; the fused op runs eagerly and
+    under ``torch.compile``.
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; under autocast the attention vector enters the kernels in the
@@ -101,7 +107,8 @@ class FusedGATv2Conv(GATv2Conv):
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        ok, lsize = edge_index_size(edge_index, x_src.size(0), x_dst.size(0))
+        ok, lsize = edge_index_size(edge_index, x_src.size(0), x_dst.size(0),
+                                    add_self_loops=self.add_self_loops)
         if not ok:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 

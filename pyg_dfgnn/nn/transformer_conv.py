@@ -86,12 +86,19 @@ class FusedTransformerConv(TransformerConv):
     * the adjacency is an uncoalesced ``torch.sparse`` COO matrix (PyG keeps its
       duplicate entries as separate edges) or a ``torch.sparse`` layout other than
       COO/CSR (PyG raises for it);
-    * an ``EdgeIndex`` whose ``sparse_size`` disagrees with the features (PyG raises);
+    * node features whose counts disagree with the adjacency's size (a sparse
+      ``adj_t``'s shape, an ``EdgeIndex``'s ``sparse_size``; PyG raises);
     * ``flow="target_to_source"``, an ``aggr`` other than ``"add"``, explain
       mode, or registered message-passing hooks;
     * training with ``dropout >= 1``, or inputs that are not plain tensors;
     * CUDA inputs when the compiled kernels are missing (warned once per
       process, with the reason).
+
+    :func:`torch.jit.script` compiles PyG's ``TransformerConv`` forward in this
+    layer's place, sharing its parameters
+    (:func:`~pyg_dfgnn.nn._common.native_twin`), so the layer scripts wherever
+    ``TransformerConv`` does; the fused op runs eagerly and under
+    ``torch.compile``.
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph (PyG's carry gradients).
