@@ -127,8 +127,7 @@ def test_bipartite_node_counts_like_pyg(case, loops, adj_kind, fused_calls):
     sized = adj_kind in ("sparse_coo", "csr", "sparse_tensor") or (
         adj_kind == "edge_index" and not loops)
     assert out.size(0) == (ND if rows[1] is not None or sized else NS)
-    fell_back = loops and adj_kind == "sparse_tensor"  # PyG's set_diag
-    assert len(fused_calls) == (0 if fell_back else 1)
+    assert len(fused_calls) == 1
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])

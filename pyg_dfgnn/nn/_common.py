@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch_geometric.typing import SparseTensor
+from torch_geometric.typing import SparseTensor, torch_sparse
 from torch_geometric.utils import is_torch_sparse_tensor
 from torch_geometric.utils.sparse import set_sparse_value
 
@@ -140,9 +140,8 @@ def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights
     ``forward`` for this call, ``""`` when it runs fused: edge features, a
     customised ``propagate``, features PyG rejects (``dst_optional``: a bipartite
     pair may leave the destination features ``None``), attention weights PyG
-    returns after dropout or in a rebuilt sparse matrix, a ``SparseTensor`` with
-    self-loops, an adjacency the layout does not see as PyG does, or missing
-    kernels."""
+    returns after dropout or in a rebuilt sparse matrix, an adjacency the layout
+    does not see as PyG does, or missing kernels."""
     if edge_attr is not None or conv.lin_edge is not None or conv.edge_dim is not None:
         return "edge features (edge_dim)"
     if propagate_is_customised(conv):
@@ -160,8 +159,6 @@ def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights
     want_alpha = bool(return_attention_weights)
     if want_alpha and conv.training and conv.dropout > 0:
         return "attention weights while training with dropout (PyG returns them dropped)"
-    if conv.add_self_loops and is_sparse_tensor(edge_index):
-        return "SparseTensor with add_self_loops (PyG's set_diag)"
     if want_alpha and conv.add_self_loops and is_torch_sparse_tensor(edge_index):
         return "attention weights of a torch.sparse input with self-loops"
     if not adjacency_supported(edge_index, want_alpha, conv.add_self_loops):
@@ -278,10 +275,11 @@ def gat_output(conv, out: Tensor, res: Optional[Tensor], alpha: Optional[Tensor]
     r"""The end of ``GATConv`` / ``GATv2Conv.forward`` after the attention:
     ``out [N_dst, H, C]`` concatenated or averaged over the heads, plus the
     residual ``res`` and the bias; with ``alpha [E, H]`` (the weights were asked
-    for) also the graph PyG returns them with: a ``SparseTensor`` holding them, a
-    ``torch.sparse`` matrix and ``alpha`` (no self-loops then: the layers' fallback
-    covers that case), or ``(edge_index, alpha)`` with the self-loops the layer
-    added."""
+    for) also the graph PyG returns them with: a ``SparseTensor`` holding them
+    (with the self-loops :func:`sparse_tensor_with_loops` adds), a
+    ``torch.sparse`` matrix and ``alpha`` (no self-loops then: the layers'
+    fallback covers that case), or ``(edge_index, alpha)`` with the self-loops
+    the layer added."""
     out = out.reshape(-1, conv.heads * conv.out_channels) if conv.concat else out.mean(dim=1)
     if res is not None:
         out = out + res
@@ -290,7 +288,27 @@ def gat_output(conv, out: Tensor, res: Optional[Tensor], alpha: Optional[Tensor]
     if alpha is None:
         return out
     if is_sparse_tensor(edge_index):
+        if conv.add_self_loops:
+            edge_index, alpha = sparse_tensor_with_loops(edge_index, alpha)
         return out, edge_index.set_value(alpha, layout='coo')
     if is_torch_sparse_tensor(edge_index):
         return out, (set_sparse_value(edge_index, alpha), alpha)
     return out, (layout.edge_index if conv.add_self_loops else edge_index, alpha)
+
+
+def sparse_tensor_with_loops(adj: SparseTensor, alpha: Tensor) -> Tuple[SparseTensor, Tensor]:
+    r"""``(torch_sparse.set_diag(adj), alpha)`` with ``alpha`` moved into that
+    matrix's COO order: PyG's GAT layers add a ``SparseTensor``'s self-loops
+    with ``set_diag`` and return the attention weights on its result.
+
+    ``alpha`` comes in the order of the layout built with ``add_self_loops``:
+    ``adj``'s entries off the diagonal in COO order, then one loop per node
+    ``0 .. min(N_src, N_dst) - 1``. ``set_diag`` holds the same entries: it
+    removes the diagonal, keeps the other entries in order (duplicates
+    included) and inserts loop ``i`` into row ``i``, so a stable sort of its
+    entries by "is a loop" lists their positions in ``alpha``'s order.
+    """
+    adj = torch_sparse.set_diag(adj)
+    row, col, _ = adj.coo()
+    pos = (row == col).to(torch.uint8).argsort(stable=True)
+    return adj, torch.empty_like(alpha).index_copy_(0, pos, alpha)

@@ -7,8 +7,8 @@ from torch_geometric.typing import Adj
 
 from ..layout_cache import get_layout
 from ..ops import agnn_attention
-from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      fused_layer, kernels_missing, propagate_is_customised, use_own_propagate)
+from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
+                      kernels_missing, propagate_is_customised, use_own_propagate)
 
 
 @fused_layer
@@ -42,8 +42,7 @@ class FusedAGNNConv(AGNNConv):
           ``adj_t`` (``SparseTensor`` or ``torch.sparse``)
         - **output:** node features :math:`(|\mathcal{V}|, F)`
 
-    Falls back to PyG's own ``forward`` (same results, unfused) for a
-    ``SparseTensor`` with ``add_self_loops=True`` (PyG uses ``set_diag``), an
+    Falls back to PyG's own ``forward`` (same results, unfused) for an
     uncoalesced ``torch.sparse`` COO matrix with ``add_self_loops=False`` (with
     self-loops its duplicate entries are merged, as PyG's ``add_self_loops``
     does), features that are not 2-D, features whose node count disagrees with
@@ -71,8 +70,6 @@ class FusedAGNNConv(AGNNConv):
             return "features that are not one 2-D tensor"
         if propagate_is_customised(self):
             return "flow, aggr, explain mode or message-passing hooks"
-        if self.add_self_loops and is_sparse_tensor(edge_index):
-            return "SparseTensor with add_self_loops (PyG's set_diag)"
         if not adjacency_supported(edge_index, False, self.add_self_loops):
             return "an adjacency PyG's propagate handles itself (or rejects)"
         return kernels_missing(self, x)

@@ -81,9 +81,10 @@ class FusedGATConv(GATConv):
     differs, in speed and memory.
 
     With ``add_self_loops=True`` the self-loops (existing loops removed, one loop per
-    node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does) are added **once**,
-    when the graph's :class:`~pyg_dfgnn.layout.GraphLayout` is built and cached on
-    the ``edge_index`` object, not in every forward.
+    node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does, with
+    ``torch_sparse.set_diag`` for a ``SparseTensor``) are added **once**, when the
+    graph's :class:`~pyg_dfgnn.layout.GraphLayout` is built and cached on the
+    ``edge_index`` object, not in every forward.
 
     Args:
         in_channels (int or tuple), out_channels (int), heads (int, optional),
@@ -106,7 +107,8 @@ class FusedGATConv(GATConv):
           ``return_attention_weights=True``, additionally ``(edge_index, alpha)``:
           the edges used (self-loops included, as a plain ``[2, E']`` tensor) and
           :math:`(|\mathcal{E}'|, H)` weights; for ``torch.sparse`` input
-          ``(adj, alpha)``, for ``SparseTensor`` the adjacency holding ``alpha``.
+          ``(adj, alpha)``, for ``SparseTensor`` the adjacency holding ``alpha``
+          (with ``add_self_loops=True``: ``torch_sparse.set_diag``'s, as PyG).
 
     The node counts are those PyG's ``propagate`` infers: a sparse ``adj_t``'s
     shape, an ``EdgeIndex``'s ``sparse_size`` (where set) or, for a ``[2, E]``
@@ -118,7 +120,6 @@ class FusedGATConv(GATConv):
     Falls back to PyG's own ``forward`` (same results, unfused) when:
 
     * edge features are used (``edge_dim`` set or ``edge_attr`` given);
-    * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
     * ``return_attention_weights=True`` with a ``torch.sparse`` input and
       ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
     * an uncoalesced ``torch.sparse`` COO input with ``add_self_loops=False``
@@ -221,8 +222,9 @@ class FusedGATConv(GATConv):
         # Node-level attention terms; the edge-level sum, LeakyReLU, softmax,
         # dropout and aggregation are fused:
         alpha_src, alpha_dst = _attention_terms(x_src, x_dst, self.att_src, self.att_dst)
-        if alpha_dst is None:  # PyG then uses alpha_j alone; a sparse adj_t's rows are N_dst
-            alpha_dst = alpha_src.new_zeros(edge_index.size(0) if lsize is None else lsize[1], H)
+        layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
+        if alpha_dst is None:  # PyG then uses alpha_j alone, over the graph's N_dst rows
+            alpha_dst = alpha_src.new_zeros(layout.num_dst, H)
         # Under autocast the projections are half precision and att_* float32, so
         # PyG's attention terms come out float32 and it aggregates in float32: the
         # kernel takes one dtype, and the result is returned in PyG's dtype.
@@ -230,7 +232,6 @@ class FusedGATConv(GATConv):
         if out_dtype != x_src.dtype:
             alpha_src, alpha_dst = alpha_src.to(x_src.dtype), alpha_dst.to(x_src.dtype)
 
-        layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
         want_alpha = bool(return_attention_weights)
         out = gat_attention(layout, alpha_src, alpha_dst, x_src,
                             negative_slope=self.negative_slope, dropout=self.dropout,

@@ -34,8 +34,9 @@ class FusedGATv2Conv(GATv2Conv):
     ``bias``), initialisation and ``state_dict`` are those of
     :class:`~torch_geometric.nn.conv.GATv2Conv`; only :meth:`forward` differs, in
     speed and memory. With ``add_self_loops=True`` the self-loops (existing loops
-    removed, one per node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does) are
-    added once, when the graph's layout is built and cached.
+    removed, one per node ``0 .. min(N_src, N_dst) - 1`` appended, as PyG does,
+    with ``torch_sparse.set_diag`` for a ``SparseTensor``) are added once, when the
+    graph's layout is built and cached.
 
     Args:
         in_channels (int or tuple), out_channels (int), heads (int, optional),
@@ -60,7 +61,6 @@ class FusedGATv2Conv(GATv2Conv):
     Falls back to PyG's own ``forward`` (same results, unfused) when:
 
     * edge features are used (``edge_dim`` set or ``edge_attr`` given);
-    * ``add_self_loops=True`` with a ``SparseTensor`` (PyG uses ``set_diag``);
     * ``return_attention_weights=True`` with a ``torch.sparse`` input and
       ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
     * an uncoalesced ``torch.sparse`` COO input without self-loops, or a
