@@ -868,7 +868,6 @@ def main(argv=None):
     cli.require_kernels("benchmarks.kernels")
     cli.out_file(args.out)
     REPEATS = QUICK_REPEATS if args.quick else REPEATS
-    from tqdm import tqdm
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
             "quick": args.quick, "repeats_ms": list(REPEATS),
@@ -901,7 +900,7 @@ def main(argv=None):
 
     steps = [(p, m, pending(by_key, p, m, c), kw) for p, m, c, kw in phases(cases)]
     steps = [st for st in steps if st[2] is not None]
-    for phase, model, c, kw in tqdm(steps, desc="kernels", file=sys.stderr):
+    for phase, model, c, kw in cli.progress(steps, desc="kernels"):
         res = run_case(*c, **kw) if model == "gt" else run_score_case(model, *c, **kw)
         key = case_key(model, c)
         if key in by_key:  # joins the case's row (the first phase's, or a resumed one)

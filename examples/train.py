@@ -187,8 +187,6 @@ def train_one(model: nn.Module, data, epochs: int, lr: float, weight_decay: floa
         (1-based), ``median_epoch_ms``, ``mean_epoch_ms``, ``final_loss`` and
         the per-epoch ``losses``, ``val_accs`` and ``epoch_ms``.
     """
-    from tqdm.auto import tqdm
-
     device = data.x.device
     torch.manual_seed(seed)  # same dropout sequence for every implementation
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -196,8 +194,7 @@ def train_one(model: nn.Module, data, epochs: int, lr: float, weight_decay: floa
     val_accs: List[float] = []
     times: List[float] = []
     best = {"val_acc": -1.0, "val_loss": math.inf, "test_acc": 0.0, "epoch": 0}
-    bar = tqdm(range(1, epochs + 1), desc=desc, disable=not progress, dynamic_ncols=True,
-               leave=True, file=sys.stderr)
+    bar = cli.progress(range(1, epochs + 1), show=progress, desc=desc)
     for epoch in bar:
         _sync(device)
         t0 = time.perf_counter()

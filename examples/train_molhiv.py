@@ -217,8 +217,6 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         ``mean_step_ms``, the per-step ``losses``, and per epoch
         ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``.
     """
-    from tqdm.auto import tqdm
-
     torch.manual_seed(seed)  # the same dropout masks for every implementation
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses: List[float] = []
@@ -226,8 +224,7 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
     epoch_loss: List[float] = []
     curves: Dict[str, List[float]] = {"val": [], "test": []}
     best = {"val": -math.inf, "test": math.nan, "epoch": 0}
-    bar = tqdm(total=epochs * len(loaders["train"]), desc=desc, disable=not progress,
-               dynamic_ncols=True, file=sys.stderr)
+    bar = cli.progress(total=epochs * len(loaders["train"]), show=progress, desc=desc)
     for epoch in range(1, epochs + 1):
         model.train()
         first = len(losses)
