@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 __all__ = ["HelpFormatter", "add_run_arguments", "add_progress_argument", "progress",
-           "parse_device", "out_file", "table", "require_kernels", "pick_device"]
+           "parse_device", "out_file", "table", "require_kernels", "add_device_argument",
+           "pick_device"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -109,6 +110,13 @@ def require_kernels(script: str, hint: str = "") -> None:
            else f"the CUDA kernels are missing ({pyg_dfgnn.load_error()})")
     sys.exit(f"{script} needs a CUDA GPU and the compiled extension: {why} (python -m "
              f"pyg_dfgnn info shows what this machine has{'; ' + hint if hint else ''}).")
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    r"""Adds a measuring script's ``--device`` (check it with :func:`pick_device`)."""
+    parser.add_argument("--device", default=None,
+                        help="torch device; cpu runs the reference path, a check of the script "
+                             "(default: cuda; cpu with --quick and no GPU)")
 
 
 def pick_device(script: str, device: Optional[str], quick: bool = False):

@@ -971,9 +971,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of the *_compile impls (default: inductor)")
-    p.add_argument("--device", default=None,
-                   help="torch device; cpu runs the reference path, a check of the script "
-                        "(default: cuda; cpu with --quick and no GPU)")
+    cli.add_device_argument(p)
     p.add_argument("--mode", choices=("eager", "cudagraph", "both"), default=None,
                    help="eager training steps, captured CUDA-graph steps (full graphs only), or "
                         "both (default: both on CUDA, eager on CPU; cudagraph needs CUDA)")
