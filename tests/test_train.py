@@ -44,6 +44,8 @@ def test_train_both_impls(train, model, tmp_path, capsys):
     assert report["results"]["fused"]["losses"] == saved["results"]["fused"]["losses"]
     printed = capsys.readouterr().out
     assert "native" in printed and "fused" in printed and "speedup" in printed
+    # attention dropout (AGNN has none) draws other masks: the run says so
+    assert ("draw their own masks" in printed) == (model != "agnn")
 
 
 @needs_data
