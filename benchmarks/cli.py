@@ -1,6 +1,6 @@
 r"""What the example and benchmark scripts share at their entry points: the help
-formatter, the ``--device`` check, output files, result tables, and the one-line
-refusal of a script that needs a GPU.
+formatter, the ``--device`` check, progress bars, output files, result tables,
+and the one-line refusal of a script that needs a GPU.
 
 (The ``--data`` option and the exit on missing data are in
 :mod:`benchmarks.datasets`.)
@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
-__all__ = ["HelpFormatter", "add_run_arguments", "parse_device", "out_file", "table",
-           "require_kernels", "pick_device"]
+__all__ = ["HelpFormatter", "add_run_arguments", "add_progress_argument", "progress",
+           "parse_device", "out_file", "table", "require_kernels", "add_device_argument",
+           "pick_device"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -39,8 +40,25 @@ def add_run_arguments(parser: argparse.ArgumentParser, results: str) -> None:
                              "available, else cpu)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help=f"write the results ({results}) to PATH (default: not written)")
+    add_progress_argument(parser)
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    r"""Adds ``--no-progress``, the ``show=False`` of :func:`progress`."""
     parser.add_argument("--no-progress", action="store_true",
-                        help="no tqdm progress bar (for logs and non-interactive runs)")
+                        help="no progress bar, not even on a terminal (elsewhere, as in a "
+                             "log file, there is none anyway)")
+
+
+def progress(iterable=None, show: bool = True, **kwargs):
+    r"""A :class:`tqdm.tqdm` progress bar on stderr, drawn only where stderr is a
+    terminal (tqdm's ``disable=None``): a log file or a pipe gets no bar lines.
+    ``show=False`` (``--no-progress``) turns it off on a terminal too; ``kwargs``
+    go to tqdm."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=None if show else True, file=sys.stderr,
+                dynamic_ncols=True, **kwargs)
 
 
 def parse_device(parser: argparse.ArgumentParser, device: Optional[str]):
@@ -92,6 +110,13 @@ def require_kernels(script: str, hint: str = "") -> None:
            else f"the CUDA kernels are missing ({pyg_dfgnn.load_error()})")
     sys.exit(f"{script} needs a CUDA GPU and the compiled extension: {why} (python -m "
              f"pyg_dfgnn info shows what this machine has{'; ' + hint if hint else ''}).")
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    r"""Adds a measuring script's ``--device`` (check it with :func:`pick_device`)."""
+    parser.add_argument("--device", default=None,
+                        help="torch device; cpu runs the reference path, a check of the script "
+                             "(default: cuda; cpu with --quick and no GPU)")
 
 
 def pick_device(script: str, device: Optional[str], quick: bool = False):

@@ -971,9 +971,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="allow TF32 in fp32 matmuls, for every impl alike (default: off)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of the *_compile impls (default: inductor)")
-    p.add_argument("--device", default=None,
-                   help="torch device; cpu runs the reference path, a check of the script "
-                        "(default: cuda; cpu with --quick and no GPU)")
+    cli.add_device_argument(p)
     p.add_argument("--mode", choices=("eager", "cudagraph", "both"), default=None,
                    help="eager training steps, captured CUDA-graph steps (full graphs only), or "
                         "both (default: both on CUDA, eager on CPU; cudagraph needs CUDA)")
@@ -1012,7 +1010,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=("auto", "smmf", "pmf"), default="auto",
                    help="fusion method of the fused layers (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    cli.add_progress_argument(p)
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of --out and run only what it lacks (module docstring)")
     args = p.parse_args(argv)
@@ -1126,8 +1124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     r"""Runs the benchmark; returns the report (also written to ``--out``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from tqdm.auto import tqdm
-
+    from benchmarks import cli
     from benchmarks.kernels import cuda_context_ok, set_matmul_precision
 
     device = torch.device(args.device)
@@ -1178,8 +1175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     runs = sum(len(args.impls) * eager
                + len(graph_impls) * (graphed and d not in ("pattern", "cluster"))
                for d, _ in todo)
-    bar = tqdm(total=runs, desc="e2e", disable=args.no_progress, file=sys.stderr,
-               dynamic_ncols=True)
+    bar = cli.progress(total=runs, show=not args.no_progress, desc="e2e")
 
     def progress(r):
         if "error" not in r:

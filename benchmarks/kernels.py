@@ -47,7 +47,10 @@ device without it).
 Usage, from the repository root (needs a CUDA GPU and the compiled extension):
 ``python -m benchmarks.kernels [--quick] [--models gt,gat,agnn] [--out results.json]``
 (``--quick``: two small graphs, GT 1x128 fp32 only, fused-auto / PyG / compiled PyG /
-dense SDPA, short repeats; under a minute). ``--methods a,b`` runs only the named
+dense SDPA, short repeats; under a minute). ``--quick`` without a GPU (or with
+``--device cpu``) runs those cases on the CPU without compiled PyG: the fused op's
+reference path, timed by the wall clock, a check of the script whose times say
+nothing about the kernels. ``--methods a,b`` runs only the named
 methods, wherever the full grid has them (``--quick --methods`` on the quick graphs).
 
 The JSON is rewritten after every case and ``--resume`` runs only the cases it lacks
@@ -72,6 +75,7 @@ from benchmarks import flex, generators
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 
+#: The device measured on; ``--device`` sets it.
 DEV = "cuda"
 #: fwd+bwd steps accumulate into the leaves' ``.grad`` instead of starting from
 #: ``None`` (as after ``optimizer.zero_grad()``); ``--accumulate-grads``.
@@ -81,6 +85,8 @@ ACCUMULATE_GRADS = False
 #: ``(warmup_ms, rep_ms)`` of :func:`bench`; ``--quick`` shortens them.
 REPEATS = (25, 150)
 QUICK_REPEATS = (10, 40)
+#: Timed calls of :func:`bench` on the CPU, after one untimed call.
+CPU_REPEATS = 2
 #: Methods timed under ``torch.compile`` (their eager function, compiled per case).
 COMPILED = {"pyg-compile": "pyg"}
 #: Methods that compile, timed after every eager one (:func:`phases`).
@@ -88,6 +94,11 @@ LATE = (*COMPILED, *flex.FORMS)
 
 
 def bench(fn, warmup_ms=None, rep_ms=None):
+    """Median ms of ``fn()``: ``triton.testing.do_bench`` on a GPU, a few wall-clock
+    calls on the CPU (the reference path: the script's check, not a measurement)."""
+    if torch.device(DEV).type != "cuda":
+        from benchmarks.profile_backward import wall_timer
+        return wall_timer(fn, CPU_REPEATS)
     import triton.testing
     return triton.testing.do_bench(fn, warmup=warmup_ms or REPEATS[0], rep=rep_ms or REPEATS[1],
                                    return_mode="median")
@@ -825,16 +836,20 @@ def main(argv=None):
     from benchmarks import cli, datasets
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
                                  description=__doc__.splitlines()[0] + " Needs a CUDA GPU "
-                                 "and the compiled extension.", formatter_class=cli.HelpFormatter)
+                                 "and the compiled extension; without them, --quick runs the "
+                                 "reference path on the CPU (without compiled PyG), a check "
+                                 "of the script.", formatter_class=cli.HelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="a 128-graph PATTERN batch and a 5K-node power-law graph, GT 1x128 fp32 "
                          "only (unless --models), short repeats: under a minute")
     ap.add_argument("--out", default="kernels.json", help="JSON results, written as it goes")
+    cli.add_device_argument(ap)
     datasets.add_data_argument(ap, "Planetoid/, MUSAE/GitHub/")
     ap.add_argument("--graphs", default="",
                     help="comma-separated subset of graph names (default: every graph)")
     ap.add_argument("--no-sparse", action="store_true", help="skip the torch.sparse pipeline")
-    ap.add_argument("--no-compile", action="store_true", help="skip PyG + torch.compile")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="skip PyG + torch.compile (always skipped on the CPU)")
     ap.add_argument("--no-dense", action="store_true", help="skip dense masked SDPA")
     ap.add_argument("--no-flex", action="store_true",
                     help="skip FlexAttention (flex-seq, flex-padded)")
@@ -863,19 +878,23 @@ def main(argv=None):
     known = {m for cfg in gt_methods(True) for m in cfg[3]}
     if methods is not None and not set(methods) <= known:
         ap.error(f"--methods: unknown {sorted(set(methods) - known)}; known: {sorted(known)}")
-    global ACCUMULATE_GRADS
+    global ACCUMULATE_GRADS, DEV
     ACCUMULATE_GRADS = args.accumulate_grads
-    cli.require_kernels("benchmarks.kernels")
+    DEV = cli.pick_device("benchmarks.kernels", args.device, args.quick)
+    cuda = DEV.type == "cuda"
+    # Inductor compiles C++ for minutes per case on a CPU, to time the reference path.
+    args.no_compile = args.no_compile or not cuda
     cli.out_file(args.out)
     REPEATS = QUICK_REPEATS if args.quick else REPEATS
-    from tqdm import tqdm
-    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    info = {"gpu": torch.cuda.get_device_name(DEV) if cuda else "cpu",
+            "torch": torch.__version__,
             "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
             "quick": args.quick, "repeats_ms": list(REPEATS),
             **set_matmul_precision(args.tf32),
             "compile": None if args.no_compile else {"dynamic": False, "mode": "default",
                                                      "per": "graph and configuration"},
-            "copy_GBps": copy_bandwidth(), "autograd_floor_ms": autograd_floor()}
+            "copy_GBps": copy_bandwidth() if cuda else None,
+            "autograd_floor_ms": autograd_floor()}
     print(f"# {info}")
     with datasets.exit_on_missing_data():
         graphs = load_graphs(args.quick, args.data)
@@ -901,7 +920,7 @@ def main(argv=None):
 
     steps = [(p, m, pending(by_key, p, m, c), kw) for p, m, c, kw in phases(cases)]
     steps = [st for st in steps if st[2] is not None]
-    for phase, model, c, kw in tqdm(steps, desc="kernels", file=sys.stderr):
+    for phase, model, c, kw in cli.progress(steps, desc="kernels"):
         res = run_case(*c, **kw) if model == "gt" else run_score_case(model, *c, **kw)
         key = case_key(model, c)
         if key in by_key:  # joins the case's row (the first phase's, or a resumed one)

@@ -46,7 +46,8 @@ undirected) and the generated Reddit-like power-law graph, loaded as
 GPU and the compiled extension, except with ``--quick``: 8-graph batches and
 300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
 run), which runs on the CPU too (``--device cpu``, the default without a GPU), with
-a wall-clock timer in place of ``do_bench`` and no peak memory.
+a wall-clock timer in place of ``do_bench``, no peak memory and, unless
+``--methods`` names them, no compiled methods.
 
 Run order: every eager method of every case first, then the compiled ones (a compile
 running before an eager measurement slowed host-bound steps, see
@@ -64,7 +65,9 @@ in fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
 Usage, from the repository root::
 
     python -m benchmarks.layers --out out/layers.json
-    python -m benchmarks.layers --quick --device cpu --compile-backend aot_eager --out q.json
+    python -m benchmarks.layers --quick --out q.json      # no GPU: the CPU, eager methods
+    python -m benchmarks.layers --quick --device cpu --methods pyg,pyg-compile \
+        --compile-backend aot_eager --out q.json
 """
 from __future__ import annotations
 
@@ -368,8 +371,9 @@ def parse_args(argv):
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
     ap.add_argument("--bf16-models", default=",".join(MODELS),
                     help="models also run under bf16 autocast")
-    ap.add_argument("--methods", default=",".join(METHODS),
-                    help=f"comma-separated subset of {','.join(METHODS)}")
+    ap.add_argument("--methods", default=None,
+                    help=f"comma-separated subset of {','.join(METHODS)} (default: all; on "
+                         "the CPU: pyg,fused, as compiling there takes minutes per case)")
     ap.add_argument("--heads-channels", default="1x128",
                     help="comma-separated HxC configurations (e.g. 1x128,4x32)")
     ap.add_argument("--in-channels", type=int, default=128, help="input features per node")
@@ -380,9 +384,7 @@ def parse_args(argv):
                     help="torch.compile backend of the compiled methods")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 in fp32 matmuls (every method alike; default: off)")
-    ap.add_argument("--device", default=None,
-                    help="torch device; cpu runs the reference path, a check of the script "
-                         "(default: cuda; cpu with --quick and no GPU)")
+    cli.add_device_argument(ap)
     datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
     ap.add_argument("--quick", action="store_true",
                     help="small generated graphs, short repeats (tests, smoke run; also on CPU)")
@@ -392,6 +394,9 @@ def parse_args(argv):
                     help="keep the methods already in --out and run the others")
     args = ap.parse_args(argv)
     args.device = cli.pick_device("benchmarks.layers", args.device, args.quick)
+    if args.methods is None:
+        args.methods = ",".join(m for m in METHODS
+                                if args.device.type == "cuda" or m not in COMPILED)
     return args
 
 

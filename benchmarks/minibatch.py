@@ -490,9 +490,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=8, help="untimed steps first (compilation)")
     datasets.add_data_argument(p, "ogbn-arxiv/ and MUSAE/GitHub/")
-    p.add_argument("--device", default=None,
-                   help="torch device; cpu runs the reference path, a check of the script "
-                        "(default: cuda; cpu with --quick and no GPU)")
+    cli.add_device_argument(p)
     p.add_argument("--quick", action="store_true",
                    help="arxiv, GAT and GT, 1024 seeds, [25, 10], fp32, 10 steps")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",

@@ -121,7 +121,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "every rank has the same")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="rank 0 writes the results here (default: not written)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cli.add_progress_argument(p)
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
@@ -262,7 +262,6 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
     r"""One rank: joins the process group, trains, evaluates; rank 0 returns
     (and with ``--json`` writes) the results, the other ranks ``None``."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from tqdm.auto import tqdm
 
     if args.device == "cuda":
         gpus = torch.cuda.device_count()
@@ -296,9 +295,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
             if sampler is not None:
                 sampler.set_epoch(epoch)
             n_steps = min(args.steps or len(train_loader), len(train_loader))
-            bar = tqdm(total=n_steps, desc=f"epoch {epoch + 1}/{args.epochs}",
-                       disable=rank != 0 or args.no_progress, dynamic_ncols=True,
-                       file=sys.stderr)
+            bar = cli.progress(total=n_steps, show=rank == 0 and not args.no_progress,
+                               desc=f"epoch {epoch + 1}/{args.epochs}")
             ddp.train()
             t_data = time.perf_counter()
             for i, batch in enumerate(train_loader):

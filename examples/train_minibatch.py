@@ -83,8 +83,8 @@ def run_epoch(model, batches, opt, device, train: bool, desc: str, limit: int):
     total = 0
     t0 = time.perf_counter()
     with torch.set_grad_enabled(train):
-        for i, b in enumerate(tqdm(batches, desc=desc, leave=False,
-                                   total=min(len(batches), limit))):
+        for i, b in enumerate(cli.progress(batches, desc=desc, leave=False,
+                                           total=min(len(batches), limit))):
             if i >= limit:
                 break
             b = b.to(device)

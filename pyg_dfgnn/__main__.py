@@ -58,11 +58,15 @@ def info() -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     r"""Entry point of ``python -m pyg_dfgnn`` and of the ``pyg-dfgnn`` script."""
+    # The layers register themselves in FUSED as pyg_dfgnn.nn imports them; the
+    # package's own import (torch, PyG) has run already, this adds milliseconds.
+    from pyg_dfgnn.nn import FUSED
+
+    layers = ", ".join(sorted(cls.__name__ for cls in FUSED.values()))
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="pyg_dfgnn: fused attention kernels (DF-GNN: SDDMM -> edge softmax -> SpMM "
-                    "in one kernel) behind drop-in PyTorch Geometric layers "
-                    "(FusedTransformerConv, FusedGATConv, FusedAGNNConv).",
+                    f"in one kernel) behind drop-in PyTorch Geometric layers ({layers}).",
         epilog="The training example and the benchmarks are scripts of the source "
                "repository: python examples/train.py --help, python -m benchmarks.kernels "
                "--help.")

@@ -245,3 +245,20 @@ def test_phases_time_every_compile_after_the_eager_methods(kb):
     assert kb.phases(kb.build_cases(graphs, ["gt", "gat"], quick=True, fused_only=True)) == [
         ("eager", m, a, dict(kw, compiled=False) if m != "gt" else kw)
         for m, a, kw in kb.build_cases(graphs, ["gt", "gat"], quick=True, fused_only=True)]
+
+
+def test_quick_run_on_the_cpu(kb, tmp_path, monkeypatch):
+    """``--quick --device cpu``: the reference path, timed by the wall clock, without
+    compiled PyG, written as on a GPU (a check of the script)."""
+    ei, batch = tiny_batch()
+    monkeypatch.setattr(kb, "load_graphs",
+                        lambda quick, data=None: {"tiny": (ei, batch.numel(), "batch", batch)})
+    for name in ("DEV", "REPEATS"):  # main sets them; restored afterwards
+        monkeypatch.setattr(kb, name, getattr(kb, name))
+    out = tmp_path / "k.json"
+    assert kb.main(["--quick", "--device", "cpu", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["info"]["gpu"] == "cpu" and doc["info"]["copy_GBps"] is None
+    (row,) = doc["rows"]
+    assert set(row["methods"]) == {"fused-auto", "pyg", "dense-sdpa"}
+    assert all(m["status"] == "ok" and m["fwd_bwd_ms"] > 0 for m in row["methods"].values())

@@ -17,9 +17,11 @@ def lb():
 
 
 def run(lb, tmp_path, *extra, name="out.json"):
+    """A quick CPU run, the compiled methods included (the eager backend compiles
+    nothing) unless ``extra`` names its own ``--methods``."""
     out = tmp_path / name
     assert lb.main(["--quick", "--device", "cpu", "--compile-backend", "eager",
-                    "--out", str(out), *extra]) == 0
+                    "--methods", ",".join(lb.METHODS), "--out", str(out), *extra]) == 0
     with open(out) as f:
         return json.load(f)
 
@@ -177,6 +179,8 @@ def test_default_grid_runs_every_model_in_both_dtypes(lb):
     cases, methods = lb.plan(lb.parse_args(["--device", "cpu"]))
     assert len(cases) == len(lb.GRAPHS) * len(lb.MODELS) * 2
     assert {(c[1], c[4]) for c in cases} == {(m, d) for m in lb.MODELS for d in ("fp32", "bf16")}
-    assert methods == list(lb.METHODS)
+    assert methods == ["pyg", "fused"]  # on the CPU compiling takes minutes per case
+    _, methods = lb.plan(lb.parse_args(["--device", "cpu", "--methods", "fused-compile,pyg"]))
+    assert methods == ["pyg", "fused-compile"]
     narrowed, _ = lb.plan(lb.parse_args(["--device", "cpu", "--bf16-models", "gt"]))
     assert {c[1] for c in narrowed if c[4] == "bf16"} == {"gt"}

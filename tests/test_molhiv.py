@@ -131,3 +131,5 @@ def test_main_on_the_first_hiv_molecules(mh, tmp_path, capsys):
                                rtol=1e-5, atol=1e-6)
     printed = capsys.readouterr().out
     assert "fuse():" in printed and "test ROC-AUC" in printed and "median step ms" in printed
+    # edge features run PyG's forward: the run says so, and shows no speed-up
+    assert "No conv runs fused" in printed and saved["speedup"] is None

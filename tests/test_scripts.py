@@ -4,6 +4,7 @@ the skipped-tests summary counts reasons."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import subprocess
 import sys
@@ -93,6 +94,26 @@ def test_sanitize_without_gpu_is_one_line(tmp_path):
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "needs a CUDA GPU" in r.stderr
     assert not (tmp_path / "san").exists()
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    """A log or a pipe (stderr not a terminal) gets no bar lines; --no-progress
+    turns the bar off on a terminal too."""
+    from benchmarks import cli
+
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True
+    for stderr, show, drawn in ((terminal, True, True), (terminal, False, False),
+                                (io.StringIO(), True, False)):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        with cli.progress(range(2), show=show) as bar:
+            assert bar.disable != drawn
+
+
+def test_scripts_draw_bars_through_cli_progress():
+    for path in [*ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/*.py")]:
+        if path.name != "cli.py":
+            assert "tqdm(" not in path.read_text(), f"{path.name}: use benchmarks.cli.progress"
 
 
 def test_plot_without_inputs_says_what_it_needs(capsys):

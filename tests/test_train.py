@@ -26,7 +26,7 @@ def train():
 
 
 @needs_data
-@pytest.mark.parametrize("model", ["gt", "gat", "agnn"])
+@pytest.mark.parametrize("model", ["gt", "gat", "gatv2", "agnn"])
 def test_train_both_impls(train, model, tmp_path, capsys):
     out = tmp_path / "res.json"
     report = train.main(["--model", model, "--impl", "both", "--epochs", "6", "--device", "cpu",
@@ -44,10 +44,12 @@ def test_train_both_impls(train, model, tmp_path, capsys):
     assert report["results"]["fused"]["losses"] == saved["results"]["fused"]["losses"]
     printed = capsys.readouterr().out
     assert "native" in printed and "fused" in printed and "speedup" in printed
+    # attention dropout (AGNN has none) draws other masks: the run says so
+    assert ("draw their own masks" in printed) == (model != "agnn")
 
 
 @needs_data
-@pytest.mark.parametrize("model", ["gt", "gat", "agnn"])
+@pytest.mark.parametrize("model", ["gt", "gat", "gatv2", "agnn"])
 def test_fused_and_native_train_identically_without_dropout(train, model):
     """Same seed -> same initial parameters; without dropout the two implementations
     compute the same function, so their loss curves agree to fp32 tolerance."""
@@ -59,13 +61,14 @@ def test_fused_and_native_train_identically_without_dropout(train, model):
 
 
 def test_fused_model_uses_fused_layers_with_native_parameters(train):
-    from torch_geometric.nn import AGNNConv, GATConv, TransformerConv
+    from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
 
-    from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
+    from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
     build_model = train.build_model
 
     for model, native_cls, fused_cls in [("gt", TransformerConv, FusedTransformerConv),
                                         ("gat", GATConv, FusedGATConv),
+                                        ("gatv2", GATv2Conv, FusedGATv2Conv),
                                         ("agnn", AGNNConv, FusedAGNNConv)]:
         torch.manual_seed(0)
         native = build_model(model, "native", 12, 3, hidden=4, heads=2, dropout=0.5)
@@ -154,11 +157,14 @@ def test_cli_info(capsys):
 
 def test_cli_help(capsys):
     from pyg_dfgnn.__main__ import main
+    from pyg_dfgnn.nn import FUSED
 
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
-    assert "info" in capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    assert "info" in text
+    assert all(cls.__name__ in text for cls in FUSED.values())  # every fused layer
     for removed in (["train"], ["bench"], []):
         with pytest.raises(SystemExit) as e:
             main(removed)
@@ -196,5 +202,5 @@ def test_example_script_help():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py"), "--help"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "--model {gt,gat,agnn}" in r.stdout
+    assert "--model {gt,gat,gatv2,agnn}" in r.stdout
     assert "FutureWarning" not in r.stderr

@@ -146,7 +146,10 @@ class FusedGATConv(GATConv):
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; with ``add_self_loops=True`` and an ``EdgeIndex`` input the
-    returned ``edge_index`` is a plain tensor (same values).
+    returned ``edge_index`` is a plain tensor (same values); attention dropout draws
+    its own mask (in the kernel from a seed taken from torch's generator; on the CPU
+    over the edges in the layout's order), so from the same seed it can drop other
+    weights than ``GATConv``.
     """
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,

@@ -79,7 +79,10 @@ class FusedGATv2Conv(GATv2Conv):
 
     Differences from PyG: the returned attention weights are detached from the
     autograd graph; under autocast the attention vector enters the kernels in the
-    features' dtype (the sums stay float32).
+    features' dtype (the sums stay float32); attention dropout draws its own mask
+    (in the kernel from a seed taken from torch's generator; on the CPU over the
+    edges in the layout's order), so from the same seed it can drop other weights than
+    ``GATv2Conv``.
     """
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,

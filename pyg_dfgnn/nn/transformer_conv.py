@@ -101,7 +101,10 @@ class FusedTransformerConv(TransformerConv):
     ``torch.compile``.
 
     Differences from PyG: the returned attention weights are detached from the
-    autograd graph (PyG's carry gradients).
+    autograd graph (PyG's carry gradients); attention dropout draws its own mask (in
+    the kernel from a seed taken from torch's generator; on the CPU over the edges
+    in the layout's order), so from the same seed it can drop other weights than
+    ``TransformerConv``.
     """
     #: Default of ``fused_projection``; a layer that :func:`~pyg_dfgnn.nn.fuse`
     #: switches in place (no ``__init__`` runs) reads this.
