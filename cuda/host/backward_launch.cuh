@@ -64,7 +64,7 @@ at::Tensor row_dsum(const BackwardArgs& a, Make&& make) {
       std::apply([&](auto... in) {
         auto kern = p > 0.f ? row_bwd_dsum_kernel<Score<S>, true, decltype(in)...>
                             : row_bwd_dsum_kernel<Score<S>, false, decltype(in)...>;
-        kern<<<blocks, kNodeBlock, 0, at::cuda::getCurrentCUDAStream()>>>(
+        kern<<<blocks, kNodeBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
             cptr<T>(a.grad_out), a.lse2.data_ptr<float>(), a.L.rowptr.data_ptr<int>(),
             a.L.col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)a.L.chunk,
             dsum.data_ptr<float>(), partial, n_units, H, C, p, (uint64_t)a.seed, in...);
@@ -133,7 +133,7 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
   float2* pds = reinterpret_cast<float2*>(pds_f);
   float* param = scratch[4];
   const float p = (float)a.dropout;
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n_dst_units = n_items * H, n_src_units = cw.items.size(0) * H;
   const BackwardCounters cnt =
       mma.on ? BackwardCounters{nullptr, nullptr}

@@ -5,10 +5,8 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
+#include "host/tensor.h"
 #include "device/numerics.cuh"
 #include "device/row_shape.cuh"
 #include "host/plan_checks.h"

@@ -1,7 +1,7 @@
 // The outputs and scratch of one attention forward call and its split-row
 // finish, shared by the forwards of every score.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 #include "host/params.h"
 #include "host/scratch.h"
 

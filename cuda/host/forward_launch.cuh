@@ -34,7 +34,7 @@ void launch_row_smmf(const char* op, const typename Score<S>::Params& sp, const 
                         ? row_fwd_smmf_kernel<Score<S2>, true, UF, M, decltype(in)...>
                         : row_fwd_smmf_kernel<Score<S2>, false, UF, M, decltype(in)...>;
         kern<<<ceil_div(n_units * S2::G, kNodeBlock), kNodeBlock, 0,
-               at::cuda::getCurrentCUDAStream()>>>(
+               c10::cuda::getCurrentCUDAStream()>>>(
             L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), rw.items.data_ptr<int>(),
             (int)L.chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(), fc.attn_ptr(),
             fc.partial(), fc.partial_ml(), n_units, H, C, p, (uint64_t)seed, fc.counters, in...);
@@ -53,7 +53,7 @@ void launch_edge_sddmm(const typename Score<S>::Params& sp, const LayoutView& L,
   if (n_units == 0) return;
   std::apply([&](auto... in) {
     edge_sddmm_kernel<Score<S>, decltype(in)...><<<ceil_div(n_units * S::G, kThreads), kThreads,
-                                                   0, at::cuda::getCurrentCUDAStream()>>>(
+                                                   0, c10::cuda::getCurrentCUDAStream()>>>(
         L.csr_row.data_ptr<int>(), L.col.data_ptr<int>(), fc.score(), n_units, H, C, in...);
   }, sp.tie());
   check_launch();

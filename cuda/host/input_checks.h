@@ -2,7 +2,7 @@
 // sees the data: bad input raises a RuntimeError that names the argument, never
 // a CUDA fault. Messages as the ops have always given them.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 
 #include <string>
 

@@ -3,7 +3,7 @@
 // cannot run it; the callers (the scores' files, cuda/scores/, and the ops in
 // glue/) check inputs first.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 #include <tuple>
 
 #include "host/params.h"

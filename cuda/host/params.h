@@ -2,7 +2,7 @@
 // (one LayoutView, built and checked once from the op's layout arguments in
 // glue/bindings.cpp) and the kernel plan's decisions.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 
 namespace dfgnn {
 

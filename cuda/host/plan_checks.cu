@@ -39,7 +39,7 @@ bool backward_merge_in_kernel_supported(at::ScalarType st) { return st == at::kF
 
 bool stream_is_capturing() {
   cudaStreamCaptureStatus status;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream().stream(), &status));
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status));
   return status != cudaStreamCaptureStatusNone;
 }
 

@@ -3,7 +3,7 @@
 // plan says: host code raises (TORCH_CHECK, naming the op and the plan's field)
 // instead of running another kernel.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 
 #include <cstdint>
 #include <initializer_list>

@@ -4,7 +4,7 @@
 // under the name its Python spec uses (pyg_dfgnn/ops/scores/<name>.py); the ops
 // find it through the call's plan, so adding a score touches no shared file.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
 // The float32 scratch of one kernel call (split-row partials, row sums, scores).
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 #include <initializer_list>
 
 namespace dfgnn {

@@ -140,7 +140,7 @@ void reduce_slots(const float* partial, int64_t num_slots, const float* partial_
   int P = 256 / W;
   while (P > 1 && n_units * W * P > (int64_t(1) << 21) && P / 2 >= avg_slots) P >>= 1;
   const int per_block = 256 / (W * P);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   DFGNN_DISPATCH_FLOAT_TYPES(out.scalar_type(), "reduce_slots", [&] {
     using T = typename cuda_type<scalar_t>::type;
     auto kern = V == 4 ? reduce_slots_kernel<T, 4, SOFTMAX> : reduce_slots_kernel<T, 1, SOFTMAX>;
@@ -177,7 +177,7 @@ __global__ void normalize_attn_kernel(const int* __restrict__ combine,
 // map is never destroyed: tensors freed at exit could outlive the CUDA context).
 int* split_row_counters(int64_t n, const char* op, const char* field) {
   TORCH_INTERNAL_ASSERT(n > 0);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   TORCH_CHECK(!stream_is_capturing(), op, ": ", field, "=True (split rows "
               "merged in the kernel) while the stream is captured into a CUDA graph: the "
               "merge's arrival counters cannot be captured; the plan must say ", field,
@@ -238,7 +238,7 @@ void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,
                           const at::Tensor& lse2, at::Tensor& attn) {
   const int64_t n_rows = combine.size(0), H = lse2.size(1);
   if (n_rows == 0) return;
-  normalize_attn_kernel<<<ceil_div(n_rows * H * 32, 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+  normalize_attn_kernel<<<ceil_div(n_rows * H * 32, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
       combine.data_ptr<int>(), rowptr.data_ptr<int>(), lse2.data_ptr<float>(),
       attn.data_ptr<float>(), n_rows, H);
   check_launch();

@@ -1,7 +1,7 @@
 // Split rows on the host side: the arrival counters of the in-kernel merge and
 // the separate merge launches for the calls whose kernels do not merge.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 #include "host/params.h"
 
 namespace dfgnn {

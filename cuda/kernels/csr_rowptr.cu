@@ -26,7 +26,7 @@ __global__ void csr_rowptr_kernel(const I* __restrict__ index, int64_t n, int64_
 at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows) {
   auto rowptr = at::empty({num_rows + 1}, index.options().dtype(at::kInt));
   const int64_t n = index.numel();
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "csr_rowptr", [&] {
     csr_rowptr_kernel<index_t><<<ceil_div(num_rows + 1, 256), 256, 0, stream>>>(
         index.data_ptr<index_t>(), n, num_rows, rowptr.data_ptr<int>());

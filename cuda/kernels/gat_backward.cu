@@ -264,7 +264,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
   float* part_dc = split_d ? part_d + rw.num_slots * H : nullptr;
   const int64_t n_dst_units = rw.items.size(0) * H, n_src_units = cw.items.size(0) * H;
   constexpr int kThreads = kNodeBlock;
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   int* counters = backward_split_counters(op, plan, x.scalar_type(), rw, cw, H).csr;  // both walks
   dispatch_rows(x.scalar_type(), C, plan.vector_rows, op, [&](auto shape) {
     using S = decltype(shape);

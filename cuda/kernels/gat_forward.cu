@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const float p = (float)dropout, slope = (float)negative_slope;
   const int64_t n_units = rw.items.size(0) * H;
   constexpr int kThreads = 256;  // edge-parallel PMF kernels
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   dispatch_rows(x.scalar_type(), C, plan.vector_rows, op, [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;

@@ -279,7 +279,7 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
   TORCH_CHECK(dsum != nullptr || q.size(0) == 0,
               "dfgnn::attention_bwd (dot): the tensor-core dq walk needs D in fp32");
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   launch_units(q.scalar_type(), q.size(2), q.size(0), q.size(1),
                [&](auto T_, auto C_, int64_t blocks, int64_t n_units) {
     using T = typename decltype(T_)::type;
@@ -293,7 +293,7 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
 
 void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const float* pds,
                          const LayoutView& L, at::Tensor& dk, at::Tensor& dv, double scale) {
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   launch_units(q.scalar_type(), q.size(2), dk.size(0), q.size(1),
                [&](auto T_, auto C_, int64_t blocks, int64_t n_units) {
     using T = typename decltype(T_)::type;

@@ -318,7 +318,7 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   static_assert(kSmem <= 48 * 1024, "no opt-in for more dynamic shared memory");
   const int64_t N = q.size(0);
   gt_fwd_dense_kernel<T, C><<<ceil_div(N, kDenseRows), kDenseThreads, kSmem,
-                              at::cuda::getCurrentCUDAStream()>>>(
+                              c10::cuda::getCurrentCUDAStream()>>>(
       cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
       plan.data_ptr<int>(), plan.numel(), mptr<T>(out), lse2.data_ptr<float>(), N, k.size(0),
       (int)q.size(1), scale2, cells_per_edge);

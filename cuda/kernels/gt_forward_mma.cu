@@ -64,7 +64,7 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t n_units = (N + kMmaRows - 1) / kMmaRows * H;
   if (n_units == 0) return;
   const float scale2 = (float)(scale * kLog2e);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   auto launch = [&](auto T_, auto C_) {
     using T = typename decltype(T_)::type;
     constexpr int CC = decltype(C_)::value;

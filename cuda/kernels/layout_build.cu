@@ -38,7 +38,6 @@
 // atomics (csc_scatter's order is sorted away: CSR positions are distinct).
 // Indices are clamped before any scatter, so out-of-range input is reported from
 // the one read of the statistics, never as a fault.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
@@ -731,8 +730,10 @@ std::vector<at::Tensor> build(const at::Tensor& ei, int64_t ns64, int64_t nd64, 
   const int64_t E_max = E0 + n_loops;  // E before removed self-loops are counted
   const I* src = ei.data_ptr<I>();
   const I* dst = src + ei.stride(0);
-  auto stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                        c10::cuda::current_device()));
   const auto u8 = ei.options().dtype(at::kByte);
 
   // ---- scratch of both phases: one allocation, sized before the synchronisation

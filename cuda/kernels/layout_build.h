@@ -1,7 +1,7 @@
 // The GraphLayout build on the GPU (layout_build.cu); registered as
 // dfgnn::layout_build in glue/layout_build_op.cpp.
 #pragma once
-#include <ATen/ATen.h>
+#include "host/tensor.h"
 
 #include <vector>
 

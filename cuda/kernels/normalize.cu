@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
   }
   auto rnorm = at::empty({N, H}, x.options().dtype(at::kFloat));
   check_vector_rows(op, vector_rows, {{"x", &x}});
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   dispatch_rows(x.scalar_type(), C, vector_rows, op, [&](auto shape) {
     using S = decltype(shape);
@@ -126,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, co
   auto dbeta_part = at::empty({N, H}, k.options().dtype(at::kFloat));
   check_vector_rows("dfgnn::l2norm_bwd", vector_rows,
                     {{"k", &k}, {"dk", &dk}, {"dq", &dq}});
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   dispatch_rows(k.scalar_type(), C, vector_rows, "dfgnn::l2norm_bwd", [&](auto shape) {
     using S = decltype(shape);

@@ -91,7 +91,7 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const
   const int64_t H = x.size(1), C = x.size(2);
   const int64_t n_units = rw.items.size(0) * H;
   const float p = (float)dropout;
-  auto stream = at::cuda::getCurrentCUDAStream();
+  auto stream = c10::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
   dispatch_rows(x.scalar_type(), C, vector_rows, "dfgnn (softmax + SpMM)", [&](auto shape) {
     using S = decltype(shape);

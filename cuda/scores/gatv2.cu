@@ -1,137 +1,14 @@
-// GATv2's score (GATv2Conv), all of it: the functor over the row walks
-// (scores/score.cuh), its host entry points and its registration
-// (host/score_ops.h). Per head h, with q = x_r = lin_r(x_dst) [N_dst, H, C],
-// k = x_l = lin_l(x_src) [N_src, H, C] and att [H, C]:
-//   s_ij = sum_c att_c LeakyReLU(q_ic + k_jc),  out_i = sum_j softmax_j(s_ij) k_j,
-// so each edge gathers one row, key and value. The backward, with dS_ij =
-// P_ij (z_ij dP_ij - D_i) (dP_ij = dO_i . k_j), g_ijc = LeakyReLU'(q_ic + k_jc):
-//   dq_i = att (.) sum_j dS_ij g_ij,  dk_j = att (.) sum_i dS_ij g_ij + sum_i P'_ij dO_i,
-//   datt = sum_ij dS_ij LeakyReLU(q_i + k_j),
-// datt accumulated by the dq walk (each edge once) per work item and the items'
-// rows summed in a fixed order afterwards: no atomics, and nothing of size
-// E x H x C. Inputs (q, k, att), params (negative_slope); the forward saves
-// nothing beyond out and lse2; the backward returns (dq, dk, datt).
-// The plan's pmf, vector_rows, two_rows, merge_in_kernel, bwd_one_launch and
-// bwd_merge_in_kernel apply as for the dot score; mma, dense_cells and
-// mma_backward are the dot score's and raise.
-#include "host/backward_launch.cuh"
+// GATv2's forward, input checks and registration (host/score_ops.h); the score
+// is scores/gatv2.cuh, its backward scores/gatv2_backward.cu.
 #include "host/forward_launch.cuh"
 #include "host/input_checks.h"
-#include "host/score_ops.h"
+#include "scores/gatv2.cuh"
 
 namespace dfgnn {
-
-template <typename T> struct GATv2Params {
-  const T* q;    // x_r [N_dst, H, C]
-  const T* k;    // x_l [N_src, H, C], key and value
-  const T* att;  // [H, C]
-  float slope;   // LeakyReLU's negative slope
-  auto tie() const { return std::make_tuple(q, k, att, slope); }
-};
-
-template <typename S> struct GATv2Score {
-  using Shape = S;
-  using T = typename S::T;
-  static constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
-  using P = PackedOf<S>;
-  using Frag = FragOf<S>;
-  using Params = GATv2Params<T>;
-  static constexpr bool kValueIsKey = true, kSrcScalar = false, kParamGrad = true;
-  static constexpr bool kHasKernels = true;
-
-  __device__ __forceinline__ static const T* query_rows(const Params& p) { return p.q; }
-  __device__ __forceinline__ static const T* key_rows(const Params& p) { return p.k; }
-  __device__ __forceinline__ static const T* value_rows(const Params& p) { return p.k; }
-  __device__ __forceinline__ static float src_scalar(const Params&, int64_t, int, int) {
-    return 0.f;
-  }
-
-  // A held row h (fp32) and att, against a gathered packed row x: this lane's
-  // share of att . LeakyReLU(h + x) (natural units).
-  __device__ __forceinline__ static float lane_score(const Frag& h, const Frag& att, float slope,
-                                                     const P (&x)[NV]) {
-    float s = 0.f;
-#pragma unroll
-    for (int r = 0; r < NV; ++r)
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        const float z = h[r][c] + packed_elem<T, VEC>(x[r], c);
-        s = fmaf(att[r][c], z > 0.f ? z : z * slope, s);
-      }
-    return s;
-  }
-  // acc += ds LeakyReLU'(h + x), and param += ds LeakyReLU(h + x) where PARAM.
-  template <bool PARAM>
-  __device__ __forceinline__ static void lane_grad(const Frag& h, float slope, float ds,
-                                                   const P (&x)[NV], Frag& acc, Frag& param) {
-#pragma unroll
-    for (int r = 0; r < NV; ++r)
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        const float z = h[r][c] + packed_elem<T, VEC>(x[r], c);
-        const float dg = z > 0.f ? ds : ds * slope;
-        acc[r][c] += dg;
-        if constexpr (PARAM) param[r][c] = fmaf(dg, z, param[r][c]);
-      }
-  }
-
-  // x_r_i and att.
-  struct Dst {
-    float q[NV][VEC], att[NV][VEC];
-    float slope;
-    __device__ __forceinline__ Dst(const Params& p, const RowAt& at) : slope(p.slope) {
-      load_row<T, VEC, G, NV>(p.q + at.off, at.gl, at.nvec, q);
-      load_row<T, VEC, G, NV>(p.att + at.head_off, at.gl, at.nvec, att);
-    }
-    __device__ __forceinline__ float partial(const P (&k)[NV]) const {
-      return lane_score(q, att, slope, k);
-    }
-    __device__ __forceinline__ float finish(float s, float) const { return s * kLog2e; }
-    __device__ __forceinline__ void grad(float ds, const P (&k)[NV], Frag& acc,
-                                         Frag& param) const {
-      lane_grad<true>(q, slope, ds, k, acc, param);
-    }
-    __device__ __forceinline__ float finish_grad(const Params&, Frag& acc) const {
-#pragma unroll
-      for (int r = 0; r < NV; ++r)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) acc[r][c] *= att[r][c];
-      return 1.f;
-    }
-  };
-
-  // x_l_j and att; the value is the key, so dk and dv are one gradient.
-  struct Src {
-    float k[NV][VEC], att[NV][VEC];
-    float slope;
-    __device__ __forceinline__ Src(const Params& p, const RowAt& at) : slope(p.slope) {
-      load_row<T, VEC, G, NV>(p.k + at.off, at.gl, at.nvec, k);
-      load_row<T, VEC, G, NV>(p.att + at.head_off, at.gl, at.nvec, att);
-    }
-    __device__ __forceinline__ float partial(const P (&q)[NV]) const {
-      return lane_score(k, att, slope, q);
-    }
-    __device__ __forceinline__ float finish(float s) const { return s * kLog2e; }
-    __device__ __forceinline__ const Frag& value() const { return k; }
-    __device__ __forceinline__ void grad(float ds, const P (&q)[NV], Frag& acc) const {
-      Frag unused;
-      lane_grad<false>(k, slope, ds, q, acc, unused);
-    }
-    __device__ __forceinline__ float finish_grad(const Params&, Frag& dk, Frag& dv) const {
-#pragma unroll
-      for (int r = 0; r < NV; ++r)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) dk[r][c] = fmaf(att[r][c], dk[r][c], dv[r][c]);
-      return 1.f;
-    }
-  };
-  using SrcGrad = Src;
-};
 
 namespace {
 
 constexpr const char* kFwd = "dfgnn::gatv2_fwd";
-constexpr const char* kBwd = "dfgnn::gatv2_bwd";
 
 void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   TORCH_CHECK(c.inputs.size() == 3 && c.params.size() == 1, kFwd, ": the gatv2 score takes "
@@ -159,45 +36,17 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
               "the gatv2 score runs the CUDA-core walks only");
 }
 
-auto params_of(const AttentionCall& c) {
-  const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2];
-  const float slope = (float)c.params[0];
-  return [&q, &k, &att, slope](auto tag) {
-    using T = typename decltype(tag)::type;
-    return GATv2Params<T>{cptr<T>(q), cptr<T>(k), cptr<T>(att), slope};
-  };
-}
-
 ForwardOut forward(const AttentionCall& c) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2];
   ForwardCall fc(k, q.size(0), c.L, c.plan.pmf, c.need_attn);
   check_vector_rows(kFwd, c.plan.vector_rows,
                     {{"q", &q}, {"k", &k}, {"att", &att}, {"out", &fc.out}});
-  row_forward<GATv2Score>(kFwd, fc, k, c.L, c.plan, c.dropout, c.seed, params_of(c));
+  row_forward<GATv2Score>(kFwd, fc, k, c.L, c.plan, c.dropout, c.seed, gatv2_params(c));
   return {fc.out, fc.lse2, fc.attn, {}};
-}
-
-std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& out,
-                                 const at::Tensor& lse2, at::TensorList, const AttentionCall& c,
-                                 at::TensorList) {
-  const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2];
-  check_backward_tensors(kBwd, grad_out, out, lse2, q, q.size(0));
-  TORCH_CHECK(!c.plan.mma_backward, kBwd, ": mma_backward is the dot score's");
-  check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att},
-                                               {"out", &out}, {"grad_out", &grad_out}});
-  const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const auto make = params_of(c);
-  // D_i in fp32 for half inputs (row_dsum.cuh says why).
-  at::Tensor dsum;
-  if (q.scalar_type() != at::kFloat && c.L.rowptr.size(0) > 1)
-    dsum = row_dsum<GATv2Score>(a, make);
-  const RowGrads r = row_backward<GATv2Score>(
-      a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr, make);
-  return {r.dq, r.dk, r.param.to(att.scalar_type())};
 }
 
 }  // namespace
 
-DFGNN_REGISTER_SCORE(gatv2, ScoreOps{"gatv2", &check, &forward, &backward, false});
+DFGNN_REGISTER_SCORE(gatv2, ScoreOps{"gatv2", &check, &forward, &gatv2_backward, false});
 
 }  // namespace dfgnn
