@@ -47,7 +47,8 @@ def _record_from_bytes(data) -> dict:
     if start < 0:
         return {}
     start += len(RECORD_MARKER)
-    end = data.find(b"\0", start)
+    end = data.find(b"\0", start)  # the record's end in the file; a C string has none
+    end = len(data) if end < 0 else end
     try:
         raw = json.loads(bytes(data[start:end]).decode())
     except ValueError:
@@ -140,7 +141,7 @@ def missing_reason() -> str:
     if HAS_EXTENSION:
         return ""
     if _BUILT:
-        return str(_LOAD_ERROR)
+        return str(_LOAD_ERROR) if _LOAD_ERROR else "pyg_dfgnn._C failed to load"
     record = install_record()
     if not record:
         return f"pyg_dfgnn._C not built (no install record: reinstall to see why: {REBUILD})"

@@ -33,6 +33,8 @@ def test_record_read_from_the_file(tmp_path):
         "torch": "2.11.0", "cuda": "13.0", "nvcc": "13.0", "arch": ["sm_80", "sm_90"]}
     lib.write_bytes(os.urandom(1024))
     assert extension._read_library_record(str(lib)) == {}
+    # the exported symbol read as a C string: no terminator after the record
+    assert extension._record_from_bytes(_record("2.11.0")[:-1])["torch"] == "2.11.0"
 
 
 def test_torch_mismatch_is_one_line():

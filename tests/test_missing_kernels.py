@@ -105,8 +105,8 @@ def test_missing_kernels_reason_source_of_truth(monkeypatch):
     cuda_like = types.SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(ext, "HAS_EXTENSION", False)
     monkeypatch.setattr(ext, "_BUILT", False)
-    monkeypatch.setattr(ext, "build_info", lambda: {"extension": False,
-                                                    "reason": "PYG_DFGNN_NO_EXT=1 was set"})
+    monkeypatch.setattr(ext, "install_record", lambda: {"extension": False,
+                                                        "reason": "PYG_DFGNN_NO_EXT=1 was set"})
     assert common.missing_kernels_reason(cuda_like) == (
         "pyg_dfgnn._C not built: PYG_DFGNN_NO_EXT=1 was set")
     assert common.missing_kernels_reason(torch.zeros(1)) == ""
