@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 #: Prefix of the build record in the library (``cuda/glue/build_record.cu``).
-RECORD_MARKER = b"PYG_DFGNN_BUILD_RECORD"
+RECORD_MARKER = b"pyg_dfgnn-build-record:"
 _RECORD_SYMBOL = "pyg_dfgnn_build_record"
 _INSTALL_RECORD = Path(__file__).with_name("_build_info.json")
 REBUILD = "pip install --no-build-isolation ."

@@ -11,7 +11,7 @@
 #define DFGNN_STR(...) DFGNN_STR2(__VA_ARGS__)
 
 extern "C" __attribute__((used, visibility("default"))) const char pyg_dfgnn_build_record[] =
-    "PYG_DFGNN_BUILD_RECORD{\"torch\": \"" DFGNN_STR(TORCH_VERSION_MAJOR) "." DFGNN_STR(
+    "pyg_dfgnn-build-record:{\"torch\": \"" DFGNN_STR(TORCH_VERSION_MAJOR) "." DFGNN_STR(
         TORCH_VERSION_MINOR) "." DFGNN_STR(TORCH_VERSION_PATCH) "\", \"cudart\": " DFGNN_STR(
         CUDART_VERSION) ", \"nvcc\": \"" DFGNN_STR(__CUDACC_VER_MAJOR__) "." DFGNN_STR(
         __CUDACC_VER_MINOR__) "\", \"arch\": [" DFGNN_STR(__CUDA_ARCH_LIST__) "]}";
