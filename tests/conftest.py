@@ -19,6 +19,11 @@ from torch_geometric import EdgeIndex
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
 import pyg_dfgnn
+from benchmarks import datasets
+
+#: Tests that read real graphs: the data folder ($PYG_DFGNN_DATA) must exist.
+needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
+                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 # ----------------------------------------------------------------------------- options
 def pytest_addoption(parser):

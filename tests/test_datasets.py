@@ -12,9 +12,8 @@ import torch
 from torch_geometric.utils import degree
 
 from benchmarks import datasets
+from conftest import needs_data
 
-needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 
 def _snapshot(root: Path):

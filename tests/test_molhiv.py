@@ -11,10 +11,8 @@ import pytest
 import torch
 
 from benchmarks import datasets
-from conftest import load_script
+from conftest import load_script, needs_data
 
-needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 # A few molecules of HIV.csv's kinds (rings, heteroatoms, charges, stereo bonds).
 SMILES = ["CC(=O)Oc1ccccc1C(=O)O", "c1ccc2[nH]ccc2c1", "CN1CCC[C@H]1c1cccnc1", "O=C(O)C=Cc1ccccc1",

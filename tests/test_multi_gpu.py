@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, random_graph, rel_err
+from conftest import ROOT, needs_data, random_graph, rel_err
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout_cache import get_layout
 
@@ -286,6 +286,7 @@ def _has_neighbor_sampler() -> bool:
 
 @pytest.mark.skipif(not _has_neighbor_sampler(), reason="NeighborLoader needs pyg-lib or "
                     "torch_sparse")
+@needs_data  # ogbn-arxiv
 def test_ddp_node_task_on_cpu(tmp_path):
     rep = _example(tmp_path, "--task", "node", "--device", "cpu", "--nprocs", "2")
     _check_ddp_report(rep, 2)

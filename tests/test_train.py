@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from benchmarks import datasets
-from conftest import load_script
+from conftest import load_script, needs_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
-needs_data = pytest.mark.skipif(datasets.data_dir() is None or not datasets.data_dir().is_dir(),
-                                reason="no data folder ($PYG_DFGNN_DATA; make test sets it)")
 
 
 @pytest.fixture(scope="module")
