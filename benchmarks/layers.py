@@ -2,12 +2,15 @@ r"""Whole-layer benchmark: one PyG attention layer, projections included, agains
 fused subclass, each eager and under ``torch.compile`` (issue 25's yardstick).
 
 For each graph, model and dtype, one layer is built from a seed --
-``TransformerConv`` (``gt``), ``GATConv`` (``gat``) or ``AGNNConv`` (``agnn``) of
+``TransformerConv`` (``gt``), ``TransformerConv`` with ``edge_dim=16`` (``gt_edge``:
+:data:`EDGE_DIM` random standard-normal features per edge, the ``dot_edge`` score),
+``GATConv`` (``gat``), ``GATv2Conv`` (``gatv2``) or ``AGNNConv`` (``agnn``) of
 :mod:`torch_geometric.nn`, ``--in-channels`` (128) input features, ``--heads-channels``
 (1x128) -- and its fused copy with the same state (:func:`pyg_dfgnn.nn.fuse` of a deep
 copy). ``AGNNConv`` has no projection and keeps its 128 channels whatever the heads.
 Random features ``x`` (with ``requires_grad``: the layer sits inside a model, so its
-backward computes the input gradient too) go through four methods:
+backward computes the input gradient too; the edge features are data, without)
+go through four methods:
 
 * ``pyg``: the native layer, eager,
 * ``pyg-compile``: ``torch.compile(layer, dynamic=False)`` of the native layer,
@@ -40,8 +43,11 @@ boolean mask has a data-dependent size) or add them themselves
 
 Graphs: PATTERN and CLUSTER (batches of 1024 generated graphs,
 :func:`benchmarks.generators.sbm_batch`), MUSAE GitHub, ogbn-arxiv (the full graph,
-undirected) and the generated Reddit-like power-law graph, loaded as
-:mod:`benchmarks.profile_backward` loads them (real graphs from ``--data``, default
+undirected), the generated Reddit-like power-law graph, loaded as
+:mod:`benchmarks.profile_backward` loads them, and the generated
+web-NotreDame-like power-law graph (:data:`EDGE_GRAPHS`). ``gt_edge`` runs on PATTERN
+and web-NotreDame-like only, and web-NotreDame-like runs ``gt_edge`` only
+(:data:`MODEL_GRAPHS`) (real graphs from ``--data``, default
 ``$PYG_DFGNN_DATA``, else a PyG download: :mod:`benchmarks.datasets`). Needs a CUDA
 GPU and the compiled extension, except with ``--quick``: 8-graph batches and
 300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
@@ -56,9 +62,10 @@ method; ``--resume`` keeps what ``--out`` holds and runs the rest, and a method 
 leaves the CUDA context unusable (a fault in generated code) is recorded and the run
 restarts itself with ``--resume``.
 
-Default grid and GPU time: 5 graphs x 3 models x (fp32, bf16) = 30 cases x 4
-methods, 7 minutes on an H100 in one process, most of it compiling (5-26 s per
-compiled native layer, 1-4 s per compiled fused layer). Autocast leaves ``AGNNConv``
+Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge`` on 2
+graphs x 2 dtypes, x 4 methods; the 30 cases of 3 models took 7 minutes on an H100
+in one process, most of it compiling (5-26 s per compiled native layer, 1-4 s per
+compiled fused layer). Autocast leaves ``AGNNConv``
 in fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
 ``--bf16-models`` narrows the bf16 cases to some models.
 
@@ -84,8 +91,18 @@ from benchmarks import cli, generators, kernels, profile_backward
 
 #: Graphs in run order: the two batch graphs, then the power-law ones.
 BATCH_GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster"}
-GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS
-MODELS = ("gt", "gat", "gatv2", "agnn")
+#: Generated graphs of the edge-feature model: ``(nodes, mean in-degree, largest
+#: in-degree, seed)`` of :func:`benchmarks.generators.power_law_graph`. SNAP's
+#: web-NotreDame has 325,729 nodes, 1,497,134 edges and a largest in-degree of
+#: about 10,700: a sparse graph with hubs, unlike the dense Reddit-like one.
+EDGE_GRAPHS = {"web-NotreDame-like": (325_729, 1_497_134 / 325_729, 10_721, 3)}
+GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS + tuple(EDGE_GRAPHS)
+MODELS = ("gt", "gt_edge", "gat", "gatv2", "agnn")
+#: Features per edge of ``gt_edge`` (``TransformerConv(edge_dim=EDGE_DIM)``).
+EDGE_DIM = 16
+#: The graphs a model runs on (a run's ``--graphs`` narrows them); a model not
+#: named runs on every graph but :data:`EDGE_GRAPHS`.
+MODEL_GRAPHS = {"gt_edge": ("PATTERN",) + tuple(EDGE_GRAPHS)}
 METHODS = ("pyg", "pyg-compile", "fused", "fused-compile")
 #: Compiled method -> its eager method (the layer it compiles).
 COMPILED = {"pyg-compile": "pyg", "fused-compile": "fused"}
@@ -110,7 +127,7 @@ class Graph:
         self._looped = None
 
     def edges_for(self, model: str, self_loops: str):
-        if model == "gt" or self_loops == "layer":
+        if model in ("gt", "gt_edge") or self_loops == "layer":
             return self.edge_index
         if self._looped is None:
             from benchmarks.e2e import native_graph_edge_index
@@ -131,6 +148,9 @@ def load_graph(name: str, device, quick: bool = False, data=None) -> Graph:
         return Graph(name, ei.to(device), batch.numel(), "batch")
     if name not in GRAPHS:
         raise ValueError(f"unknown graph {name!r}; expected one of {GRAPHS}")
+    if name in EDGE_GRAPHS and not quick:
+        n, avg, mx, seed = EDGE_GRAPHS[name]
+        return Graph(name, generators.power_law_graph(n, avg, mx, seed, device), n, "super")
     ei, n = profile_backward.load_graph(name, data, device, tiny=quick)
     return Graph(name, ei, n, "super")
 
@@ -146,6 +166,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
     loops = self_loops == "layer"
     if model == "gt":
         native = TransformerConv(in_channels, C, heads=H)
+    elif model == "gt_edge":
+        native = TransformerConv(in_channels, C, heads=H, edge_dim=EDGE_DIM)
     elif model == "gat":
         native = GATConv(in_channels, C, heads=H, add_self_loops=loops)
     elif model == "gatv2":
@@ -160,7 +182,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
 
 class Case:
     """One graph x model x configuration x dtype: both layers on the device, the
-    input ``x``, the output gradient ``g`` and each method's eager call."""
+    input ``x`` (and ``edge_attr`` for ``gt_edge``), the output gradient ``g`` and
+    each method's eager call."""
 
     def __init__(self, graph: Graph, model: str, H: int, C: int, dtype: str, args):
         dev = graph.edge_index.device
@@ -174,17 +197,23 @@ class Case:
         self.x.requires_grad_()
         out_channels = args.in_channels if model == "agnn" else H * C
         self.g = torch.randn(graph.num_nodes, out_channels, generator=gen).to(dev)
+        self.edge_attr = (torch.randn(self.ei.size(1), EDGE_DIM, generator=gen).to(dev)
+                          if model == "gt_edge" else None)
         self.device_type = dev.type
 
     def leaves(self, eager: str):
         return (self.x, *self.layers[eager].parameters())
 
+    def inputs(self):
+        """``(x, edge_index)``, and ``edge_attr`` where the model has edge features."""
+        return (self.x, self.ei) if self.edge_attr is None else (self.x, self.ei, self.edge_attr)
+
     def call(self, layer):
-        """``layer(x, edge_index)``, under bf16 autocast for ``bf16``."""
+        """``layer(*inputs())``, under bf16 autocast for ``bf16``."""
         ctx = (torch.autocast(self.device_type, dtype=torch.bfloat16) if self.dtype == "bf16"
                else contextlib.nullcontext())
         with ctx:
-            return layer(self.x, self.ei)
+            return layer(*self.inputs())
 
     def eager(self, method: str):
         layer = self.layers[method]
@@ -193,7 +222,7 @@ class Case:
     def reference(self):
         """Eager PyG's fp32 output (no autocast), detached."""
         with torch.no_grad():
-            return self.layers["pyg"](self.x, self.ei).detach()
+            return self.layers["pyg"](*self.inputs()).detach()
 
     def compile_fn(self, method: str, backend: str):
         """The ``compile_fn`` of :func:`benchmarks.kernels.compile_case`: compiles the
@@ -303,11 +332,11 @@ def fmt_table(rows) -> str:
         v = [d[k] for k in ("compile_fwd_s", "compile_fwd_bwd_s") if k in d]
         return f"{sum(v):.0f}" if v else cell(d, "compile_fwd_s")
 
-    head = (f"{'model':<6}{'graph':<12}{'H×C':>6}{'dtype':>6} |"
+    head = (f"{'model':<8}{'graph':<12}{'H×C':>6}{'dtype':>6} |"
             + "".join(f"{m:>14}" for m in METHODS)
             + f" | {'×fused':>11}{'×fcomp':>11}{'target':>12} | {'cmp s':>6}{'err':>9}"
             + f"{'peak MB p/f':>14}")
-    lines = [head, f"{'':<30}|" + f"{'fwd/f+b':>14}" * 4
+    lines = [head, f"{'':<32}|" + f"{'fwd/f+b':>14}" * 4
              + f" | {'fwd/f+b':>11}{'fwd/f+b':>11}{'f+b':>12} |"]
     for r in rows:
         m = r["methods"]
@@ -320,7 +349,7 @@ def fmt_table(rows) -> str:
         tgt = f"{t['fwd_bwd']:g}x {'met' if t['met'] else 'miss'}" if t else "-"
         peak = (f"{m.get('pyg', {}).get('peak_MB', float('nan')):.0f}/"
                 f"{m.get('fused', {}).get('peak_MB', float('nan')):.0f}")
-        lines.append(f"{r['model']:<6}{r['graph']:<12}{str(r['H']) + '×' + str(r['C']):>6}"
+        lines.append(f"{r['model']:<8}{r['graph']:<12}{str(r['H']) + '×' + str(r['C']):>6}"
                      f"{r['dtype']:>6} |{cells} | {rats}{tgt:>12} | "
                      f"{comp(m.get('pyg-compile', {})) + '/' + comp(m.get('fused-compile', {})):>6}"
                      f"{(f'{err:.1e}' if err is not None else '-'):>9}{peak:>14}")
@@ -367,7 +396,8 @@ def parse_args(argv):
     ap.add_argument("--out", default="layers.json", help="JSON results, written as it goes")
     ap.add_argument("--graphs", default=",".join(GRAPHS),
                     help=f"comma-separated subset of {','.join(GRAPHS)}")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: gt,gat,agnn")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
     ap.add_argument("--bf16-models", default=",".join(MODELS),
                     help="models also run under bf16 autocast")
@@ -417,10 +447,17 @@ def plan(args):
     cases = []
     for graph in args.graphs.split(","):
         for model in models:
+            if graph not in MODEL_GRAPHS.get(model, tuple(g for g in GRAPHS
+                                                          if g not in EDGE_GRAPHS)):
+                continue
             # AGNNConv has no heads or projection: one configuration
             for H, C in configs[:1] if model == "agnn" else configs:
                 cases += [(graph, model, H, C, d) for d in dtypes
                           if d == "fp32" or model in bf16]
+    if not cases:
+        only = "; ".join(f"{m} runs on {' and '.join(g)} only" for m, g in MODEL_GRAPHS.items())
+        raise SystemExit(f"no case in these graphs and models ({only}; "
+                         f"{' and '.join(EDGE_GRAPHS)} runs {' and '.join(MODEL_GRAPHS)} only)")
     return cases, methods
 
 

@@ -2,7 +2,8 @@
 
 Runs every kernel family once per path on small graphs, forward and backward,
 and checks each result against the float64 reference, so that a sanitizer run
-covers: GT / GAT / GATv2 / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
+covers: GT (with and without edge rows) / GAT / GATv2 / AGNN scores; fp32, fp16 and
+bf16; SMMF and PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``); attention
@@ -144,6 +145,23 @@ def _check_score(name, score, lay, inputs, names, params, out, g, dropout):
         _check(f"{name} d{nm}", got.grad, want.grad, tol)
 
 
+def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
+    """The dot_edge score (GT with per-edge rows ``e`` ``[E, H, C]``, CSR order);
+    ``chunk``: edges per work item (a small one splits every row)."""
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
+    q = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    e = torch.randn(lay.num_edges, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
+    with ops.plan.override(chunk=chunk):
+        out = ops.gt_attention(lay, q, k, v, edge=e, edge_order="csr", dropout=dropout,
+                               training=dropout > 0)
+        out.backward(g)
+    _check_score(name, "dot_edge", lay, (q, k, v, e), ("q", "k", "v", "e"), (1.0 / C ** 0.5,),
+                 out, g, dropout)
+
+
 def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
     x = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
@@ -215,37 +233,48 @@ def layers_case(dtype, autocast):
             FAILURES.append((name, float("nan")))
 
 
-def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None):
+def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):
     """FusedTransformerConv forward and backward against native PyG in float64:
     the attention backward writes dq, dk, dv into the projections' joined
     gradient (``gt_bwd_into``); bipartite features join key and value, and query
-    and skip."""
+    and skip; ``edge_dim``: with edge features (the dot_edge score)."""
     from torch_geometric.nn import TransformerConv
 
     from pyg_dfgnn.nn import FusedTransformerConv
     torch.manual_seed(3)
     in_ch = (48, 40) if ns != nd else 48
-    native = TransformerConv(in_ch, 32, heads=2).to(DEV).double()
-    conv = FusedTransformerConv(in_ch, 32, heads=2).to(DEV)
+    native = TransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim).to(DEV).double()
+    conv = FusedTransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim).to(DEV)
     conv.load_state_dict(native.state_dict())
     xs = [torch.randn(ns, 48, device=DEV)] + ([torch.randn(nd, 40, device=DEV)]
                                               if ns != nd else [])
+    if edge_dim:
+        xs.append(torch.randn(ei.size(1), edge_dim, device=DEV))
     leaves = [t.clone().requires_grad_() for t in xs]
     ei = ei.to(DEV)
+
+    def call(layer, inputs):
+        nodes = inputs[:-1] if edge_dim else inputs
+        edge = inputs[-1:] if edge_dim else []
+        return layer(tuple(nodes) if len(nodes) == 2 else nodes[0], ei, *edge)
+
     with _path(bwd_launches=bwd, mma_bwd=mma_bwd):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            out = conv(tuple(leaves) if len(leaves) == 2 else leaves[0], ei)
+            out = call(conv, leaves)
         g = torch.randn(out.shape, device=DEV)
         out.float().backward(g)
     torch.cuda.synchronize()
     ref_in = [t.double().requires_grad_() for t in xs]
-    ref = native(tuple(ref_in) if len(ref_in) == 2 else ref_in[0], ei)
+    ref = call(native, ref_in)
     ref.backward(g.double())
     tol = 1e-2 if autocast else 1e-4
     _check(name + " out", out.float(), ref, 1e-2 if autocast else 1e-5)
     for i, (a, r) in enumerate(zip(leaves, ref_in)):
-        _check(f"{name} dx{i}", a.grad, r.grad, tol)
+        _check(f"{name} d{'edge_attr' if edge_dim and i == len(xs) - 1 else f'x{i}'}", a.grad,
+               r.grad, tol)
     _check(name + " dW_value", conv.lin_value.weight.grad, native.lin_value.weight.grad, tol)
+    if edge_dim:
+        _check(name + " dW_edge", conv.lin_edge.weight.grad, native.lin_edge.weight.grad, tol)
 
 
 def main(argv=None) -> int:
@@ -291,6 +320,22 @@ def main(argv=None) -> int:
                               *G[kind], autocast, bwd=bwd)
     if not args.no_layers:
         gt_layer_case("gt layer batch bf16 tc-bwd", *G["batch"], True, mma_bwd=True)
+    print("GT with edge rows")
+    for kind in ("small", "super_node", "bipartite"):
+        gt_edge_case(f"gt_edge {kind} fp32 H2C32", *G[kind], 2, 32, f32)
+        gt_edge_case(f"gt_edge {kind} fp32 H1C7 scalar", *G[kind], 1, 7, f32)
+        gt_edge_case(f"gt_edge {kind} bf16 H2C64", *G[kind], 2, 64, b16)
+        gt_edge_case(f"gt_edge {kind} fp16 H4C32", *G[kind], 4, 32, f16)
+        for dt in (f32, b16):
+            gt_edge_case(f"gt_edge {kind} {dt} dropout", *G[kind], 2, 32, dt, dropout=0.3)
+    for dt in (f32, b16):
+        gt_edge_case(f"gt_edge small {dt} split rows chunk 4", *G["small"], 2, 32, dt, chunk=4)
+        gt_edge_case(f"gt_edge small {dt} split rows chunk 4 dropout", *G["small"], 2, 32, dt,
+                     dropout=0.3, chunk=4)
+    for kind in ("small", "bipartite"):
+        for autocast in (False, True)[:1 if args.no_layers else 2]:
+            gt_layer_case(f"gt layer {kind} edge_dim 16 {'bf16' if autocast else 'fp32'}",
+                          *G[kind], autocast, edge_dim=16)
     print("GAT")
     for kind in ("small", "super_node", "bipartite", "batch"):
         for strat in ("smmf", "pmf"):

@@ -393,6 +393,37 @@ class GraphLayout:
         out[self.edge_perm] = edge_values
         return out
 
+    def to_csr_order(self, edge_values: Tensor) -> Tensor:
+        r"""Reorders ``[E, ...]`` per-edge values from input edge order to CSR
+        order (the inverse of :meth:`to_input_order`): row ``p`` of the result is
+        the input row ``edge_perm[p]``. A gather (``index_select``), so the
+        gradient returns to ``edge_values`` in input order; ``edge_values`` itself
+        where the input edges were grouped by destination already.
+
+        Raises:
+            ValueError: the layout added self-loops (``add_self_loops=True``:
+                those edges have no input row, and the input self-loops it
+                removed have no CSR position), or ``edge_values`` is not on the
+                layout's device or has other than ``E`` rows.
+        """
+        if self.self_loops:
+            raise ValueError(
+                "per-edge values: this layout adds self-loops (add_self_loops=True), which "
+                "have no row in the input edge order; build the layout without self-loops")
+        if edge_values.device != self.device:
+            raise ValueError(f"per-edge values are on {edge_values.device} but the layout is on "
+                             f"{self.device}; move the graph with .to()")
+        # Compiled code skips the row count: it reads the layout's Python int E, a
+        # guarded constant there (a recompile per graph); the fused op's own check
+        # compares it when the op runs.
+        if (not torch.compiler.is_compiling()
+                and (edge_values.dim() == 0 or edge_values.size(0) != self.num_edges)):
+            raise ValueError(f"per-edge values must have one row per edge ({self.num_edges}), "
+                             f"got shape {tuple(edge_values.shape)}")
+        if self._edge_perm is None:
+            return edge_values
+        return edge_values.index_select(0, self._edge_perm)
+
     # ------------------------------------------------------------------ moves
     def to(self, device, *args, **kwargs) -> "GraphLayout":
         """Moves every tensor (PyG's ``Data.to`` calls this for stored layouts)."""

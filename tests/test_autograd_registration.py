@@ -21,6 +21,7 @@ CALLS = {
     "dot": ([(N, H, C)] * 3, (0.3,)),
     "additive": ([(N, H), (N, H), (N, H, C)], (0.2,)),
     "cosine": ([(N, H, C), (1,)], (1e-12,)),
+    "dot_edge": ([(N, H, C)] * 3 + [(7, H, C)], (0.3,)),  # e: one row per edge of _layout
 }
 
 

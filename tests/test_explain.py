@@ -26,7 +26,8 @@ def test_fused_layer_on_cpu_reports_the_reference_path():
 @pytest.mark.parametrize("layer,args,reason", [
     (lambda: FusedGATConv(8, 4, edge_dim=3), lambda ei: (ei, torch.randn(ei.size(1), 3)),
      "edge features"),
-    (lambda: FusedTransformerConv(8, 4, edge_dim=3), lambda ei: (ei, torch.randn(ei.size(1), 3)),
+    # edge features without edge_dim: PyG adds them to the values, unprojected
+    (lambda: FusedTransformerConv(8, 4), lambda ei: (ei, torch.randn(ei.size(1), 1, 4)),
      "edge features"),
     (lambda: FusedAGNNConv(aggr="mean"), lambda ei: (ei,), "aggr"),
 ])

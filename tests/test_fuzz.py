@@ -14,7 +14,7 @@ layer's parameters and inputs, already rounded to its dtype, cast up):
 reference path (:mod:`pyg_dfgnn.ops.reference`), still a differential test of the
 layers against PyG's message passing; on CUDA they run the kernels.
 
-Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 2,440 cases, 20-30 s on two
+Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 3,340 cases, about 30 s on two
 cores) and ``gpu`` (CUDA, >= 2,000 cases; the tests are then marked ``cuda``).
 Both draw from fixed seeds with no example database, so a run repeats exactly; a
 mismatch prints the falsifying case (graph family, seed, sizes, configuration)
@@ -51,8 +51,10 @@ pytestmark = pytest.mark.fuzz
 
 #: Device and examples per graph family of each layer test, per profile.
 PROFILES = {
-    "ci": dict(device="cpu", examples={"gt": 100, "gat": 100, "gatv2": 60, "agnn": 80}),
-    "gpu": dict(device="cuda", examples={"gt": 90, "gat": 85, "gatv2": 80, "agnn": 75}),
+    "ci": dict(device="cpu", examples={"gt": 100, "gt_edge": 40, "gat": 100, "gatv2": 60,
+                                       "agnn": 80}),
+    "gpu": dict(device="cuda", examples={"gt": 90, "gt_edge": 80, "gat": 85, "gatv2": 80,
+                                         "agnn": 75}),
 }
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2),
@@ -218,19 +220,21 @@ def _describe(layer: str, case: dict) -> str:
 
 
 def _forward_backward(layer, xs, edge_index, call_kwargs, want_alpha, seed: int,
-                      dtype: torch.dtype) -> dict:
+                      dtype: torch.dtype, edge_attr: Optional[Tensor] = None) -> dict:
     """Output, attention weights, returned ``edge_index`` and the gradients of
-    ``(out * w).sum()`` (inputs, then parameters by name) of one layer, for a random
-    ``w`` from ``seed`` rounded to ``dtype``."""
+    ``(out * w).sum()`` (inputs, the edge features where given, then parameters by
+    name) of one layer, for a random ``w`` from ``seed`` rounded to ``dtype``."""
     x = xs[0] if len(xs) == 1 else tuple(xs)
-    res = layer(x, edge_index, **call_kwargs)
+    edge = [] if edge_attr is None else [edge_attr]
+    res = layer(x, edge_index, *edge, **call_kwargs)
     out, (ei, alpha) = res if want_alpha else (res, (None, None))
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
     w = w.to(dtype).to(device=out.device, dtype=out.dtype)
     params = dict(layer.named_parameters())
-    leaves = list(xs) + list(params.values())
+    leaves = list(xs) + edge + list(params.values())
     grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
-    names = [f"grad x[{i}]" for i in range(len(xs))] + [f"grad {n}" for n in params]
+    names = ([f"grad x[{i}]" for i in range(len(xs))] + ["grad edge_attr"] * len(edge)
+             + [f"grad {n}" for n in params])
     got = {"output": out, "attention weights": alpha}
     got.update(zip(names, grads))
     if ei is not None:
@@ -314,7 +318,8 @@ def _deterministic():
 
 def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: torch.device,
             dtype: torch.dtype, strategy: str, seed: int, training: bool, call_kwargs: dict,
-            want_alpha: bool, beta: Optional[float] = None) -> None:
+            want_alpha: bool, beta: Optional[float] = None,
+            edge_dim: Optional[int] = None) -> None:
     r"""Builds the native and the fused layer from ``ctor`` (same ``state_dict``),
     runs the fused one in ``dtype`` on ``device`` and the native one in float64 on
     the same (rounded) values, and checks the output, the attention weights and
@@ -326,7 +331,8 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
     ill-conditioned, say a one-element output with cancellation, and the fused
     layer is as accurate as PyG). A NaN or Inf never passes.
 
-    ``in_dims`` is ``(F_src, F_dst)`` (``F_dst`` ``None``: one feature matrix).
+    ``in_dims`` is ``(F_src, F_dst)`` (``F_dst`` ``None``: one feature matrix);
+    ``edge_dim`` set: random ``[E, edge_dim]`` edge features are passed too.
     Training mode is used only without dropout (the two layers would draw
     different masks); layers with dropout run in eval mode."""
     torch.manual_seed(seed)
@@ -354,11 +360,15 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
         xs.append(torch.randn(graph.num_dst, f_dst, generator=gen))
     xs = [x.to(device=device, dtype=dtype) for x in xs]
     edge_index = graph.edge_index.to(device)
+    ea = (None if edge_dim is None else
+          torch.randn(edge_index.size(1), edge_dim, generator=gen).to(device=device,
+                                                                     dtype=dtype))
 
     def run(layer, dt):
         inputs = [x.to(dt).requires_grad_() for x in xs]
+        edge = None if ea is None else ea.to(dt).requires_grad_()
         return _forward_backward(layer, inputs, edge_index, call_kwargs, want_alpha, seed,
-                                 dtype)
+                                 dtype, edge)
 
     got = run(fused, dtype)
     assert got["output"].dtype == dtype and got["output"].device.type == device.type
@@ -443,6 +453,32 @@ def test_fuzz_transformer_conv(fuzz, family):
         _run_case("gt", f"test_fuzz_transformer_conv[{family}]", fuzz, case, native_cls=TransformerConv, fused_cls=FusedTransformerConv,
                   ctor=ctor, in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs=kwargs, want_alpha=case["alpha"] is not None)
+
+    case()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_transformer_conv_edge_features(fuzz, family):
+    """TransformerConv with ``edge_dim``: the ``dot_edge`` score."""
+    @fuzz("gt_edge", family)
+    @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
+           f_src=st.integers(1, 10), f_dst=st.integers(1, 10), edge_dim=st.integers(1, 16),
+           concat=st.booleans(), beta=st.booleans(), root_weight=st.booleans(),
+           dropout=st.sampled_from([0.0, 0.3]), alpha=st.sampled_from([None, True]),
+           **common())
+    def case(**case):
+        graph = case["graph"]
+        bip = graph.num_src != graph.num_dst
+        ctor = dict(in_channels=(case["f_src"], case["f_dst"]) if bip else case["f_src"],
+                    out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
+                    beta=case["beta"], root_weight=case["root_weight"],
+                    dropout=case["dropout"], edge_dim=case["edge_dim"])
+        kwargs = {} if case["alpha"] is None else {"return_attention_weights": True}
+        _run_case("gt_edge", f"test_fuzz_transformer_conv_edge_features[{family}]", fuzz, case,
+                  native_cls=TransformerConv, fused_cls=FusedTransformerConv, ctor=ctor,
+                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  call_kwargs=kwargs, want_alpha=case["alpha"] is not None,
+                  edge_dim=case["edge_dim"])
 
     case()
 

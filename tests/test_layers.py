@@ -300,7 +300,9 @@ def test_transformer_training_attention_is_pre_dropout(op_calls):
 
 
 @pytest.mark.parametrize("adj_kind", ["coo", "edge_index", "csr"])
-def test_transformer_edge_dim_falls_back(adj_kind, op_calls, build_count):
+def test_transformer_edge_dim_runs_fused(adj_kind, op_calls, build_count):
+    """Edge features run the dot_edge score (tests/test_edge_inputs.py has the
+    float64 parity on every adjacency type); the layout is built once."""
     ei, x = graph()
     native, fused = make_pair(FusedTransformerConv, 8, 4, heads=2, edge_dim=3)
     adj = make_adj(adj_kind, ei, 15, 15)
@@ -310,6 +312,17 @@ def test_transformer_edge_dim_falls_back(adj_kind, op_calls, build_count):
     rn, rf = assert_match(native, fused, x, adj, edge_attr=edge_attr,
                           return_attention_weights=True)
     assert_close(rf[1][1], rn[1][1], "attention weights")
+    assert op_calls.n == 2 and build_count() == 1
+
+
+def test_transformer_edge_dim_without_edge_attr_falls_back(op_calls, build_count):
+    """PyG raises for edge_dim without edge features: the layer lets it."""
+    ei, x = graph()
+    native, fused = make_pair(FusedTransformerConv, 8, 4, heads=2, edge_dim=3)
+    with pytest.raises(AssertionError):
+        native(x, ei)
+    with pytest.raises(AssertionError):
+        fused(x, ei)
     assert op_calls.n == 0 and build_count() == 0
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import load_benchmark
+from pyg_dfgnn import ops
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,33 @@ def test_batch_graph_and_layer_self_loops(lb, tmp_path):
     assert set(r["methods"]) == {"pyg", "fused"}
     assert r["methods"]["fused"]["rel_err"] < 1e-5
     assert r["speedup_vs_pyg_compile"] == {}
+
+
+def test_edge_feature_model(lb, tmp_path):
+    """gt_edge: TransformerConv with 16 random features per edge, fused (the
+    dot_edge score) on its two graphs and no other; every method matches PyG."""
+    doc = run(lb, tmp_path, "--graphs", "PATTERN,Reddit-like,web-NotreDame-like",
+              "--models", "gt,gt_edge", "--dtypes", "fp32", "--heads-channels", "2x16",
+              "--in-channels", "16")
+    rows = {r["key"]: r for r in doc["rows"]}
+    assert set(rows) == {"gt/PATTERN/2x16/fp32", "gt/Reddit-like/2x16/fp32",
+                         "gt_edge/PATTERN/2x16/fp32", "gt_edge/web-NotreDame-like/2x16/fp32"}
+    for key, r in rows.items():
+        assert r["fused_reason"] == "", key
+        for meth, d in r["methods"].items():
+            assert d["status"] == "ok" and d["rel_err"] < 1e-5, (key, meth, d)
+    assert rows["gt_edge/web-NotreDame-like/2x16/fp32"]["kind"] == "super"
+    gt, edge = (rows[f"{m}/PATTERN/2x16/fp32"]["methods"]["fused"] for m in ("gt", "gt_edge"))
+    assert gt["rel_err"] < 1e-5 and edge["fwd_bwd_ms"] > 0
+    with pytest.raises(SystemExit, match="gt_edge runs on PATTERN and web-NotreDame-like"):
+        run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt_edge")
+    case = lb.Case(lb.load_graph("PATTERN", "cpu", quick=True), "gt_edge", 2, 16, "fp32",
+                   lb.parse_args(["--quick", "--device", "cpu", "--in-channels", "16"]))
+    x, ei, ea = case.inputs()
+    assert ea.shape == (ei.size(1), lb.EDGE_DIM) and not ea.requires_grad
+    with ops.recording() as records:
+        case.eager("fused")()
+    assert [r.score for r in records] == ["dot_edge"]
 
 
 def _exploding_compile(*args, **kwargs):
@@ -177,7 +205,12 @@ def test_quick_run_on_gpu(lb, tmp_path):
 
 def test_default_grid_runs_every_model_in_both_dtypes(lb):
     cases, methods = lb.plan(lb.parse_args(["--device", "cpu"]))
-    assert len(cases) == len(lb.GRAPHS) * len(lb.MODELS) * 2
+    # every model on its graphs (lb.MODEL_GRAPHS; the others: all but lb.EDGE_GRAPHS)
+    pairs = {(c[0], c[1]) for c in cases}
+    assert pairs == {(g, m) for m in lb.MODELS for g in lb.GRAPHS
+                     if g in lb.MODEL_GRAPHS.get(m, set(lb.GRAPHS) - set(lb.EDGE_GRAPHS))}
+    assert len(cases) == len(pairs) * 2
+    assert {g for g, m in pairs if m == "gt_edge"} == {"PATTERN", "web-NotreDame-like"}
     assert {(c[1], c[4]) for c in cases} == {(m, d) for m in lb.MODELS for d in ("fp32", "bf16")}
     assert methods == ["pyg", "fused"]  # on the CPU compiling takes minutes per case
     _, methods = lb.plan(lb.parse_args(["--device", "cpu", "--methods", "fused-compile,pyg"]))

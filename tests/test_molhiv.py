@@ -1,6 +1,7 @@
 """examples/train_molhiv.py: the atom and bond encoders, ROC-AUC as OGB computes
-it, and training steps of the fused model against the native one (equal while
-the fused layers hand edge-feature calls to PyG's forward, close once fused)."""
+it, and training steps of the fused model against the native one (equal where
+the fused layers hand edge-feature calls to PyG's forward, the GAT convs; close
+where they run fused, TransformerConv)."""
 from __future__ import annotations
 
 import json
@@ -90,7 +91,15 @@ def test_fused_and_native_train_alike(mh, conv):
     assert len(a["losses"]) == 2 and all(math.isfinite(v) for v in a["losses"])
     torch.testing.assert_close(torch.tensor(b["losses"]), torch.tensor(a["losses"]),
                                rtol=1e-5, atol=1e-6)
+    assert [layer.fused for layer in report] == [conv == "transformer"] * 2
+    lr, steps = 1e-2, len(a["losses"])
     for (name, p), q in zip(native.named_parameters(), report.model.parameters()):
+        if name.endswith("lin_key.bias") and conv == "transformer":
+            # Its gradient is 0 in exact arithmetic (the softmax is shift-invariant
+            # per row), so each copy's is rounding noise, which Adam scales up to
+            # steps of up to about lr: the two copies part by up to that much.
+            torch.testing.assert_close(q, p, rtol=0, atol=2 * lr * steps, msg=name)
+            continue
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
     assert 0.0 <= b["test_rocauc"] <= 1.0 and b["median_step_ms"] > 0
 
@@ -129,5 +138,6 @@ def test_main_on_the_first_hiv_molecules(mh, tmp_path, capsys):
                                rtol=1e-5, atol=1e-6)
     printed = capsys.readouterr().out
     assert "fuse():" in printed and "test ROC-AUC" in printed and "median step ms" in printed
-    # edge features run PyG's forward: the run says so, and shows no speed-up
-    assert "No conv runs fused" in printed and saved["speedup"] is None
+    # TransformerConv's edge features run fused (the dot_edge score): a speed-up is shown
+    assert [layer["fused"] for layer in saved["fuse_report"]] == [True, True]
+    assert "No conv runs fused" not in printed and saved["speedup"] is not None

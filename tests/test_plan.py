@@ -15,7 +15,7 @@ import torch
 
 from conftest import random_graph
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.ops import plan
+from pyg_dfgnn.ops import plan, spec
 from pyg_dfgnn.work_items import DEFAULT_CHUNK, SMALL_GRAPH_CHUNK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +105,27 @@ def test_bad_strategy_or_score_raises():
         plan.plan_for(lay, F32, 32, strategy="fast")
     with pytest.raises(ValueError, match="score"):
         plan.plan_for(lay, F32, 32, score="sigmoid")
+
+
+@pytest.mark.parametrize("score", [s.name for s in spec.specs()])
+def test_plans_keep_to_the_score_spec(score):
+    """Every registered score's plans, on graphs where the dot score takes each
+    variant, take only the variants its spec says its kernels have: a new score
+    needs no edit here."""
+    sp = spec.get(score)
+    chain, small = _chain(1 << 15, 8), _layout(300, 3000)
+    assert plan.plan_for(chain, F32, 32, score=score).two_rows == sp.two_rows
+    with plan.override(chunk=DEFAULT_CHUNK):  # whole rows
+        p = plan.plan_for(small, BF16, 64, score=score)
+        assert p.mma == sp.mma and p.dense_cells == 0  # CPU layout: no tile plan
+    assert plan.plan_for(small, F32, 64, score=score).bwd_one_launch == sp.one_launch_backward
+    if sp.pmf:
+        assert plan.plan_for(small, F32, 64, score=score, strategy="pmf").pmf
+    else:
+        with pytest.raises(ValueError, match="no PMF path"):
+            plan.plan_for(small, F32, 64, score=score, strategy="pmf")
+    assert plan.choose_strategy(10 ** 7, score, 4, capacity=16, rule="paper") == \
+        ("pmf" if sp.pmf_rule else "smmf")
 
 
 # ------------------------------------------------------------------------ override

@@ -201,14 +201,16 @@ def test_additive_vs_loop_and_dense(ns, nd, heads):
 
 
 # ----------------------------------------------------------------------------- properties
-def _all_three(lay, n_src, n_dst, H=2, C=4):
+def _each_score(lay, n_src, n_dst, H=2, C=4):
     q = torch.randn(n_dst, H, C, dtype=DT)
     k = torch.randn(n_src, H, C, dtype=DT)
     v = torch.randn(n_src, H, C, dtype=DT)
     a_s, a_d = torch.randn(n_src, H, dtype=DT), torch.randn(n_dst, H, dtype=DT)
     r, c = lay.rowptr, lay.col
+    e = torch.randn(lay.num_edges, H, C, dtype=DT)  # per-edge rows, CSR order
     return {
         "dot": reference.dot_attention(r, c, q, k, v),
+        "dot_edge": reference.dot_attention(r, c, q, k, v, edge=e),
         "cosine": reference.cosine_attention(r, c, q, k, torch.tensor(1.3, dtype=DT)),
         "additive": reference.additive_attention(r, c, a_d, a_s, v, 0.2),
     }
@@ -220,7 +222,7 @@ def test_isolated_nodes_get_zeros():
     iso = isolated_dst(ei, nd)
     assert iso.numel() == 5
     lay = csr(ei, ns, nd)
-    for name, (out, _) in _all_three(lay, ns, nd).items():
+    for name, (out, _) in _each_score(lay, ns, nd).items():
         assert torch.isfinite(out).all(), name
         assert torch.equal(out[iso], torch.zeros_like(out[iso])), name
         keep = torch.ones(nd, dtype=torch.bool)
@@ -230,7 +232,7 @@ def test_isolated_nodes_get_zeros():
 
 def test_graph_without_edges():
     lay = csr(torch.empty(2, 0, dtype=torch.long), 4, 3)
-    for name, (out, alpha) in _all_three(lay, 4, 3).items():
+    for name, (out, alpha) in _each_score(lay, 4, 3).items():
         assert alpha.shape == (0, 2), name
         assert torch.equal(out, torch.zeros_like(out)) and out.shape[0] == 3, name
 
@@ -253,7 +255,7 @@ def test_attention_rows_sum_to_one():
     ei = random_graph(ns, nd, num_edges=60, num_isolated=3, num_duplicates=5)
     lay = csr(ei, ns, nd)
     deg = torch.bincount(ei[1], minlength=nd)
-    for name, (_, alpha) in _all_three(lay, ns, nd).items():
+    for name, (_, alpha) in _each_score(lay, ns, nd).items():
         a = lay.to_input_order(alpha)
         assert (a >= 0).all(), name
         sums = torch.zeros(nd, a.size(1), dtype=DT).index_add_(0, ei[1], a)

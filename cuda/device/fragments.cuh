@@ -108,6 +108,26 @@ __device__ __forceinline__ void axpy_packed(float a, const typename Packed<T, VE
     for (int c = 0; c < VEC; ++c) y[r][c] = fmaf(a, packed_elem<T, VEC>(x[r], c), y[r][c]);
 }
 
+// x += y, element by element in T: one rounding per element, as the framework's
+// own addition of two T rows rounds (an edge row added to a key row).
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void add_packed(typename Packed<T, VEC>::type (&x)[NV],
+                                           const typename Packed<T, VEC>::type (&y)[NV]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    if constexpr (VEC == 1) {
+      x[r] = from_float<T>(to_float(x[r]) + to_float(y[r]));
+    } else {
+      uint4 sum;
+      T* e = reinterpret_cast<T*>(&sum);
+#pragma unroll
+      for (int c = 0; c < VEC; ++c)
+        e[c] = from_float<T>(packed_elem<T, VEC>(x[r], c) + packed_elem<T, VEC>(y[r], c));
+      x[r] = sum;
+    }
+  }
+}
+
 // Loads lane `gl`'s slice of one C-long row: vectors gl, gl + G, ... (< nvec).
 template <typename T, int VEC, int G, int NV>
 __device__ __forceinline__ void load_row(const T* __restrict__ row, int gl, int nvec,

@@ -33,10 +33,11 @@ struct BackwardArgs {
 };
 
 // A backward's results: dq, dk, dv (undefined where the score sums its key
-// rows: dk is the whole gradient of the one gathered row) and the score's
-// parameter gradient [H, C] in fp32 (kParamGrad; undefined otherwise).
+// rows: dk is the whole gradient of the one gathered row), the score's
+// parameter gradient [H, C] in fp32 (kParamGrad; undefined otherwise) and its
+// edge rows' gradient [E, H, C] in CSR order (kEdgeRows; undefined otherwise).
 struct RowGrads {
-  at::Tensor dq, dk, dv, param;
+  at::Tensor dq, dk, dv, param, de;
 };
 
 template <template <class> class Score> using ScoreProbe = Score<RowShape<float, 1, 32, 1>>;
@@ -95,10 +96,13 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
                       Make&& make, const Mma& mma = Mma{}) {
   using Probe = ScoreProbe<Score>;
   constexpr bool kTwo = !Probe::kValueIsKey, kParam = Probe::kParamGrad;
+  constexpr bool kEdge = kEdgeRowsOf<Probe>;
   const LayoutView& L = a.L;
   const Work &rw = L.rw, &cw = L.cw;
   const int64_t H = a.qrow.size(1), C = a.qrow.size(2), E = L.col.numel();
   const bool one_launch = a.plan.bwd_one_launch;
+  TORCH_CHECK(!kEdge || (!one_launch && !mma.on), a.op, ": a score with edge rows runs the "
+              "two-launch CUDA-core backward (bwd_one_launch=False, mma_backward=False)");
   // The split rows' partial dQ, dK, dV rows, in two launches the dq kernel's
   // per-edge (P', dS) [E, H, 2] for the dkv kernel, and the parameter
   // gradient's rows per CSR work item; small ones in dQ's allocation
@@ -114,6 +118,7 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
   } else {
     r.dq = scratch.empty_with(a.qrow.sizes(), a.qrow.options());
   }
+  if constexpr (kEdge) r.de = at::empty({E, H, C}, a.qrow.options());
   // dK and dV are allocated after the dq kernel's launch in two launches: a small
   // graph's backward is host-bound, and their allocations then run while the dq
   // kernel does instead of before it. One given, the other gets its row stride
@@ -147,24 +152,26 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
     const int64_t dq_blocks = ceil_div(n_dst_units * G, kNodeBlock);
     const int64_t dkv_blocks = ceil_div(n_src_units * G, kNodeBlock);
     auto dv_ptr = [&] { return kTwo ? mptr<T>(r.dv) : nullptr; };
-    if (one_launch) {
-      alloc_dkv();
-      if (dq_blocks + dkv_blocks > 0) {
-        std::apply([&](auto... in) {
-          auto kern = p > 0.f ? row_bwd_one_launch_kernel<Sc, true, decltype(in)...>
-                              : row_bwd_one_launch_kernel<Sc, false, decltype(in)...>;
-          kern<<<dq_blocks + dkv_blocks, kNodeBlock, 0, stream>>>(
-              cptr<T>(a.grad_out), cptr<T>(a.out), a.lse2.data_ptr<float>(), dsum,
-              L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), rw.items.data_ptr<int>(),
-              L.colptr.data_ptr<int>(), L.row.data_ptr<int>(), L.perm.data_ptr<int>(),
-              cw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(r.dq), mptr<T>(r.dk), dv_ptr(),
-              r.dq.stride(0), r.dk.stride(0), scratch[0], scratch[1], scratch[2], param,
-              n_dst_units, n_src_units, H, C, p, (uint64_t)a.seed, cnt.csr, cnt.csc,
-              (unsigned)dq_blocks, in...);
-        }, fields);
-        check_launch();
+    if constexpr (!kEdge) {
+      if (one_launch) {
+        alloc_dkv();
+        if (dq_blocks + dkv_blocks > 0) {
+          std::apply([&](auto... in) {
+            auto kern = p > 0.f ? row_bwd_one_launch_kernel<Sc, true, decltype(in)...>
+                                : row_bwd_one_launch_kernel<Sc, false, decltype(in)...>;
+            kern<<<dq_blocks + dkv_blocks, kNodeBlock, 0, stream>>>(
+                cptr<T>(a.grad_out), cptr<T>(a.out), a.lse2.data_ptr<float>(), dsum,
+                L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), rw.items.data_ptr<int>(),
+                L.colptr.data_ptr<int>(), L.row.data_ptr<int>(), L.perm.data_ptr<int>(),
+                cw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(r.dq), mptr<T>(r.dk), dv_ptr(),
+                r.dq.stride(0), r.dk.stride(0), scratch[0], scratch[1], scratch[2], param,
+                n_dst_units, n_src_units, H, C, p, (uint64_t)a.seed, cnt.csr, cnt.csc,
+                (unsigned)dq_blocks, in...);
+          }, fields);
+          check_launch();
+        }
+        return;
       }
-      return;
     }
     if (mma.on) {  // before dkv: it writes (P', dS)
       mma.dq(r.dq, pds_f);
@@ -175,8 +182,9 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
         kern<<<dq_blocks, kNodeBlock, 0, stream>>>(
             cptr<T>(a.grad_out), cptr<T>(a.out), a.lse2.data_ptr<float>(), dsum,
             L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), rw.items.data_ptr<int>(),
-            (int)L.chunk, mptr<T>(r.dq), r.dq.stride(0), scratch[0], pds, param, n_dst_units,
-            H, C, p, (uint64_t)a.seed, cnt.csr, in...);
+            (int)L.chunk, mptr<T>(r.dq), r.dq.stride(0), scratch[0], pds, param,
+            kEdge ? mptr<T>(r.de) : nullptr, n_dst_units, H, C, p, (uint64_t)a.seed, cnt.csr,
+            in...);
       }, fields);
       check_launch();
     }

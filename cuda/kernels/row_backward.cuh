@@ -41,6 +41,7 @@ template <typename T> struct WalkOut {
   int64_t ld;
   float* partial_a;
   float* partial_b;
+  T* e = nullptr;   // the CSR walk's edge-row gradient [E, H, C] (kEdgeRows)
 };
 
 // SAVE: also writes each edge's (P'_ij, dS_ij) to pds [E, H] (CSR order) for the
@@ -95,7 +96,7 @@ __device__ __forceinline__ void row_bwd_dq(
     float* s = sd;
     float* dp = sd + U;
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, h, H, HC, head_off, gl, nvec, kf, vf, sc);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
     lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, s, dp);
     group_sum_many<G, 2 * U>(sd, mask);
     // SAVE: lane u of the group keeps edge e0 + u's pair and stores it after the
@@ -111,6 +112,14 @@ __device__ __forceinline__ void row_bwd_dq(
         const float ds = pe * (z * dp[u] - D);
         if constexpr (SAVE) {
           if (gl == u) mine = make_float2(pe * z, ds);
+        }
+        if constexpr (kEdgeRowsOf<Score>) {
+          // The edge row entered the key and the value: dE = dS ds/dk + P' dO_i,
+          // whole in this item (each edge lies in one item).
+          float de[NV][VEC];
+          dst.key_grad(ds, de);
+          axpy_frag<VEC, NV>(pe * z, gf, de);
+          store_row<T, VEC, G, NV>(o.e + (int64_t)(e0 + u) * HC + head_off, gl, nvec, de, 1.f);
         }
         dst.grad(ds, kf[u], acc, pg);
       }
@@ -319,10 +328,11 @@ row_bwd_dq_kernel(const typename Score::T* __restrict__ dout,
                   const float* __restrict__ dsum, const int* __restrict__ rowptr,
                   const int* __restrict__ col, const int* __restrict__ items, int chunk,
                   typename Score::T* __restrict__ dq, int64_t ld_q, float* __restrict__ partial,
-                  float2* __restrict__ pds, float* __restrict__ param, int64_t n_units, int H,
-                  int C, float p, uint64_t seed, int* __restrict__ counters, A... in) {
+                  float2* __restrict__ pds, float* __restrict__ param,
+                  typename Score::T* __restrict__ de, int64_t n_units, int H, int C, float p,
+                  uint64_t seed, int* __restrict__ counters, A... in) {
   const typename Score::Params sp{in...};
-  const WalkOut<typename Score::T> o{dq, nullptr, ld_q, partial, nullptr};
+  const WalkOut<typename Score::T> o{dq, nullptr, ld_q, partial, nullptr, de};
   row_bwd_dq<Score, DROPOUT, true>(sp, dout, out, lse2, dsum, rowptr, col, items, chunk, o, pds,
                                    param, n_units, H, C, p, seed, counters, blockIdx.x);
 }
@@ -350,6 +360,7 @@ row_bwd_one_launch_kernel(const typename Score::T* __restrict__ dout,
                           int64_t n_dst_units, int64_t n_src_units, int H, int C, float p,
                           uint64_t seed, int* __restrict__ counters,
                           int* __restrict__ counters_kv, unsigned dq_blocks, A... in) {
+  static_assert(!kEdgeRowsOf<Score>, "edge rows need the dq walk's saved weights (score.cuh)");
   const typename Score::Params sp{in...};
   if (blockIdx.x < dq_blocks)
     row_bwd_dq<Score, DROPOUT, false>(sp, dout, out, lse2, dsum, rowptr, col, row_items, chunk,

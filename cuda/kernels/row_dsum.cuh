@@ -65,7 +65,7 @@ row_bwd_dsum_kernel(const typename Score::T* __restrict__ dout, const float* __r
     [[maybe_unused]] float sc[U];
     float s[U], dp[U];  // scores (group sums), this lane's share of dO . value
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, h, H, HC, head_off, gl, nvec, kf, vf, sc);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
     lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, s, dp);
     unsigned keep = ~0u;  // bit u: edge e0 + u is kept
     if constexpr (DROPOUT)

@@ -58,7 +58,7 @@ row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
     P kf[U][NV];
     [[maybe_unused]] P vf[U][NV];
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, h, H, HC, head_off, gl, nvec, kf, vf, sc);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = FULL || j[u] >= 0 ? dst.partial(kf[u]) : 0.f;
     group_sum_many<G, U>(s, mask);

@@ -1,6 +1,7 @@
 // What the walks over a destination row's edges (the SMMF forward, D, the dq
 // walk) gather per edge for a score (scores/score.cuh): its key row, its value
-// row unless the key is the value, and its per-source scalar.
+// row unless the key is the value, its per-source scalar, and its edge row
+// (kEdgeRows), added to both.
 #pragma once
 
 #include <cstdint>
@@ -10,13 +11,14 @@
 
 namespace dfgnn {
 
-// The rows of U edges whose sources are j[u] (< 0: none), every load issued
-// before any is used; vf is left alone where the score sums its key rows, sc
-// where it has no per-source scalar. FULL: all U edges exist (j[u] >= 0 is
-// known, not tested).
+// The rows of U edges whose sources are j[u] (< 0: none) and whose CSR
+// positions are e0 + u, every load issued before any is used; vf is left alone
+// where the score sums its key rows, sc where it has no per-source scalar. A
+// score's edge rows (kEdgeRows) are added to kf and vf. FULL: all U edges exist
+// (j[u] >= 0 is known, not tested).
 template <typename Score, int U, bool FULL>
 __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp, const int (&j)[U],
-                                                int h, int H, int64_t HC, int64_t head_off,
+                                                int e0, int h, int H, int64_t HC, int64_t head_off,
                                                 int gl, int nvec,
                                                 PackedOf<typename Score::Shape> (&kf)[U][Score::NV],
                                                 PackedOf<typename Score::Shape> (&vf)[U][Score::NV],
@@ -27,6 +29,8 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   // the test compiled out the fp32 cosine kernels took up to 11 registers more
   // and spilled in three shapes.
   constexpr bool kKnown = FULL && !Score::kSrcScalar;
+  constexpr bool kEdge = kEdgeRowsOf<Score>;
+  [[maybe_unused]] PackedOf<S> ef[U][Score::NV];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kKnown || j[u] >= 0) {
@@ -35,6 +39,18 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
       if constexpr (!Score::kValueIsKey)
         load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, nvec, vf[u]);
       if constexpr (Score::kSrcScalar) sc[u] = Score::src_scalar(sp, j[u], h, H);
+      if constexpr (kEdge)
+        load_packed<T, S::VEC, S::G, S::NV>(
+            Score::edge_rows(sp) + (int64_t)(e0 + u) * HC + head_off, gl, nvec, ef[u]);
+    }
+  }
+  if constexpr (kEdge) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (FULL || j[u] >= 0) {
+        add_packed<T, S::VEC, S::NV>(kf[u], ef[u]);
+        if constexpr (!Score::kValueIsKey) add_packed<T, S::VEC, S::NV>(vf[u], ef[u]);
+      }
     }
   }
 }

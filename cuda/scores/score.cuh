@@ -36,7 +36,12 @@
 //     using SrcGrad = ...;             // Src's gradient half alone (the CSC walk from saved
 //                                      // (P', dS)): its constructor, grad and finish_grad
 //     struct EdgeDst;                  // optional: Dst as the edge-parallel SDDMM takes it
-//   };                                 // (one edge per prepared row; default Dst)
+//                                      // (one edge per prepared row; default Dst)
+//     // Optional, per-edge inputs (kEdgeRows, below):
+//     static constexpr bool kEdgeRows = true;
+//     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
+//     // Dst::key_grad(ds, out): out = ds d s / d key_j (natural units), per edge
+//   };
 //
 // A score's Params reach the kernels as separate arguments, its fields in the
 // order tie() gives them, and each kernel assembles the struct: as one struct
@@ -49,9 +54,18 @@
 // Scores are in base 2 (log2(e) folded in where it is free: the dot score scales
 // q_i once per row); the backward's dS is in natural-log units. With kValueIsKey
 // the dk walk's finish_grad leaves the whole gradient of the one gathered row in
-// dk (dv is not written). Edge terms (a row or scalar per CSR edge position, as
-// edge features add) enter as another gathered operand indexed by the edge's
-// CSR position next to key_rows and src_scalar.
+// dk (dv is not written).
+//
+// Per-edge inputs (kEdgeRows): a row e_ij per edge and head that the walks
+// over destination rows (the SMMF forward, D, the dq walk) load at the edge's
+// CSR position and add to the gathered key row and value row, so the score and
+// the aggregation see k_j + e_ij and v_j + e_ij: the edge-augmented keys and
+// values of TransformerConv's edge_dim and of GraphGPS-style edge encodings. The
+// score's functors stay those of its node-only form. The dq walk writes each
+// edge's gradient dE_ij = dS_ij ds_ij/dk_j + P'_ij dO_i (CSR order, [E, H, C]);
+// the CSC walk is the SpMM with the saved (P', dS), which needs no edge rows,
+// so such a score has no one-launch backward (which recomputes the weights
+// there) and no edge-parallel (PMF) forward.
 #pragma once
 
 #include <cstdint>
@@ -85,5 +99,11 @@ template <typename Score>
 struct EdgeDstOf<Score, std::void_t<typename Score::EdgeDst>> {
   using type = typename Score::EdgeDst;
 };
+
+// Whether Score has per-edge rows (kEdgeRows; false where it does not say).
+template <typename Score, typename = void> struct EdgeRowsOf : std::false_type {};
+template <typename Score>
+struct EdgeRowsOf<Score, std::enable_if_t<Score::kEdgeRows>> : std::true_type {};
+template <typename Score> constexpr bool kEdgeRowsOf = EdgeRowsOf<Score>::value;
 
 }  // namespace dfgnn

@@ -50,7 +50,8 @@ class FuseReport(List[FusedLayer]):
 def static_fallback_reason(conv) -> str:
     r"""Why ``conv`` runs PyG's forward whatever its inputs (``""`` when it runs
     fused for the inputs it supports)."""
-    if getattr(conv, "lin_edge", None) is not None or getattr(conv, "edge_dim", None):
+    edge_features = getattr(conv, "lin_edge", None) is not None or getattr(conv, "edge_dim", None)
+    if edge_features and not getattr(conv, "fuses_edge_features", False):
         return "edge features (edge_dim)"
     if getattr(conv, "flow", "source_to_target") != "source_to_target":
         return f"flow={conv.flow!r}"
@@ -90,7 +91,8 @@ def fuse(model: torch.nn.Module, strategy: str = "auto", inplace: bool = True) -
         FuseReport: one :class:`FusedLayer` per conv (every
         :class:`~torch_geometric.nn.conv.MessagePassing` module): its qualified
         name, class, whether it runs fused and, if not, why (no fused kernel for
-        its class, edge features, ``flow``, ``aggr``, explain mode, hooks).
+        its class, edge features where its layer does not fuse them, ``flow``,
+        ``aggr``, explain mode, hooks).
         ``print(report)`` shows a table; ``report.model`` is the fused model.
 
     Raises:

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor
+from torch_geometric.utils import is_torch_sparse_tensor
 
 from ..layout_cache import get_layout
 from ..ops import gt_attention
@@ -28,11 +29,19 @@ class FusedTransformerConv(TransformerConv):
 
     .. math::
         \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
-        \sum_{j \in \mathcal{N}(i)} \alpha_{i,j} \mathbf{W}_2 \mathbf{x}_{j},
+        \sum_{j \in \mathcal{N}(i)} \alpha_{i,j} \left(\mathbf{W}_2 \mathbf{x}_{j}
+        + \mathbf{W}_6 \mathbf{e}_{ij}\right),
         \qquad
         \alpha_{i,j} = \textrm{softmax} \left(
-        \frac{(\mathbf{W}_3\mathbf{x}_i)^{\top} (\mathbf{W}_4\mathbf{x}_j)}
-        {\sqrt{d}} \right)
+        \frac{(\mathbf{W}_3\mathbf{x}_i)^{\top} (\mathbf{W}_4\mathbf{x}_j
+        + \mathbf{W}_6 \mathbf{e}_{ij})}{\sqrt{d}} \right)
+
+    (the :math:`\mathbf{W}_6 \mathbf{e}_{ij}` terms with edge features,
+    ``edge_dim``). With edge features the op runs the ``"dot_edge"`` score: the
+    edge features ``[E, D]`` are put in the layout's CSR edge order first (a
+    gather, skipped where the edges come grouped by destination), then
+    ``lin_edge`` projects them to the one ``[E, H, C]`` tensor the kernels read,
+    where PyG adds it to the gathered keys and values as two more.
 
     Constructor arguments, parameters, initialisation and ``state_dict`` are those
     of :class:`~torch_geometric.nn.conv.TransformerConv` (``load_state_dict`` of a
@@ -54,7 +63,9 @@ class FusedTransformerConv(TransformerConv):
             ``"auto"`` (paper §4.2 rule on the device's shared memory and the
             graph's largest in-degree), ``"smmf"`` (shared-memory maximisation
             fusion, node-parallel) or ``"pmf"`` (parallelism maximisation fusion,
-            edge-parallel SDDMM). Ignored on CPU. (default: ``"auto"``)
+            edge-parallel SDDMM; calls with edge features run SMMF, as the
+            ``"dot_edge"`` score has no PMF path). Ignored on CPU.
+            (default: ``"auto"``)
         fused_projection (bool, optional): on the fused path and while autograd
             records (training), run the query, key, value and skip projections
             of the same features as one autograd node (a bipartite pair: one
@@ -73,7 +84,10 @@ class FusedTransformerConv(TransformerConv):
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite,
           edge indices :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a
           sparse ``adj_t`` (``SparseTensor`` or ``torch.sparse`` COO/CSR),
-          edge features :math:`(|\mathcal{E}|, D)` *(optional, see below)*
+          edge features :math:`(|\mathcal{E}|, D)` *(optional)*: ``edge_attr``
+          in the adjacency's edge order (a sparse ``adj_t``'s row-major order), or,
+          without ``edge_attr``, the values of a ``SparseTensor`` or of a
+          ``torch.sparse`` matrix with a feature dimension, as PyG takes them
         - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`
           (or :math:`(|\mathcal{V}_t|, F_{out})` if ``concat=False``); with
           ``return_attention_weights`` set to a bool, additionally
@@ -82,7 +96,9 @@ class FusedTransformerConv(TransformerConv):
 
     Falls back to PyG's own ``forward`` (same results, unfused) when:
 
-    * edge features are used (``edge_dim`` set or ``edge_attr`` given);
+    * edge features without ``edge_dim`` (PyG adds them, unprojected, to the
+      values only), ``edge_dim`` without edge features (PyG raises), or edge
+      features that are not ``[E, edge_dim]`` with one row per edge;
     * the adjacency is an uncoalesced ``torch.sparse`` COO matrix (PyG keeps its
       duplicate entries as separate edges) or a ``torch.sparse`` layout other than
       COO/CSR (PyG raises for it);
@@ -109,6 +125,9 @@ class FusedTransformerConv(TransformerConv):
     #: Default of ``fused_projection``; a layer that :func:`~pyg_dfgnn.nn.fuse`
     #: switches in place (no ``__init__`` runs) reads this.
     fused_projection: bool = True
+    #: Edge features (``edge_dim``) run fused: :func:`~pyg_dfgnn.nn.fuse` reports
+    #: such a layer as fused.
+    fuses_edge_features: bool = True
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
                  *args, strategy: str = "auto", fused_projection: bool = True, **kwargs):
@@ -156,11 +175,56 @@ class FusedTransformerConv(TransformerConv):
             query, *x_r = join(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
         return query, key, value, (x_r[0] if x_r else None)
 
+    @staticmethod
+    def _edge_features(edge_index, edge_attr: OptTensor) -> OptTensor:
+        r"""The edge features PyG's ``message`` receives (the ``collect`` PyG
+        generates for the layer): ``edge_attr``, else the values of a
+        ``SparseTensor`` or a ``torch.sparse`` matrix where they have a feature
+        dimension (``None`` for plain edge weights, which PyG ignores)."""
+        if edge_attr is not None:
+            return edge_attr
+        if is_sparse_tensor(edge_index):
+            values = edge_index.storage.value()
+        elif is_torch_sparse_tensor(edge_index):
+            values = edge_index.values()
+        else:
+            return None
+        return values if values is not None and values.dim() > 1 else None
+
+    def _edge_reason(self, edge_index, edge_attr: OptTensor) -> str:
+        r"""Why the edge features of this call send it to PyG's ``forward``
+        (``""``: none, or they run fused); the adjacency is one
+        :func:`~pyg_dfgnn.nn._common.adjacency_supported` takes."""
+        feats = self._edge_features(edge_index, edge_attr)
+        if self.lin_edge is None:
+            return ("" if feats is None else
+                    "edge features without edge_dim (PyG adds them, unprojected, to the values)")
+        if feats is None:
+            return "edge_dim set but no edge features given (PyG raises)"
+        if is_sparse_tensor(edge_index):
+            num_edges = edge_index.nnz()
+        elif is_torch_sparse_tensor(edge_index):
+            num_edges = edge_index._nnz()
+        else:
+            num_edges = edge_index.size(1)
+        if not (isinstance(feats, Tensor) and feats.dim() == 2 and feats.size(0) == num_edges):
+            return "edge features that are not [E, edge_dim] (PyG raises or broadcasts them)"
+        return ""
+
+    def _edge_rows(self, layout, feats: Tensor) -> Tensor:
+        r"""``lin_edge(feats)`` as ``[E, H, C]`` in the layout's CSR edge order."""
+        if plain_linears([self.lin_edge]):
+            # The [E, D] features are narrower than the [E, H * C] projection: the
+            # gather moves less, and one [E, H, C] tensor exists.
+            rows = self.lin_edge(layout.to_csr_order(feats))
+        else:
+            # A replaced or hooked lin_edge sees the rows in PyG's order.
+            rows = layout.to_csr_order(self.lin_edge(feats))
+        return rows.view(-1, self.heads, self.out_channels)
+
     def fallback_reason(self, x, edge_index, edge_attr=None,
                         return_attention_weights=None) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
-        if edge_attr is not None or self.lin_edge is not None:
-            return "edge features (edge_dim)"
         if propagate_is_customised(self):
             return "flow, aggr, explain mode or message-passing hooks"
         if self.training and self.dropout >= 1.0:
@@ -171,6 +235,9 @@ class FusedTransformerConv(TransformerConv):
             return "features that are not a tensor or a pair of tensors"
         if not adjacency_supported(edge_index, isinstance(return_attention_weights, bool)):
             return "an adjacency PyG's propagate handles itself (or rejects)"
+        reason = self._edge_reason(edge_index, edge_attr)
+        if reason:
+            return reason
         return kernels_missing(self, xs)
 
     def forward(  # noqa: F811
@@ -187,7 +254,8 @@ class FusedTransformerConv(TransformerConv):
             x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features.
             edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
                 the graph.
-            edge_attr (torch.Tensor, optional): edge features (runs PyG's path).
+            edge_attr (torch.Tensor, optional): ``[E, edge_dim]`` edge features in
+                the adjacency's edge order (a sparse matrix's values by default).
             return_attention_weights (bool, optional): when set to a bool (even
                 ``False``, as in PyG), also return ``(edge_index, alpha)``.
         """
@@ -215,11 +283,16 @@ class FusedTransformerConv(TransformerConv):
         # kernels read these [N, H, C] views without a copy (gt_attention's
         # .contiguous() returns them).
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
+        strategy, edge = self.strategy, None
+        if self.lin_edge is not None:  # after the projections: lazy weights in PyG's order
+            edge = self._edge_rows(layout, self._edge_features(edge_index, edge_attr))
+            if strategy == "pmf":
+                strategy = "smmf"  # the dot_edge score has no PMF path
         want_alpha = isinstance(return_attention_weights, bool)
         res = gt_attention(layout, query, key, value, scale=1.0 / math.sqrt(C),
                            dropout=self.dropout if self.training else 0.0,
                            training=self.training, return_attention=want_alpha,
-                           strategy=self.strategy)
+                           strategy=strategy, edge=edge, edge_order="csr")
         out, alpha = res if want_alpha else (res, None)
 
         if self.concat:

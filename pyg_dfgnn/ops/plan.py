@@ -262,11 +262,15 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
             in effect, else ``"measured"``.
 
     Raises:
-        ValueError: unknown ``strategy``, ``score`` or ``rule``.
+        ValueError: unknown ``strategy``, ``score`` or ``rule``, or
+            ``strategy="pmf"`` for a score without a PMF path.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     spec = _spec.get(score)
+    if not spec.pmf and strategy == "pmf":
+        # Here, not only in the plan: the reference path (CPU) refuses it too.
+        raise ValueError(f"the {score} score has no PMF path; use strategy='smmf' or 'auto'")
     if rule is None:
         rule = _get("rule", "measured")
     if rule not in RULES:
@@ -352,25 +356,30 @@ class Plan:
         merge = "merge launch: the split rows' partial results, in slot order"
         name = self.score
         if backward:
+            # Per-edge inputs (the dot_edge score's rows) get their gradient in the
+            # CSR walk, one edge at a time.
+            edge = bool(_spec.get(name).edge_inputs)
+            dq = "dq and the edge rows' gradients" if edge else "dq"
+            value = "(v_j + e_ij)" if edge else "v_j"
             res = []
             if name == "additive":
                 res += [(f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"),
                         (f"{name}:bwd_src", "CSC walk over sources: dx and d a_src")]
             else:
                 if self.half:
-                    res.append((f"{name}:dsum", "D_i = sum_j P'_ij (dO_i . v_j) in fp32 over "
-                                                "the half-precision inputs"))
+                    res.append((f"{name}:dsum", f"D_i = sum_j P'_ij (dO_i . {value}) in fp32 "
+                                                "over the half-precision inputs"))
                 if self.bwd_one_launch:
-                    res.append((f"{name}:bwd_one_launch", "the CSR (dq) and CSC (dk, dv) walks "
-                                "side by side in one launch, the CSC walk recomputing its "
-                                "weights"))
+                    res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
+                                "walks side by side in one launch, the CSC walk recomputing "
+                                "its weights"))
                 elif self.mma_backward:
-                    res += [(f"{name}:dq_mma", "CSR walk on tensor cores, 8 whole rows per "
-                                               "warp; saves (P', dS) per edge and head"),
+                    res += [(f"{name}:dq_mma", f"CSR walk on tensor cores ({dq}), 8 whole rows "
+                                               "per warp; saves (P', dS) per edge and head"),
                             (f"{name}:dkv_mma", "CSC walk on tensor cores: SpMM with the saved "
                                                 "weights")]
                 else:
-                    res += [(f"{name}:dq_walk", "CSR walk: scores, softmax backward and dq; "
+                    res += [(f"{name}:dq_walk", f"CSR walk: scores, softmax backward and {dq}; "
                                                 "saves (P', dS) per edge and head"),
                             (f"{name}:dkv_walk", "CSC walk: dk and dv as an SpMM with the saved "
                                                  "weights")]
@@ -454,8 +463,6 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     built yet (a tile plan inside ``torch.compile``) and must not be kept."""
     spec = _spec.get(score)
     why = []
-    if not spec.pmf and strategy == "pmf":
-        raise ValueError(f"the {score} score has no PMF path; use strategy='smmf' or 'auto'")
     method = choose_strategy(layout.max_in_degree, score, dtype.itemsize, strategy,
                              rule=o.get("rule"))
     why.append(("method", f"strategy={strategy!r}" if strategy != "auto" else

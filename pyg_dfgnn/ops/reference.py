@@ -68,10 +68,15 @@ def edge_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
     return softmax(scores, ptr=rowptr.long(), dim=0)
 
 
-def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tensor:
+def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor,
+              edge: Optional[Tensor] = None) -> Tensor:
     r"""SpMM ``out_i = sum_j alpha_ij value_j``: ``alpha`` ``[E, H]``, ``value``
-    ``[N_src, H, C]`` -> ``[N_dst, H, C]``."""
-    msg = gather_rows(value, col) * alpha.unsqueeze(-1)
+    ``[N_src, H, C]`` -> ``[N_dst, H, C]``; with ``edge`` ``[E, H, C]`` (CSR
+    order), ``out_i = sum_j alpha_ij (value_j + edge_ij)``."""
+    rows = gather_rows(value, col)
+    if edge is not None:
+        rows = rows + edge
+    msg = rows * alpha.unsqueeze(-1)
     if msg.numel() == 0:
         # No edges: zeros, still connected to the inputs (out.backward() works and
         # gives zero gradients, as with PyG's scatter), which segment() would not do.
@@ -81,20 +86,25 @@ def aggregate(rowptr: Tensor, col: Tensor, alpha: Tensor, value: Tensor) -> Tens
 
 
 def softmax_aggregate(rowptr: Tensor, col: Tensor, scores: Tensor, value: Tensor,
-                      dropout: float, training: bool) -> Tuple[Tensor, Tensor]:
+                      dropout: float, training: bool,
+                      edge: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     r"""Edge softmax of ``scores`` ``[E, H]``, attention dropout, then the SpMM over
-    ``value`` ``[N_src, H, C]``: ``(out [N_dst, H, C], alpha [E, H])``, ``alpha``
+    ``value`` ``[N_src, H, C]`` (plus the per-edge rows ``edge`` ``[E, H, C]``,
+    see :func:`aggregate`): ``(out [N_dst, H, C], alpha [E, H])``, ``alpha``
     before dropout."""
     alpha = edge_softmax(scores, rowptr)
     a = F.dropout(alpha, p=dropout, training=training) if dropout > 0 else alpha
-    return aggregate(rowptr, col, a, value), alpha
+    return aggregate(rowptr, col, a, value, edge), alpha
 
 
 def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   scale: Optional[float] = None, dropout: float = 0.0,
-                  training: bool = False) -> Tuple[Tensor, Tensor]:
+                  training: bool = False, edge: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     r"""Scaled dot-product attention (Graph Transformer, ``TransformerConv``):
-    :math:`s_{ij} = \mathrm{scale}\; q_i \cdot k_j`.
+    :math:`s_{ij} = \mathrm{scale}\; q_i \cdot k_j`; with per-edge rows
+    :math:`e_{ij}` (``TransformerConv`` with ``edge_dim``, the ``"dot_edge"``
+    score), :math:`s_{ij} = \mathrm{scale}\; q_i \cdot (k_j + e_{ij})` and
+    :math:`o_i = \sum_j \alpha_{ij} (v_j + e_{ij})`.
 
     Args:
         rowptr (Tensor): ``[N_dst + 1]`` CSR row pointer (int32/int64).
@@ -104,6 +114,8 @@ def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
         scale (float, optional): score scale, default ``1 / sqrt(C)``.
         dropout (float): dropout probability on the attention weights.
         training (bool): apply dropout only when ``True``.
+        edge (Tensor, optional): ``[E, H, C]`` per-edge rows in CSR order, added
+            to the keys and to the values.
 
     Returns:
         ``(out [N_dst, H, C], alpha [E, H])``; ``alpha`` is the softmax before dropout
@@ -113,8 +125,12 @@ def dot_attention(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor, v: Tensor,
     dtype = v.dtype
     q, k, v = to_float32(q, k, v)
     dst = csr_dst(rowptr, col.numel())
-    scores = (gather_rows(q, dst) * gather_rows(k, col)).sum(-1) * scale
-    out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training)
+    keys = gather_rows(k, col)
+    if edge is not None:
+        edge, = to_float32(edge)
+        keys = keys + edge
+    scores = (gather_rows(q, dst) * keys).sum(-1) * scale
+    out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training, edge)
     return out.to(dtype), alpha.to(dtype)
 
 

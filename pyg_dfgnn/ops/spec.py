@@ -35,6 +35,9 @@ class ScoreSpec:
             channels are the call's.
         row_inputs (tuple of int): the inputs read as ``[N, H, C]`` rows (16-byte
             vector loads: they must be 16-byte aligned).
+        edge_inputs (tuple of int): the inputs with one row per edge, ``[E, H,
+            C]`` in the layout's CSR edge order (also in ``row_inputs``); the CSR
+            walk of the backward writes their gradients.
         reference (callable): ``(layout, inputs, params, dropout, training) ->
             (out [N_dst, H, C], alpha [E, H])`` in pure PyTorch, CSR edge order:
             the CPU path and the oracle of the tests.
@@ -61,6 +64,7 @@ class ScoreSpec:
     reference: Callable
     check: Callable
     saved_like: Callable = _no_saved
+    edge_inputs: Tuple[int, ...] = ()
     pmf: bool = True
     pmf_rule: bool = True
     mma: bool = False

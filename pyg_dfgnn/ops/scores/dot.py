@@ -10,6 +10,7 @@ from typing import Optional
 from torch import Tensor
 
 from .. import reference
+from .. import spec as _spec
 from ..attention import OpResult, attention
 from ..spec import ScoreSpec, register
 
@@ -58,14 +59,19 @@ SPEC = register(ScoreSpec(
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
                  dropout: float = 0.0, training: bool = True, return_attention: bool = False,
-                 strategy: str = "auto") -> OpResult:
+                 strategy: str = "auto", edge: Optional[Tensor] = None,
+                 edge_order: str = "input") -> OpResult:
     r"""Fused scaled dot-product attention over in-edges (Graph Transformer):
 
     .. math::
         \mathbf{o}_i = \sum_{j \in \mathcal{N}(i)} \mathrm{softmax}_j
         \left(\mathrm{scale}\; \mathbf{q}_i^\top \mathbf{k}_j\right) \mathbf{v}_j
 
-    per head (paper eq. 1-2; SMMF/PMF of §3-4, backward of §4.3).
+    per head (paper eq. 1-2; SMMF/PMF of §3-4, backward of §4.3). With per-edge
+    rows :math:`\mathbf{e}_{ij}` (``edge``; ``TransformerConv`` with
+    ``edge_dim``), :math:`\mathbf{k}_j + \mathbf{e}_{ij}` scores and
+    :math:`\mathbf{v}_j + \mathbf{e}_{ij}` is summed (the ``"dot_edge"`` score,
+    :mod:`pyg_dfgnn.ops.scores.dot_edge`).
 
     Args:
         layout (GraphLayout): the graph (``N_src`` sources, ``N_dst`` destinations).
@@ -78,14 +84,25 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         return_attention (bool): also return the softmax weights (before dropout)
             ``[E, H]`` in the layout's input edge order (not differentiable on the
             fused-kernel path).
-        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"``.
+        strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"`` (``"pmf"`` not with
+            ``edge``).
+        edge (Tensor, optional): ``[E, H, C]`` per-edge rows, the dtype of ``q``,
+            one per edge of the layout; differentiable (its gradient comes back
+            in ``edge``'s order).
+        edge_order (str): the order of ``edge``'s rows: ``"input"`` (the edges
+            as the layout was built from them; gathered into CSR order with
+            :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`, no gather where
+            they were grouped by destination) or ``"csr"`` (the layout's CSR
+            order already: callers that permute narrower per-edge features
+            before projecting them).
 
     Returns:
         ``out`` ``[N_dst, H, C]`` (dtype of ``q``), or ``(out, alpha)``.
 
     Raises:
-        ValueError: mismatched shapes, dtypes or devices, bad ``strategy``, or
-            ``dropout`` outside ``[0, 1)``.
+        ValueError: mismatched shapes, dtypes or devices, bad ``strategy`` or
+            ``edge_order``, ``dropout`` outside ``[0, 1)``, or ``edge`` on a
+            layout with added self-loops (which have no input edge row).
 
     .. note::
         In float16 / bfloat16 with ``C`` in {32, 64, 128}, no dropout, no returned
@@ -107,8 +124,16 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         :func:`pyg_dfgnn.explain` shows them for a layer's call.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return attention(SPEC, layout, (q, k, v), (scale,), dropout, training, return_attention,
-                     strategy)
+    if edge is None:
+        return attention(SPEC, layout, (q, k, v), (scale,), dropout, training,
+                         return_attention, strategy)
+    if edge_order == "input":
+        edge = layout.to_csr_order(edge)
+    elif edge_order != "csr":
+        raise ValueError(f"gt_attention: edge_order must be 'input' or 'csr', got {edge_order!r}")
+    # The spec by name, not by import: the dot_edge module imports this one (check_qkv).
+    return attention(_spec.get("dot_edge"), layout, (q, k, v, edge), (scale,), dropout,
+                     training, return_attention, strategy)
 
 
 SCORE_OP = gt_attention

@@ -1,0 +1,348 @@
+"""GPU tests of the dot_edge kernels (``cuda/scores/dot_edge.cu``: the dot-product
+score with per-edge rows, ``TransformerConv`` with ``edge_dim``) against the
+float64 reference, as ``test_cuda_gt.py`` checks the dot score: fresh random
+inputs, the allocator poisoned with NaN (an unwritten output shows), relative
+error ||got - ref|| / ||ref|| < 1e-5 (outputs, attention weights) and < 1e-4
+(gradients, the edge rows' included) in fp32, < 1e-2 in fp16 / bf16; split rows
+(a super node, and a tiny chunk), the kernels' dropout mask recomputed on the
+host, determinism, and the layer against native ``TransformerConv``."""
+import math
+
+import pytest
+import torch
+from torch_geometric.nn import TransformerConv
+from torch_geometric.utils import to_torch_csr_tensor
+
+from conftest import layer_grad_floor, rel_err_floor
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.nn import FusedTransformerConv
+from pyg_dfgnn.ops import calls, plan, reference
+from test_cuda_gt import (DEV, GRAPHS, _kernel_names, assert_matches_ref, dropout_keep,
+                          opcheck_plan_op, poison, rel_err)
+
+pytestmark = pytest.mark.cuda
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def make(graph, H, C, dtype, requires_grad=True):
+    """``(layout, [q, k, v, e])``: ``e`` ``[E, H, C]`` in the input edge order."""
+    ei, ns, nd = GRAPHS[graph]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    shapes = [(nd, H, C), (ns, H, C), (ns, H, C), (lay.num_edges, H, C)]
+    return lay, [torch.randn(s, device=DEV).to(dtype).requires_grad_(requires_grad)
+                 for s in shapes]
+
+
+def ref64(lay, q, k, v, e, g=None, scale=None, keep=None, p=0.0):
+    """``(out, alpha in CSR order, [dq, dk, dv, de] or None)`` in float64, ``e``
+    in the input edge order; ``keep``: a dropout mask ``[E, H]`` by CSR
+    position, applied as ``alpha * keep / (1 - p)``."""
+    t = [u.detach().double().requires_grad_(g is not None) for u in (q, k, v, e)]
+    e_csr = lay.to_csr_order(t[3])
+    if keep is None:
+        out, alpha = reference.dot_attention(lay.rowptr, lay.col, *t[:3], scale, edge=e_csr)
+    else:
+        scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+        dst = reference.csr_dst(lay.rowptr, lay.num_edges)
+        s = (t[0][dst] * (t[1][lay.col.long()] + e_csr)).sum(-1) * scale
+        alpha = reference.edge_softmax(s, lay.rowptr)
+        out = reference.aggregate(lay.rowptr, lay.col, alpha * keep / (1 - p), t[2], e_csr)
+    if g is None:
+        return out, alpha, None
+    out.backward(g.double())
+    return out, alpha, [u.grad for u in t]
+
+
+def call(lay, q, k, v, e, **kw):
+    """gt_attention with the edge rows; checks that the kernels ran it."""
+    with ops.recording() as records:
+        res = ops.gt_attention(lay, q, k, v, edge=e, **kw)
+    assert [r.score for r in records] == ["dot_edge"] and records[0].plan is not None
+    return res
+
+
+@pytest.mark.parametrize("graph", list(GRAPHS))
+@pytest.mark.parametrize("H,C", [(1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64),
+                                 (1, 128), (4, 128), (2, 100), (1, 7)])
+def test_forward_backward_fp32(graph, H, C):
+    lay, (q, k, v, e) = make(graph, H, C, torch.float32)
+    g = torch.randn(lay.num_dst, H, C, device=DEV)
+    poison()
+    out, alpha = call(lay, q, k, v, e, return_attention=True)
+    poison()
+    out.backward(g)
+    ref, ref_alpha, (dq, dk, dv, de) = ref64(lay, q, k, v, e, g)
+    assert_matches_ref(lay, out, alpha, ref, ref_alpha,
+                       ((q.grad, dq), (k.grad, dk), (v.grad, dv), (e.grad, de)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_split_rows_with_a_tiny_chunk(dtype, dropout, plan_override, monkeypatch):
+    """Every row of the small graph split into work items of 4 edges, merged in
+    the kernels (fp32) or in merge launches (bf16), with and without dropout."""
+    plan_override(chunk=4)
+    seed = 123456789
+    monkeypatch.setattr(calls, "seed", lambda: seed)
+    lay, (q, k, v, e) = make("small", 2, 32, dtype)
+    assert lay.work("row", 4).num_slots > 0
+    g = torch.randn(lay.num_dst, 2, 32, device=DEV, dtype=dtype)
+    poison()
+    out = call(lay, q, k, v, e, dropout=dropout, training=True)
+    poison()
+    out.backward(g)
+    keep = dropout_keep(seed, lay.num_edges, 2, dropout).to(DEV) if dropout else None
+    ref, _, grads = ref64(lay, q, k, v, e, g, keep=keep, p=dropout)
+    tol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 1e-2)
+    assert rel_err(out, ref) < tol[0]
+    for got, want in zip((q.grad, k.grad, v.grad, e.grad), grads):
+        assert rel_err(got, want) < tol[1]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("graph", ["small", "super_node", "bipartite"])
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (4, 64), (1, 16), (2, 24)])
+def test_half_precision(graph, dtype, H, C):
+    lay, (q, k, v, e) = make(graph, H, C, dtype)
+    g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
+    poison()
+    out = call(lay, q, k, v, e)
+    poison()
+    out.backward(g)
+    assert out.dtype == dtype and e.grad.dtype == dtype and e.grad.shape == e.shape
+    ref, _, grads = ref64(lay, q, k, v, e, g)
+    assert rel_err(out, ref) < 1e-2
+    isolated = lay.in_degree() == 0
+    assert isolated.any() and (out[isolated] == 0).all()
+    for got, want in zip((q.grad, k.grad, v.grad, e.grad), grads):
+        assert rel_err(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("graph", ["small", "super_node"])
+def test_dropout_is_the_kernels_mask_forward_and_backward(graph, dtype, monkeypatch):
+    """The mask of the dot score (a counter per CSR position and head, from the
+    call's seed; dropout_keep recomputes it): the output and every gradient
+    match the float64 reference with that mask, and the attention weights are
+    the softmax before it."""
+    seed, p = 987654321987, 0.3
+    monkeypatch.setattr(calls, "seed", lambda: seed)
+    lay, (q, k, v, e) = make(graph, 2, 32, dtype)
+    g = torch.randn(lay.num_dst, 2, 32, device=DEV, dtype=dtype)
+    poison()
+    out, alpha = call(lay, q, k, v, e, dropout=p, training=True, return_attention=True)
+    poison()
+    out.backward(g)
+    keep = dropout_keep(seed, lay.num_edges, 2, p).to(DEV)
+    assert 0.25 < 1 - keep.double().mean().item() < 0.35
+    ref, ref_alpha, grads = ref64(lay, q, k, v, e, g, keep=keep, p=p)
+    tol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 1e-2)
+    assert rel_err(out, ref) < tol[0]
+    assert rel_err(alpha, lay.to_input_order(ref_alpha)) < tol[0]
+    for got, want in zip((q.grad, k.grad, v.grad, e.grad), grads):
+        assert rel_err(got, want) < tol[1]
+    assert rel_err(out, ref64(lay, q, k, v, e)[0]) > 1e-2  # the mask did apply
+    assert rel_err(call(lay, q, k, v, e, dropout=p, training=False), ref64(lay, q, k, v, e)[0]) \
+        < tol[0]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deterministic(dtype, dropout):
+    """Bitwise the same output and gradients twice with split rows (the super
+    node), and with dropout from the same seed (torch.manual_seed)."""
+    lay, leaves = make("super_node", 4, 32, dtype)
+    g = torch.randn(lay.num_dst, 4, 32, device=DEV, dtype=dtype)
+    runs = []
+    for _ in range(2):
+        for t in leaves:
+            t.grad = None
+        torch.manual_seed(77)
+        out = call(lay, *leaves, dropout=dropout, training=True)
+        out.backward(g)
+        runs.append([out.detach().clone()] + [t.grad.clone() for t in leaves])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_plan_runs_what_the_score_has(plan_override):
+    """SMMF on CUDA cores with the two-launch backward; what the score lacks
+    raises before a launch (ValueError from the plan)."""
+    lay, (q, k, v, e) = make("small", 2, 64, torch.bfloat16)
+    with ops.recording() as records:
+        ops.gt_attention(lay, q, k, v, edge=e)
+    p = records[0].plan
+    assert (p.method, p.mma, p.two_rows, p.bwd_one_launch, p.mma_backward) == \
+        ("smmf", False, False, False, False) and p.dense_cells == 0
+    with pytest.raises(ValueError, match="no PMF path"):
+        ops.gt_attention(lay, q, k, v, edge=e, strategy="pmf")
+    for field in (dict(bwd_launches=1), dict(mma=True), dict(mma_backward=True)):
+        with plan.override(**field), pytest.raises(ValueError):
+            ops.gt_attention(lay, q, k, v, edge=e)
+    names = " ".join(_kernel_names(lambda: ops.gt_attention(lay, q, k, v, edge=e)))
+    assert "gt_fwd_mma_kernel" not in names and "gt_fwd_dense_kernel" not in names
+
+
+def test_csr_order_rows_skip_the_gather_and_match():
+    lay, (q, k, v, e) = make("bipartite", 2, 32, torch.float32)
+    e_csr = lay.to_csr_order(e.detach()).requires_grad_()
+    a = call(lay, q, k, v, e)
+    b = call(lay, q, k, v, e_csr, edge_order="csr")
+    assert torch.equal(a, b)
+    g = torch.randn_like(a)
+    ge, = torch.autograd.grad(a, e, g)
+    ge_csr, = torch.autograd.grad(b, e_csr, g)
+    assert torch.equal(lay.to_csr_order(ge), ge_csr)
+
+
+def test_memory_holds_no_edge_messages():
+    """Peak memory of a forward + backward beyond its inputs: the edge rows'
+    gradient (one E x H x C tensor, the size of the input rows) and small
+    things; PyG holds several E x H x C tensors."""
+    n, E, H, C = 20_000, 1_000_000, 4, 64
+    ei = torch.randint(0, n, (2, E), device=DEV)
+    lay = GraphLayout.from_edge_index(ei, (n, n))
+    q, k, v = (torch.randn(n, H, C, device=DEV, requires_grad=True) for _ in range(3))
+    e = torch.randn(E, H, C, device=DEV, requires_grad=True)  # CSR order: no gather copy
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    ops.gt_attention(lay, q, k, v, edge=e, edge_order="csr").sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 1.5 * E * H * C * 4, peak
+
+
+def test_opcheck():
+    lay, (q, k, v, e) = make("small", 2, 16, torch.float32, requires_grad=False)
+    lay.colptr  # noqa: B018
+    e_csr = lay.to_csr_order(e)
+    for need_attn in (False, True):
+        args = ops.op_args("dot_edge", lay, [q, k, v, e_csr], (0.25,), need_attn=need_attn)
+        opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
+
+
+@pytest.mark.parametrize("case", ["rows", "dtype"])
+def test_op_rejects_bad_edge_rows(case):
+    """The C++ op checks the edge rows it is handed directly (the Python op's
+    ValueErrors are tested on the CPU)."""
+    lay, (q, k, v, e) = make("small", 2, 32, torch.float32, requires_grad=False)
+    args = list(ops.op_args("dot_edge", lay, [q, k, v, lay.to_csr_order(e)], (0.2,),
+                            need_grad=False))
+    bad = e[1:] if case == "rows" else e.half()
+    with pytest.raises(RuntimeError):
+        torch.ops.dfgnn.attention_fwd(*([[q, k, v, bad]] + args[1:]))
+    torch.cuda.synchronize()
+
+
+def test_direct_entry_and_torch_ops_give_the_same_results():
+    lay, leaves = make("super_node", 2, 32, torch.float32)
+    res, g = {}, None
+    for direct in (True, False):
+        for t in leaves:
+            t.grad = None
+        poison()
+        with plan.override(direct_entry=direct):
+            out = call(lay, *leaves)
+        g = torch.randn_like(out) if g is None else g
+        poison()
+        out.backward(g)
+        res[direct] = [out.detach().clone()] + [t.grad.clone() for t in leaves]
+    for a, b in zip(res[True], res[False]):
+        assert not torch.isnan(a).any() and torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------ the layer
+def _layer_inputs(config):
+    ns, nd = (300, 200) if config == "bipartite" else (300, 300)
+    ei = torch.stack([torch.randint(0, ns, (3000,)), torch.randint(0, nd * 3 // 4, (3000,))])
+    ei = torch.cat([ei, ei[:, ::7]], 1)  # duplicates; the last quarter: no in-edges
+    x = ((torch.randn(ns, 16), torch.randn(nd, 12)) if config == "bipartite"
+         else torch.randn(ns, 16))
+    ea = torch.randn(ei.size(1), 16)
+    return ei.to(DEV), ns, nd, x, ea.to(DEV)
+
+
+LAYER_CONFIGS = {
+    "plain": dict(heads=4),
+    "one_head": dict(heads=1),
+    "bipartite": dict(heads=4),
+    "concat_off_beta": dict(heads=2, concat=False, beta=True),
+    "no_root": dict(heads=2, root_weight=False),
+    "alpha": dict(heads=4),
+    "csr_values": dict(heads=2),
+}
+
+
+def _layer_run(layer, x, adj, ea, dtype, autocast, **call_kw):
+    xs = [t.to(DEV, dtype).requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
+    ea = ea.to(dtype).requires_grad_()
+    edge_attr = ea
+    if call_kw.pop("values", False):  # the features as a torch.sparse matrix's values
+        ei, nd, ns = adj
+        adj, edge_attr = to_torch_csr_tensor(ei.flip(0), ea, size=(nd, ns)), None
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        res = layer(xs[0] if len(xs) == 1 else tuple(xs), adj, edge_attr, **call_kw)
+    out, alpha = (res[0], res[1][1]) if call_kw else (res, None)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEV, out.dtype)
+    leaves = xs + [ea] + list(layer.parameters())
+    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+    return out, alpha, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", list(LAYER_CONFIGS))
+def test_layer_matches_native(config, dtype):
+    """fp32: the fused layer against native TransformerConv in float64 (same
+    weights), 1e-5 outputs and attention weights, 1e-4 gradients (of x, the edge
+    features and every parameter). bf16: both under autocast, as
+    test_cuda_gatv2.py compares them."""
+    ei, ns, nd, x, ea = _layer_inputs(config)
+    in_ch = (16, 12) if config == "bipartite" else 16
+    native = TransformerConv(in_ch, 32, edge_dim=16, **LAYER_CONFIGS[config]).to(DEV)
+    fused = FusedTransformerConv(in_ch, 32, edge_dim=16, **LAYER_CONFIGS[config]).to(DEV)
+    fused.load_state_dict(native.state_dict())
+    kw = {"return_attention_weights": True} if config == "alpha" else {}
+    adj = ei
+    if config == "csr_values":
+        adj, kw = (ei, nd, ns), {"values": True}
+    autocast = dtype == torch.bfloat16
+    with ops.recording() as records:
+        got = _layer_run(fused, x, adj, ea, torch.float32, autocast, **dict(kw))
+    assert [r.score for r in records] == ["dot_edge"] and records[0].plan is not None
+    if autocast:
+        want = _layer_run(native, x, adj, ea, torch.float32, True, **dict(kw))
+        out_tol, grad_tol = 2e-2, 3e-2
+    else:
+        want = _layer_run(native.double(), x, adj, ea.double(), torch.float64, False,
+                          **dict(kw))
+        out_tol, grad_tol = 1e-5, 1e-4
+    assert got[0].dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert rel_err(got[0], want[0]) < out_tol
+    if config == "alpha":
+        assert rel_err(got[1], want[1]) < out_tol
+    floor = layer_grad_floor(want[2])
+    for a, b in zip(got[2], want[2]):
+        assert (a is None) == (b is None)
+        if b is not None:
+            assert rel_err_floor(a, b, floor) < grad_tol
+
+
+def test_compiled_layer_with_edge_features():
+    """fullgraph over a cached layout: the compiled entry op with the kernels."""
+    torch.manual_seed(8)
+    ei, n, _ = GRAPHS["small"]()
+    conv = FusedTransformerConv(32, 16, heads=2, edge_dim=8).to(DEV)
+    x = torch.randn(n, 32, device=DEV, requires_grad=True)
+    ea = torch.randn(ei.size(1), 8, device=DEV, requires_grad=True)
+    want = conv(x, ei, ea)  # eager first: builds and caches the layout on ei
+    model = torch.compile(conv, fullgraph=True)
+    y = model(x, ei, ea)
+    assert rel_err(y, want) < 1e-5
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, ea), g)
+    exp = torch.autograd.grad(want, (x, ea), g)
+    for a, b in zip(got, exp):
+        assert rel_err(a, b) < 1e-4

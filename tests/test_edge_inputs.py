@@ -1,0 +1,635 @@
+"""Per-edge inputs (the ``"dot_edge"`` score): ``gt_attention(edge=...)`` against a
+float64 formula written out here, its errors, and ``FusedTransformerConv(edge_dim=...)``
+against PyG's ``TransformerConv`` in float64 (outputs, attention weights and the
+gradients of the node features, the edge features and every parameter) on every
+adjacency type. On the CPU the op runs the reference path; the kernels are
+checked in ``test_cuda_dot_edge.py``."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import Tensor
+from torch._dynamo.utils import counters
+from torch_geometric import EdgeIndex
+from torch_geometric.nn import GATConv, TransformerConv
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
+
+import pyg_dfgnn
+from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
+from pyg_dfgnn.nn import FusedTransformerConv, fuse
+from pyg_dfgnn.ops import plan, reference
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------- the op
+def hand_formula(ei: Tensor, num_dst: int, q, k, v, e, scale):
+    r"""``(out, alpha)`` of :math:`s_{ij} = scale\, q_i \cdot (k_j + e_{ij})`,
+    :math:`o_i = \sum_j softmax_j(s_{ij}) (v_j + e_{ij})` in the input edge order,
+    with nothing of the package: a max-shifted softmax by ``index_add``."""
+    src, dst = ei
+    s = (q[dst] * (k[src] + e)).sum(-1) * scale  # [E, H]
+    H = q.size(1)
+    mx = torch.full((num_dst, H), -math.inf, dtype=s.dtype).scatter_reduce(
+        0, dst[:, None].expand(-1, H), s, "amax")
+    w = (s - mx[dst]).exp()
+    den = torch.zeros(num_dst, H, dtype=s.dtype).index_add(0, dst, w)
+    alpha = w / den[dst]
+    out = torch.zeros(num_dst, H, q.size(2), dtype=s.dtype).index_add(
+        0, dst, alpha[..., None] * (v[src] + e))
+    return out, alpha
+
+
+def _grouped(ei: Tensor) -> Tensor:
+    return ei[:, ei[1].argsort(stable=True)]
+
+
+OP_GRAPHS = {
+    # name: (edge_index, N_src, N_dst)
+    "unsorted_duplicates_isolated": lambda: (random_graph(20, num_edges=70, num_isolated=3,
+                                                          num_duplicates=9), 20, 20),
+    "bipartite": lambda: (random_graph(13, 9, num_edges=40), 13, 9),
+    "super_node": lambda: (torch.cat([random_graph(30, num_edges=60),
+                                      torch.stack([torch.randint(0, 30, (200,)),
+                                                   torch.full((200,), 4)])], 1), 30, 30),
+    "grouped_by_destination": lambda: (_grouped(random_graph(16, num_edges=50)), 16, 16),
+    "zero_edges": lambda: (torch.empty(2, 0, dtype=torch.long), 6, 6),
+}
+
+
+def _qkve(ns, nd, E, H, C, dtype=F64):
+    return [torch.randn(n, H, C, dtype=dtype, requires_grad=True) for n in (nd, ns, ns, E)]
+
+
+@pytest.mark.parametrize("graph", list(OP_GRAPHS))
+@pytest.mark.parametrize("H,C", [(1, 16), (3, 5)])
+def test_op_matches_the_hand_formula(graph, H, C):
+    ei, ns, nd = OP_GRAPHS[graph]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), H, C)
+    scale = 0.37
+    out, alpha = ops.gt_attention(lay, q, k, v, scale=scale, edge=e, return_attention=True)
+    want, want_alpha = hand_formula(ei, nd, q, k, v, e, scale)
+    assert out.dtype == F64 and alpha.shape == (ei.size(1), H)
+    assert rel_err(out, want) < 1e-12 and rel_err(alpha, want_alpha) < 1e-12
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(out, (q, k, v, e), g)
+    exp = torch.autograd.grad(want, (q, k, v, e), g)
+    for name, a, b in zip("qkve", got, exp):
+        assert rel_err_floor(a, b, 1e-8) < 1e-10, name
+    if ei.size(1):
+        # the edge rows matter, to the scores and to the sums
+        assert rel_err(ops.gt_attention(lay, q, k, v, scale=scale), want) > 1e-3
+
+
+def test_op_default_scale_and_gradcheck():
+    ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 3)
+    want = hand_formula(ei, nd, q, k, v, e, 1 / math.sqrt(3))[0]
+    assert rel_err(ops.gt_attention(lay, q, k, v, edge=e), want) < 1e-12
+    assert torch.autograd.gradcheck(lambda *t: ops.gt_attention(lay, *t[:3], edge=t[3]),
+                                    (q, k, v, e))
+
+
+def test_csr_order_input_is_the_gathered_input_order():
+    ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    assert lay._edge_perm is not None  # unsorted: a real gather
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    e_csr = lay.to_csr_order(e)
+    assert torch.equal(e_csr, e[lay.edge_perm])
+    assert torch.equal(lay.to_input_order(e_csr), e)
+    a = ops.gt_attention(lay, q, k, v, edge=e)
+    b = ops.gt_attention(lay, q, k, v, edge=e_csr, edge_order="csr")
+    assert torch.equal(a, b)
+    # the gradient of the CSR rows comes back to e in its own order
+    g = torch.randn_like(a)
+    ge, = torch.autograd.grad(a, e, g)
+    want, = torch.autograd.grad(hand_formula(ei, nd, q, k, v, e, 0.5)[0], e, g)
+    assert rel_err(ge, want) < 1e-10
+
+
+def test_grouped_edges_skip_the_gather():
+    ei, ns, nd = OP_GRAPHS["grouped_by_destination"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    assert lay._edge_perm is None
+    e = torch.randn(ei.size(1), 2, 4)
+    assert lay.to_csr_order(e) is e
+
+
+def test_reference_with_edge_rows_in_half_precision_sums_in_float32():
+    ei, ns, nd = OP_GRAPHS["super_node"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = (t.detach() for t in _qkve(ns, nd, ei.size(1), 2, 8))
+    want = ops.gt_attention(lay, q, k, v, edge=e)
+    for dtype in (torch.float16, torch.bfloat16):
+        got = ops.gt_attention(lay, *(t.to(dtype) for t in (q, k, v)))
+        got_e = ops.gt_attention(lay, *(t.to(dtype) for t in (q, k, v)), edge=e.to(dtype))
+        assert got_e.dtype == dtype and rel_err(got_e, want) < 1e-2
+        assert rel_err(got, want) > 1e-2  # without the rows: another function
+
+
+def test_dropout_masks_the_csr_positions_with_torchs_generator():
+    """On the CPU the mask is F.dropout's over the [E, H] weights in CSR order,
+    drawn from torch's generator: seeded alike, the reference with the edge rows
+    in CSR order gives the same output, and the backward goes through that mask."""
+    ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    torch.manual_seed(5)
+    out = ops.gt_attention(lay, q, k, v, edge=e, dropout=0.4, training=True)
+    torch.manual_seed(5)
+    want, _ = reference.dot_attention(lay.rowptr, lay.col, q, k, v, 0.5, 0.4, training=True,
+                                      edge=lay.to_csr_order(e))
+    assert torch.equal(out, want)
+    assert rel_err(out, ops.gt_attention(lay, q, k, v, edge=e)) > 1e-2  # it dropped
+    assert torch.equal(ops.gt_attention(lay, q, k, v, edge=e, dropout=0.4, training=False),
+                       ops.gt_attention(lay, q, k, v, edge=e))
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v, e), g),
+                    torch.autograd.grad(want, (q, k, v, e), g)):
+        assert torch.equal(a, b)
+
+
+def test_fused_attention_entry():
+    ei, ns, nd = OP_GRAPHS["bipartite"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    got = ops.fused_attention(lay, "dot_edge", q=q, k=k, v=v, edge=e, scale=0.3)
+    assert torch.equal(got, ops.gt_attention(lay, q, k, v, scale=0.3, edge=e))
+    with pytest.raises(TypeError):
+        ops.fused_attention(lay, "dot_edge", q=q, k=k, v=v)  # the rows are required
+
+
+def test_calls_record_the_dot_edge_score():
+    ei, ns, nd = OP_GRAPHS["bipartite"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    with ops.recording() as records:
+        ops.gt_attention(lay, q, k, v)
+        ops.gt_attention(lay, q, k, v, edge=e)
+    assert [r.score for r in records] == ["dot", "dot_edge"]
+
+
+def _bad_case(case):
+    ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    E = ei.size(1)
+    q, k, v, e = (t.detach() for t in _qkve(ns, nd, E, 2, 4, torch.float32))
+    kw = {}
+    if case == "rows":
+        e = torch.randn(E - 1, 2, 4)
+    elif case == "rows_csr":
+        e, kw = torch.randn(E + 1, 2, 4), dict(edge_order="csr")
+    elif case == "heads":
+        e = torch.randn(E, 3, 4)
+    elif case == "channels_csr":
+        e, kw = torch.randn(E, 2, 5), dict(edge_order="csr")
+    elif case == "two_dims":
+        e, kw = torch.randn(E, 8), dict(edge_order="csr")
+    elif case == "dtype":
+        e = e.double()
+    elif case == "device":
+        e = torch.empty(E, 2, 4, device="meta")
+    elif case == "device_csr":
+        e, kw = torch.empty(E, 2, 4, device="meta"), dict(edge_order="csr")
+    elif case == "order":
+        kw = dict(edge_order="coo")
+    elif case == "pmf":
+        kw = dict(strategy="pmf")
+    elif case == "self_loops":
+        lay = GraphLayout.from_edge_index(ei, (ns, nd), add_self_loops=True)
+        e = torch.randn(lay.num_edges, 2, 4)
+    elif case == "dropout":
+        kw = dict(dropout=1.0)
+    return lay, q, k, v, e, kw
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("rows", "one row per edge"), ("rows_csr", r"\[E, H, C\]"), ("heads", "one row per edge"),
+    ("channels_csr", r"\[E, H, C\]"), ("two_dims", r"\[E, H, C\]"), ("dtype", "dtype"),
+    ("device", "meta"), ("device_csr", "meta"), ("order", "edge_order"),
+    ("pmf", "no PMF path"), ("self_loops", "self-loops"), ("dropout", "dropout"),
+])
+def test_bad_inputs_raise_value_error(case, msg):
+    lay, q, k, v, e, kw = _bad_case(case)
+    if case == "heads":  # right row count: the check after the gather names the shape
+        msg = r"\[E, H, C\]"
+    with pytest.raises(ValueError, match=msg):
+        ops.gt_attention(lay, q, k, v, edge=e, **kw)
+
+
+def test_plan_of_the_dot_edge_score():
+    """The plan runs what the score's kernels have: SMMF, CUDA cores, the
+    two-launch backward, whose CSR walk writes the edge rows' gradient."""
+    big = GraphLayout.from_edge_index(
+        torch.stack([torch.randint(0, 1 << 15, (1 << 18,)),
+                     torch.arange(1 << 15).repeat_interleave(8)]), (1 << 15, 1 << 15))
+    small = GraphLayout.from_edge_index(random_graph(300, num_edges=3000), (300, 300))
+    p = plan.plan_for(big, torch.float32, 32, score="dot_edge")
+    assert p.method == "smmf" and not p.two_rows  # the dot score runs two rows here
+    assert plan.plan_for(big, torch.float32, 32).two_rows
+    with plan.override(chunk=4096):
+        p = plan.plan_for(small, torch.bfloat16, 64, score="dot_edge")
+        assert not p.mma and p.dense_cells == 0 and not p.mma_backward
+        assert plan.plan_for(small, torch.bfloat16, 64).mma
+    p = plan.plan_for(small, torch.float32, 64, score="dot_edge")
+    assert not p.bwd_one_launch  # under 2^16 edges, where the dot score runs one launch
+    assert [k for k, _ in p.kernels()] == ["dot_edge:smmf"]
+    bwd = p.kernels(backward=True)
+    assert [k for k, _ in bwd] == ["dot_edge:dq_walk", "dot_edge:dkv_walk"]
+    assert "edge rows' gradients" in bwd[0][1]
+    with pytest.raises(ValueError, match="no PMF path"):
+        plan.plan_for(small, torch.float32, 64, score="dot_edge", strategy="pmf")
+    with pytest.raises(ValueError, match="no PMF path"):
+        plan.choose_strategy(10, "dot_edge", 4, "pmf")
+    assert plan.choose_strategy(10 ** 7, "dot_edge", 4, capacity=16, rule="paper") == "smmf"
+    for field in (dict(bwd_launches=1), dict(mma=True), dict(two_rows=True)):
+        with plan.override(**field), pytest.raises(ValueError):
+            plan.plan_for(small, torch.bfloat16 if "mma" in field else torch.float32, 64,
+                          score="dot_edge")
+
+
+# ---------------------------------------------------------------- the compiled entry op
+def _compiled_call(lay, dropout=0.0):
+    def call(q, k, v, e):
+        return torch.ops.pyg_dfgnn.dot_edge_attention(q, k, v, e, lay.handle, 0.4, dropout,
+                                                      True, "auto")[:3]
+    return call
+
+
+def test_compiled_op_matches_reference_gradchecks_and_keeps_the_mask():
+    ei, ns, nd = OP_GRAPHS["bipartite"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 3)
+    e_csr = lay.to_csr_order(e.detach()).requires_grad_()
+    inputs = (q, k, v, e_csr)
+    out, lse, token = _compiled_call(lay)(*inputs)
+    assert lse.shape == (nd, 2) and token.tolist()[2] == int(lay.handle[0])
+    want = ops.gt_attention(lay, q, k, v, scale=0.4, edge=e_csr, edge_order="csr")
+    assert rel_err(out, want) < 1e-12
+    assert torch.autograd.gradcheck(lambda *t: _compiled_call(lay)(*t)[0], inputs)
+    # dropout: a generator seeded from the token's seed, forward and backward
+    out, _, token = _compiled_call(lay, 0.3)(*inputs)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(token.tolist()[0])
+        want = reference.dot_attention(lay.rowptr, lay.col, q, k, v, 0.4, 0.3, training=True,
+                                       edge=e_csr)[0]
+    assert rel_err(out, want) < 1e-12
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(want, inputs, g)):
+        assert rel_err(a, b) < 1e-10
+    inputs32 = [t.detach().float().requires_grad_() for t in inputs]
+    torch.library.opcheck(torch.ops.pyg_dfgnn.dot_edge_attention,
+                          (*inputs32, lay.handle, 0.4, 0.0, True, "auto"))
+    with pytest.raises(ValueError, match=r"\[E, H, C\]"):
+        _compiled_call(lay)(q, k, v, e_csr[1:])
+
+
+# ----------------------------------------------------------------------------- the layer
+ADJ = ["coo", "edge_index", "csr", "sparse_coo", "sparse_tensor"]
+
+
+def _adjacency(kind: str, ei: Tensor, ns: int, nd: int, ea: Tensor, from_values: bool):
+    """``(adj, edge_attr)``: ``kind`` holding the graph, the edge features either
+    as the matrix's values (``edge_attr`` then ``None``) or as ``edge_attr`` in
+    the adjacency's edge order (a sparse matrix's own order, duplicates merged
+    where ``torch.sparse`` merges them)."""
+    if kind == "coo":
+        return ei.clone(), ea
+    if kind == "edge_index":
+        return EdgeIndex(ei.clone(), sparse_size=(ns, nd)), ea
+    if kind == "sparse_tensor":
+        torch_sparse = pytest.importorskip("torch_sparse")
+        if from_values:
+            return torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=ea,
+                                             sparse_sizes=(nd, ns)), None
+        adj = torch_sparse.SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(nd, ns))
+        return adj, ea[:adj.nnz()]
+    to = to_torch_csr_tensor if kind == "csr" else to_torch_coo_tensor
+    if from_values:
+        return to(ei.flip(0), ea, size=(nd, ns)), None
+    adj = to(ei.flip(0), size=(nd, ns))
+    return adj, ea[:adj._nnz()]
+
+
+def _run(layer, x, ei, ns, nd, ea, kind, from_values, call):
+    """Output, attention weights and the gradients of ``(out * w).sum()`` (leaves:
+    node features, the edge features, then parameters by name) of one layer on
+    fresh leaves, with its own adjacency object built from them."""
+    xs = [t.detach().clone().requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
+    ea_leaf = ea.detach().clone().requires_grad_()
+    adj, edge_attr = _adjacency(kind, ei, ns, nd, ea_leaf, from_values)
+    res = layer(xs[0] if len(xs) == 1 else tuple(xs), adj, edge_attr, **call)
+    out, alpha = (res[0], res[1]) if call else (res, None)
+    if alpha is not None and not isinstance(alpha, tuple):  # a SparseTensor
+        alpha = alpha.storage.value()
+    elif alpha is not None:
+        alpha = alpha[1]
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(11), dtype=F64)
+    params = dict(layer.named_parameters())
+    leaves = xs + [ea_leaf] + list(params.values())
+    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+    names = [f"x[{i}]" for i in range(len(xs))] + ["edge_attr"] + list(params)
+    return out, alpha, dict(zip(names, grads))
+
+
+def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, call=None):
+    call = call or {}
+    with ops.recording() as records:
+        got = _run(fused, x, ei, ns, nd, ea, kind, from_values, call)
+    assert [r.score for r in records] == ["dot_edge"], "the layer did not run the fused op"
+    want = _run(native, x, ei, ns, nd, ea, kind, from_values, call)
+    assert rel_err(got[0], want[0]) < 1e-12
+    if call:
+        assert rel_err(got[1], want[1]) < 1e-12
+    assert got[2].keys() == want[2].keys()
+    # The key bias's gradient is 0 in exact arithmetic (the softmax is
+    # shift-invariant per row): both sides hold float64 rounding noise there.
+    floor = layer_grad_floor(want[2].values(), 1e-6, 1e-6)
+    for name, b in want[2].items():
+        a = got[2][name]
+        assert (a is None) == (b is None), name
+        if b is not None:
+            assert rel_err_floor(a, b, floor) < 1e-8, name
+    return got, want
+
+
+def _pair(*args, **kwargs):
+    native = TransformerConv(*args, **kwargs).double()
+    with torch.no_grad():  # no zero biases: a wrong bias would show
+        for p in native.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    fused = FusedTransformerConv(*args, **kwargs).double()
+    fused.load_state_dict(native.state_dict())
+    return native, fused
+
+
+def _features(ns, nd, f_src, f_dst, D, E, bipartite=False):
+    x = torch.randn(ns, f_src, dtype=F64)
+    if bipartite:
+        x = (x, torch.randn(nd, f_dst, dtype=F64))
+    return x, torch.randn(E, D, dtype=F64)
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("concat", [True, False])
+@pytest.mark.parametrize("edge_dim", [16, 3])
+def test_layer_matches_pyg(heads, concat, edge_dim):
+    ei = random_graph(20, num_edges=80, num_isolated=3, num_duplicates=7)
+    native, fused = _pair(8, 5, heads=heads, concat=concat, edge_dim=edge_dim)
+    x, ea = _features(20, 20, 8, None, edge_dim, ei.size(1))
+    _compare(native, fused, x, ei, 20, 20, ea)
+
+
+@pytest.mark.parametrize("kwargs", [dict(beta=True), dict(root_weight=False),
+                                    dict(beta=True, concat=False, bias=False),
+                                    dict(dropout=0.3), dict(edge_dim=1)])
+def test_layer_options_match_pyg(kwargs):
+    ei = random_graph(20, num_edges=80, num_isolated=2, num_duplicates=5)
+    kwargs = {"heads": 2, "edge_dim": 16, **kwargs}
+    native, fused = _pair(8, 4, **kwargs)
+    if kwargs.get("dropout"):
+        native.eval()
+        fused.eval()
+    x, ea = _features(20, 20, 8, None, kwargs["edge_dim"], ei.size(1))
+    _compare(native, fused, x, ei, 20, 20, ea)
+
+
+@pytest.mark.parametrize("kind", ["coo", "edge_index", "csr"])
+@pytest.mark.parametrize("concat", [True, False])
+def test_layer_bipartite_matches_pyg(kind, concat):
+    ns, nd = 14, 9
+    ei = random_graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4)
+    native, fused = _pair((6, 7), 4, heads=3, concat=concat, edge_dim=16)
+    x, ea = _features(ns, nd, 6, 7, 16, ei.size(1), bipartite=True)
+    _compare(native, fused, x, ei, ns, nd, ea, kind)
+
+
+def test_layer_super_node_and_grouped_edges():
+    n = 40
+    hub = torch.stack([torch.randint(0, n, (300,)), torch.full((300,), 7)])
+    ei = torch.cat([random_graph(n, num_edges=100), hub], 1)
+    ei = ei[:, torch.randperm(ei.size(1))]
+    for edges in (ei, _grouped(ei)):
+        native, fused = _pair(8, 4, heads=2, edge_dim=16)
+        x, ea = _features(n, n, 8, None, 16, edges.size(1))
+        _compare(native, fused, x, edges, n, n, ea)
+
+
+@pytest.mark.parametrize("kind", ADJ)
+@pytest.mark.parametrize("from_values", [False, True])
+@pytest.mark.parametrize("weights", [None, True, False])
+def test_layer_adjacency_types_match_pyg(kind, from_values, weights):
+    """Edge features as ``edge_attr`` in the adjacency's order, or (no
+    ``edge_attr``) as a ``SparseTensor``'s / ``torch.sparse`` matrix's values,
+    as PyG's ``propagate`` takes them; attention weights as PyG returns them."""
+    if from_values and kind in ("coo", "edge_index"):
+        pytest.skip("a [2, E] edge_index has no values")
+    ns = nd = 18
+    ei = random_graph(ns, num_edges=70, num_isolated=2, num_duplicates=6)
+    native, fused = _pair(8, 4, heads=2, edge_dim=16)
+    x, ea = _features(ns, nd, 8, None, 16, ei.size(1))
+    call = {} if weights is None else {"return_attention_weights": weights}
+    _compare(native, fused, x, ei, ns, nd, ea, kind, from_values, call)
+
+
+def test_layer_attention_weights_in_input_order():
+    ei = random_graph(20, num_edges=60, num_duplicates=5)
+    native, fused = _pair(8, 4, heads=3, edge_dim=16)
+    x, ea = _features(20, 20, 8, None, 16, ei.size(1))
+    out, (ei_f, alpha) = fused(x, ei, ea, return_attention_weights=True)
+    _, (ei_n, alpha_n) = native(x, ei, ea, return_attention_weights=True)
+    assert ei_f is ei and alpha.shape == (ei.size(1), 3)
+    assert rel_err(alpha, alpha_n) < 1e-12
+    # the weights of each destination's in-edges sum to one, in the caller's order
+    sums = torch.zeros(20, 3, dtype=F64).index_add(0, ei[1], alpha.detach())
+    has_in = torch.bincount(ei[1], minlength=20) > 0
+    assert torch.allclose(sums[has_in], torch.ones_like(sums[has_in]))
+
+
+def test_layer_pmf_strategy_runs_smmf_with_edge_features():
+    ei = random_graph(20, num_edges=60)
+    native, fused = _pair(8, 4, heads=2, edge_dim=16)
+    fused.strategy = "pmf"
+    x, ea = _features(20, 20, 8, None, 16, ei.size(1))
+    _compare(native, fused, x, ei, 20, 20, ea)
+
+
+def test_layer_lazy_weights_drawn_in_pygs_order():
+    """in_channels=-1 and edge_dim=-1: the first call draws each lazy weight,
+    lin_edge after the query, key and value and before the skip, as PyG's
+    message does."""
+    ei = random_graph(20, num_edges=60)
+    x, ea = torch.randn(20, 8), torch.randn(ei.size(1), 6)
+    outs = []
+    for cls in (TransformerConv, FusedTransformerConv):
+        torch.manual_seed(3)
+        conv = cls(-1, 4, heads=2, edge_dim=-1)
+        torch.manual_seed(4)
+        outs.append((conv(x, ei, ea), conv.state_dict()))
+    (a, sa), (b, sb) = outs
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert rel_err(b, a) < 1e-5
+
+
+def test_hooked_lin_edge_sees_the_rows_in_pygs_order():
+    ei = random_graph(20, num_edges=60)
+    native, fused = _pair(8, 4, heads=2, edge_dim=16)
+    seen = {}
+    for name, layer in (("native", native), ("fused", fused)):
+        layer.lin_edge.register_forward_hook(
+            lambda mod, inp, out, name=name: seen.__setitem__(name, inp[0].detach()))
+    x, ea = _features(20, 20, 8, None, 16, ei.size(1))
+    _compare(native, fused, x, ei, 20, 20, ea)
+    assert torch.equal(seen["fused"], seen["native"])
+
+
+def test_layer_training_dropout_is_seeded_and_differentiable():
+    ei = random_graph(30, num_edges=200)
+    fused = FusedTransformerConv(8, 4, heads=2, dropout=0.5, edge_dim=16).train()
+    x, ea = torch.randn(30, 8), torch.randn(ei.size(1), 16, requires_grad=True)
+    torch.manual_seed(1)
+    a = fused(x, ei, ea)
+    torch.manual_seed(1)
+    b = fused(x, ei, ea)
+    c = fused(x, ei, ea)
+    assert torch.equal(a, b) and rel_err(a, c) > 1e-3
+    assert rel_err(a, fused.eval()(x, ei, ea)) > 1e-3
+    a.sum().backward()
+    assert ea.grad is not None and torch.isfinite(ea.grad).all() and ea.grad.abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- fallbacks
+def _no_fused_call(layer, *args, **kwargs):
+    with ops.recording() as records:
+        res = layer(*args, **kwargs)
+    assert records == [], "the call ran the fused op"
+    return res
+
+
+def test_edge_features_without_edge_dim_run_pygs_forward():
+    """PyG adds edge features that no lin_edge projects to the values only."""
+    ei = random_graph(20, num_edges=60)
+    native, fused = _pair(8, 4, heads=2)
+    x = torch.randn(20, 8, dtype=F64)
+    ea = torch.randn(ei.size(1), 1, 4, dtype=F64)  # broadcast over the heads
+    assert "without edge_dim" in fused.fallback_reason(x, ei, ea)
+    got = _no_fused_call(fused, x, ei, ea)
+    assert rel_err(got, native(x, ei, ea)) < 1e-12
+    assert rel_err(got, native(x, ei)) > 1e-3
+    # A SparseTensor's values with a feature dimension reach PyG's message as
+    # edge features too; plain edge weights (1-D) do not, and run fused.
+    torch_sparse = pytest.importorskip("torch_sparse")
+
+    def adj(value):
+        return torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=value,
+                                         sparse_sizes=(20, 20))
+    a = adj(ea)
+    assert "without edge_dim" in fused.fallback_reason(x, a)
+    assert rel_err(_no_fused_call(fused, x, a), native(x, a)) < 1e-12
+    weighted = adj(torch.rand(ei.size(1), dtype=F64))
+    assert fused.fallback_reason(x, weighted) == ""
+    assert rel_err(fused(x, weighted), native(x, weighted)) < 1e-12
+
+
+def test_edge_dim_without_features_or_wrong_rows_run_pygs_forward():
+    ei = random_graph(20, num_edges=60)
+    native, fused = _pair(8, 4, heads=2, edge_dim=16)
+    x = torch.randn(20, 8, dtype=F64)
+    assert "no edge features" in fused.fallback_reason(x, ei)
+    for ea in (None, torch.randn(ei.size(1) - 1, 16, dtype=F64),
+               torch.randn(ei.size(1), 2, 16, dtype=F64)):
+        if ea is not None:
+            assert "not [E, edge_dim]" in fused.fallback_reason(x, ei, ea)
+        try:
+            want = native(x, ei, ea)
+        except Exception as exc:  # PyG raises: so does the fused layer, the same way
+            with pytest.raises(type(exc)):
+                _no_fused_call(fused, x, ei, ea)
+        else:
+            assert rel_err(_no_fused_call(fused, x, ei, ea), want) < 1e-12
+
+
+def test_fuse_reports_transformer_with_edge_dim_fused():
+    model = torch.nn.ModuleDict({"gt": TransformerConv(16, 8, edge_dim=4),
+                                 "gat": GATConv(16, 8, edge_dim=4)})
+    report = fuse(model)
+    assert [(r.name, r.fused, r.reason) for r in report] == [
+        ("gt", True, ""), ("gat", False, "edge features (edge_dim)")]
+
+
+def test_explain_names_the_dot_edge_score():
+    ei = random_graph(20, num_edges=60)
+    conv = FusedTransformerConv(8, 4, heads=2, edge_dim=16)
+    report = pyg_dfgnn.explain(conv, torch.randn(20, 8), ei, torch.randn(ei.size(1), 16))
+    assert report.fused and [op.score for op in report.ops] == ["dot_edge"]
+    assert "dot_edge attention, 2 x 4 channels" in str(report)
+
+
+def test_torchscript_compiles_pygs_forward_in_its_place():
+    ei = random_graph(20, num_edges=60)
+    native, fused = _pair(8, 4, heads=2, edge_dim=16)
+    x, ea = _features(20, 20, 8, None, 16, ei.size(1))
+    scripted = torch.jit.script(fused)
+    want = fused(x, ei, ea)
+    forward = getattr(scripted, "forward", None) or getattr(scripted, "forward__0")
+    assert rel_err(forward(x, ei, ea), want) < 1e-12
+
+
+# ----------------------------------------------------------------------------- compile
+class EdgeModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = FusedTransformerConv(8, 4, heads=2, edge_dim=6)
+        self.conv2 = FusedTransformerConv(8, 4, heads=2, edge_dim=6, concat=False)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
+
+
+def _recording_backend(targets: set):
+    inner = torch._dynamo.lookup_backend("aot_eager")
+
+    def compile_fn(gm, example_inputs):
+        targets.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return inner(gm, example_inputs)
+    return compile_fn
+
+
+def test_compiled_layer_with_edge_features_new_graph_each_step():
+    """A new graph each step: the edge rows enter the compiled entry op
+    pyg_dfgnn::dot_edge_attention, outputs and gradients match the eager layer,
+    and no graph is compiled per batch."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = EdgeModel()
+    eager = copy.deepcopy(model)
+    targets = set()
+    compiled = torch.compile(model, dynamic=True, backend=_recording_backend(targets))
+    seen = []
+    for i in range(5):
+        n = 20 + 7 * i
+        ei = random_graph(n, num_edges=60 + 23 * i)
+        x, ea = torch.randn(n, 8), torch.randn(ei.size(1), 6)
+        outs = []
+        for m in (compiled, eager):
+            m.zero_grad()
+            ea_leaf = ea.clone().requires_grad_()
+            out = m(x, ei.clone(), ea_leaf)
+            out.sum().backward()
+            outs.append((out.detach(), ea_leaf.grad, [p.grad.clone() for p in m.parameters()
+                                                      if p.grad is not None]))
+        (a, ga, pa), (b, gb, pb) = outs
+        assert rel_err(a, b) < 1e-5 and rel_err(ga, gb) < 1e-4 and len(pa) == len(pb)
+        floor = layer_grad_floor(pb)
+        assert all(rel_err_floor(u, w, floor) < 1e-4 for u, w in zip(pa, pb))
+        seen.append(counters["stats"]["unique_graphs"])
+    assert seen[1] == seen[-1], seen
+    assert "pyg_dfgnn.dot_edge_attention.default" in targets
