@@ -50,7 +50,6 @@ class ScoreSpec:
         dense_tiles (bool): the dense-tile forward runs it.
         two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
         one_launch_backward (bool): its backward can run both walks in one launch.
-        dropout (bool): its kernels apply attention dropout.
     """
     name: str
     inputs: Tuple[str, ...]
@@ -67,7 +66,6 @@ class ScoreSpec:
     dense_tiles: bool = False
     two_rows: bool = True
     one_launch_backward: bool = True
-    dropout: bool = True
 
 
 _SPECS: Dict[str, ScoreSpec] = {}
