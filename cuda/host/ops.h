@@ -10,8 +10,6 @@
 
 namespace dfgnn {
 
-at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
-
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
 // receives the softmax weights.
