@@ -218,7 +218,7 @@ def layers_case(dtype, autocast):
 def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None):
     """FusedTransformerConv forward and backward against native PyG in float64:
     the attention backward writes dq, dk, dv into the projections' joined
-    gradient (``gt_bwd_into``); bipartite features join key and value, and query
+    gradient (``attention_bwd_into``); bipartite features join key and value, and query
     and skip."""
     from torch_geometric.nn import TransformerConv
 

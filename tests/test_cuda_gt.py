@@ -629,7 +629,7 @@ def test_opcheck():
 @pytest.mark.parametrize("kernel,mode", [("gt_fwd_mma_kernel", "off"),
                                          ("gt_fwd_dense_kernel", "force")])
 def test_opcheck_tensor_core(kernel, mode, plan_override):
-    """opcheck of gt_fwd on calls that take the tensor-core forwards (bf16, no
+    """opcheck of attention_fwd (dot score) on calls that take the tensor-core forwards (bf16, no
     split rows): the sparse units and the dense tiles."""
     plan_override(chunk=DEFAULT_CHUNK, dense_tiles=mode)
     torch.manual_seed(7)

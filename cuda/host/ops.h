@@ -100,8 +100,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
 // rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element
 // float32 tensor. The backward returns dx and the per-row terms of dbeta.
 // `vector_rows`: 16-byte row accesses (x's rows must be 16-byte aligned) or
-// scalar ones, as the calling plan says.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+// scalar ones, as the calling plan says. `op` names the op in errors (the cosine
+// score's forward, or its backward, which recomputes k and q).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const char* op,
+                                                                   const at::Tensor& x,
                                                                    const at::Tensor& beta,
                                                                    double eps, bool vector_rows);
 // rnorm [N, H] of l2norm_forward_cuda alone (no k, q written).

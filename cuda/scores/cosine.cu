@@ -74,7 +74,7 @@ ForwardOut forward(const AttentionCall& c) {
     auto [out, lse2, attn, rnorm] = cosine_forward_cuda(x, beta, eps, c.L, c.need_attn, c.plan);
     return {out, lse2, attn, {rnorm}};
   }
-  auto [k, q, rnorm] = l2norm_forward_cuda(x, beta, eps, c.plan.vector_rows);
+  auto [k, q, rnorm] = l2norm_forward_cuda(kFwd, x, beta, eps, c.plan.vector_rows);
   auto [out, lse2, attn] = gt_forward_cuda(q, k, x, c.L, 1.0, c.dropout, c.seed, c.need_attn,
                                            c.plan);
   return {out, lse2, attn, {k, q, rnorm}};
@@ -93,7 +93,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
     k = saved[0];
     q = saved[1];
   } else {
-    std::tie(k, q, std::ignore) = l2norm_forward_cuda(x, beta, c.params[0], c.plan.vector_rows);
+    std::tie(k, q, std::ignore) = l2norm_forward_cuda(kBwd, x, beta, c.params[0],
+                                                       c.plan.vector_rows);
   }
   auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, x, out, lse2, c.L, 1.0, c.dropout, c.seed,
                                        c.plan);
