@@ -50,7 +50,7 @@ void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // Outputs a GT backward writes into instead of allocating them: dq [N_dst, H, C],
 // dk and dv [N_src, H, C] with unit stride in C, C apart per head, their rows
 // stride(0) >= H * C elements apart (dk's and dv's equal): column slices of one
-// joined gradient (glue/autograd.cpp). An undefined entry is allocated (one of dk
+// joined gradient (glue/projections.cpp). An undefined entry is allocated (one of dk
 // and dv given: the other with its strides). With the plan's vector_rows every
 // given row must be 16-byte aligned (else the call raises: pass it undefined).
 struct GradsOut {

@@ -76,8 +76,8 @@ l2norm_bwd_kernel(const typename S::T* __restrict__ dk, const typename S::T* __r
 
 namespace {
 
-// rnorm [N, H], and k and q when `with_kq` (cos_fwd needs the norms alone: then
-// the kernel writes nothing else and k, q are undefined).
+// rnorm [N, H], and k and q when `with_kq` (l2norm_rnorm_cuda needs the norms
+// alone: then the kernel writes nothing else and k, q are undefined).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
     const at::Tensor& x, const float* beta, double eps, bool with_kq, bool vector_rows,
     const char* op) {

@@ -218,7 +218,7 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
 def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
     """Whether heads of ``head_size`` channels of ``dtype`` are read as 16-byte
     vectors (``dispatch_row_shape``); the ops pass the kernels 16-byte aligned
-    rows (:func:`pyg_dfgnn.ops.calls.aligned`)."""
+    rows (:func:`pyg_dfgnn.ops.calls.kernel_inputs`)."""
     row_bytes = head_size * dtype.itemsize
     return row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES
 
