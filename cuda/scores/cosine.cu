@@ -60,7 +60,9 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_tile_plan(kFwd, c.L, p, x);
 }
 
-// Whether a call runs the cosine SMMF kernel (else the normalisation and the dot score).
+// Whether a call runs the cosine SMMF kernel (else the normalisation and the dot
+// score): the one kernel choice made here rather than carried by the plan
+// (KernelPlan, host/params.h).
 bool cosine_kernel(const at::Tensor& x, const KernelPlan& plan) {
   return x.scalar_type() == at::kFloat && !plan.pmf;
 }
