@@ -229,8 +229,8 @@ def _configure():
 # scores' walks) stay translation units of their own, so that a parallel build
 # keeps them apart (docs/build.md has the measurements).
 UNITY_GROUPS = {
-    "support": ["host/plan_checks.cu", "host/split_merge.cu", "kernels/csr_rowptr.cu",
-                "kernels/normalize.cu", "kernels/softmax_spmm.cu", "glue/build_record.cu"],
+    "support": ["host/plan_checks.cu", "host/split_merge.cu", "kernels/normalize.cu",
+                "kernels/softmax_spmm.cu", "glue/build_record.cu"],
     "dot_tensor_cores": ["kernels/gt_forward_mma.cu", "kernels/gt_forward_dense.cu",
                          "kernels/gt_backward_mma.cu", "kernels/gt_backward_dsum.cu"],
     "layout_cosine": ["kernels/layout_build.cu", "scores/cosine.cu"],

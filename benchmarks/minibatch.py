@@ -260,7 +260,7 @@ def time_layout(batches: List[dict], loops: bool, warmup: int, device,
 #: substrings of the kernel name).
 CATEGORIES = (
     ("attention", ("dfgnn", "gt_fwd", "gt_bwd", "gat_fwd", "gat_bwd", "softmax_spmm", "l2norm",
-                   "layout", "split_merge", "csr_rowptr")),
+                   "layout", "split_merge")),
     ("gemm", ("gemm", "cutlass", "xmma", "cublas", "gemv", "sm90_", "splitk")),
     ("compiled", ("triton",)),
     ("gather_scatter", ("scatter", "gather", "index", "segment", "radix", "sort")),

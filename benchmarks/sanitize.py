@@ -236,8 +236,8 @@ def layers_case(dtype, autocast):
 def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):
     """FusedTransformerConv forward and backward against native PyG in float64:
     the attention backward writes dq, dk, dv into the projections' joined
-    gradient (``gt_bwd_into``); bipartite features join key and value, and query
-    and skip; ``edge_dim``: with edge features (the dot_edge score)."""
+    gradient (``attention_bwd_into``); bipartite features join key and value, and
+    query and skip; ``edge_dim``: with edge features (the dot_edge score)."""
     from torch_geometric.nn import TransformerConv
 
     from pyg_dfgnn.nn import FusedTransformerConv

@@ -467,9 +467,16 @@ def _csc(col: Tensor, csr_row: Tensor, colptr: Tensor) -> Tuple[Tensor, Tensor, 
     return colptr, csr_row[perm], perm.to(col.dtype)
 
 
-def _from_gpu_build(b, num_src: int, num_dst: int, loops: bool, with_csc: bool) -> GraphLayout:
-    """The :class:`GraphLayout` of a :func:`pyg_dfgnn.layout_build.build`, with its
-    CSC and work items cached as the torch build caches them."""
+def gpu_build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
+              chunk: Optional[int] = None, long_first: bool = True) -> Optional[GraphLayout]:
+    r"""The :class:`GraphLayout` of ``ei`` built by the layout-build kernels
+    (:func:`pyg_dfgnn.layout_build.build`, same arguments), with its CSC and work
+    items cached as the torch build caches them, or ``None`` where the kernels do
+    not apply. :func:`_build` takes it first; ``chunk`` and ``long_first`` let the
+    tests compare other work items with the torch build's."""
+    b = layout_build.build(ei, num_src, num_dst, loops, with_csc, chunk, long_first)
+    if b is None:
+        return None
     layout = GraphLayout(b.rowptr, b.col, b.edge_perm, None, num_src, num_dst, b.max_in_degree,
                          loops, csr_row=b.csr_row, dst_extent=b.dst_extent)
     if with_csc:
@@ -484,15 +491,6 @@ def _from_gpu_build(b, num_src: int, num_dst: int, loops: bool, with_csc: bool) 
     return layout
 
 
-def gpu_build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
-              chunk: Optional[int] = None, long_first: bool = True) -> Optional[GraphLayout]:
-    r"""The :class:`GraphLayout` of ``ei`` built by the layout-build kernels
-    (:func:`pyg_dfgnn.layout_build.build`, same arguments), or ``None`` where they
-    do not apply."""
-    built = layout_build.build(ei, num_src, num_dst, loops, with_csc, chunk, long_first)
-    return None if built is None else _from_gpu_build(built, num_src, num_dst, loops, with_csc)
-
-
 def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
            sorted_by_dst: Optional[bool], kernel: bool = True) -> GraphLayout:
     r"""The layout of ``ei`` (``[2, E]`` int32 / int64), its CSC when ``with_csc``,
@@ -505,15 +503,15 @@ def _build(ei: Tensor, num_src: int, num_dst: int, loops: bool, with_csc: bool,
     is grouped by destination: the CSR position of an edge follows from its rank),
     the CSC (one stable sort by source) and the work items.
 
-    On a GPU (``kernel``) :func:`pyg_dfgnn.layout_build.build` makes the same
-    tensors in a few kernels; these torch ops remain the CPU path, the fallback
+    On a GPU (``kernel``) :func:`gpu_build` makes the same layout in a few
+    kernels; these torch ops remain the CPU path, the fallback
     and the reference. It checks the input's order itself (``sorted_by_dst`` is
     only a hint here).
     """
     if kernel and ei.is_cuda:
-        built = layout_build.build(ei, num_src, num_dst, loops, with_csc)
+        built = gpu_build(ei, num_src, num_dst, loops, with_csc)
         if built is not None:
-            return _from_gpu_build(built, num_src, num_dst, loops, with_csc)
+            return built
     E0 = ei.size(1)
     dev = ei.device
     n = min(num_src, num_dst) if loops else 0

@@ -624,14 +624,12 @@ def test_opcheck():
         args = dot_args(lay, q, k, v, 1 / math.sqrt(32), need_attn=pmf,
                         strategy="pmf" if pmf else "smmf")
         opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
-    torch.library.opcheck(torch.ops.dfgnn.csr_rowptr.default,
-                          (lay.csr_row.sort().values, lay.num_dst))
 
 
 @pytest.mark.parametrize("kernel,mode", [("gt_fwd_mma_kernel", "off"),
                                          ("gt_fwd_dense_kernel", "force")])
 def test_opcheck_tensor_core(kernel, mode, plan_override):
-    """opcheck of gt_fwd on calls that take the tensor-core forwards (bf16, no
+    """opcheck of attention_fwd (dot score) on calls that take the tensor-core forwards (bf16, no
     split rows): the sparse units and the dense tiles."""
     plan_override(chunk=DEFAULT_CHUNK, dense_tiles=mode)
     torch.manual_seed(7)
@@ -641,13 +639,6 @@ def test_opcheck_tensor_core(kernel, mode, plan_override):
     assert any(kernel in n for n in
                _kernel_names(lambda: torch.ops.dfgnn.attention_fwd.default(*args)))
     opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
-
-
-def test_csr_rowptr_matches_torch():
-    idx = torch.sort(torch.randint(0, 1000, (50_000,), device=DEV)).values
-    got = torch.ops.dfgnn.csr_rowptr(idx.int(), 1200)
-    want = torch._convert_indices_from_coo_to_csr(idx, 1200, out_int32=True)
-    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("case", ["k_dtype", "v_noncontig", "double", "k_shape", "q_rows"])

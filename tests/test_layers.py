@@ -772,7 +772,7 @@ JOINED_PATHS = ["one_launch", "two_launches", "mma"]
                                            (True, True)])
 def test_transformer_joined_gradient_on_cuda(bipartite, cut, hub, dtype, path, plan_override):
     """The GT attention's backward writes dq, dk and dv into column slices of the
-    projections' joined gradient (``gt_bwd_into``), so the projections' backward
+    projections' joined gradient (``attention_bwd_into``), so the projections' backward
     concatenates nothing; outputs and gradients match native PyG in float64
     (fp32 < 1e-5 / 1e-4, bf16 autocast < 1e-2). Covers the query cut at
     ``dst_extent`` (not joined: its own gradient), bipartite features (key and

@@ -12,7 +12,7 @@ from benchmarks import minibatch
 
 
 @pytest.mark.parametrize("name, category", [
-    ("void dfgnn::gt_fwd_smmf<dfgnn::RowShape<float, 4, 32, 1>>(...)", "attention"),
+    ("void dfgnn::row_fwd_smmf_kernel<dfgnn::RowShape<float, 4, 32, 1>>(...)", "attention"),
     ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", "gemm"),
     ("ampere_sgemm_128x64_nn", "gemm"),
     ("triton_poi_fused_add_elu_0", "compiled"),

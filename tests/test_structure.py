@@ -1,9 +1,12 @@
 """The package's module structure (docs/architecture.md): no import cycles, no
 private name imported from another package, and each score function a unit
-(its spec registered under the name its C++ functor registers)."""
+(its spec registered under the name its C++ functor registers); and every file,
+package name and op that the docs, comments and messages name exists."""
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +109,153 @@ def test_every_score_spec_has_a_kernel_registration():
         obj = calls.plan_object(spec, lay, pyg_dfgnn.ops.plan.plan_for(lay, torch.float32, 8,
                                                                       spec.name), True)
         assert obj.score() == spec.name
+
+
+# ----------------------------------------------- what the docs and comments name
+#: A path the prose names: from a top-level folder of the repository, or from
+#: cuda/ (``scores/dot.cuh``) or pyg_dfgnn/ (``ops/plan.py``).
+_PATH = re.compile(r"(?<![\w/.<>*-])((?:[\w.-]+/)+[\w.-]+\.(?:cu|cuh|cpp|h|py|md|sh))\b")
+#: A file of cuda/ named without its folder (``gt_forward_mma.cu``).
+_CUDA_NAME = re.compile(r"(?<![\w/.<>*-])([\w-]+\.(?:cu|cuh|cpp))\b")
+_BASES = ("", "cuda", "pyg_dfgnn", "pyg_dfgnn/ops")
+_CPP = (".cu", ".cuh", ".cpp", ".h")
+
+
+def _sources(root: Path):
+    """``(C++ files, docs, Python files)`` of the source tree at ``root``."""
+    cpp = sorted(p for p in (root / "cuda").rglob("*") if p.suffix in _CPP)
+    docs = [root / "README.md"] + sorted((root / "docs").glob("*.md"))
+    python = [root / "setup.py"] + sorted(p for top in ("pyg_dfgnn", "benchmarks", "tests",
+                                                        "examples")
+                                          for p in (root / top).rglob("*.py"))
+    return cpp, docs, python
+
+
+def _prose(path: Path) -> str:
+    """The text of ``path`` where it names things: a C++ file's comments (not its
+    ``#include`` lines, which the compiler checks), the whole of any other."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in _CPP:
+        return "\n".join(line[line.index("//"):] if "//" in line else ""
+                         for line in text.splitlines())
+    return text
+
+
+def _at(root: Path, path: Path, text: str, m, name: str) -> str:
+    return f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}: {name}"
+
+
+def stale_references(root: Path) -> list:
+    """``file:line: path`` for each file that the docs, the comments of cuda/ or
+    the Python sources name and that does not exist under ``root``. Skipped:
+    paths whose first folder is none of ours (``torch/library.h``, PyG's
+    examples), a script said to be in git history (it left the tree), and files
+    that a run writes (results are ``.json``, not matched)."""
+    cpp, docs, python = _sources(root)
+    cuda_names = {p.name for p in (root / "cuda").rglob("*") if p.is_file()}
+    bad = []
+    for path in cpp + docs + python:
+        text = _prose(path)
+        for m in _PATH.finditer(text):
+            ref = m.group(1)
+            ours = any((root / base / ref.split("/")[0]).is_dir() for base in _BASES)
+            if (not ours or "PyG's" in text[max(0, m.start() - 12):m.start()]
+                    or "git history" in text[m.end():m.end() + 250]):
+                continue
+            if not any((root / base / ref).exists() for base in _BASES + (path.parent,)):
+                bad.append(_at(root, path, text, m, ref))
+        if path.suffix in _CPP:
+            bad += [_at(root, path, text, m, m.group(1)) for m in _CUDA_NAME.finditer(text)
+                    if m.group(1) not in cuda_names]
+    return bad
+
+
+def _module_names(path: Path) -> set:
+    """The names a module defines or imports at its top level."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def stale_dotted_names(root: Path) -> list:
+    """``file:line: name`` for each ``pyg_dfgnn.<module>.<name>`` named in the
+    docs, the comments of cuda/ or the Python sources whose module is not a file
+    of the package, or whose first name after the module is neither defined
+    there nor set on import (as ``pyg_dfgnn.nn`` sets its layers).
+    ``pyg_dfgnn._C`` is the compiled extension; a name in quotes is data (a
+    torch op's name: ``"pyg_dfgnn.dot_attention.default"``)."""
+    cpp, docs, python = _sources(root)
+    bad = []
+    for path in cpp + docs + python:
+        text = _prose(path)
+        for m in re.finditer(r"(?<![\w.:/\"'])pyg_dfgnn((?:\.\w+)+)", text):
+            parts = m.group(1)[1:].split(".")
+            mod = root / "pyg_dfgnn"
+            while parts and parts[0] != "_C" and (
+                    (mod / parts[0]).with_suffix(".py").is_file()
+                    or (mod / parts[0] / "__init__.py").is_file()):
+                mod = mod / parts.pop(0)
+            if not parts or parts[0] == "_C":
+                continue
+            file = mod / "__init__.py" if mod.is_dir() else mod.with_suffix(".py")
+            if parts[0] in _module_names(file):
+                continue
+            try:
+                module = importlib.import_module(".".join(mod.relative_to(root).parts))
+                if hasattr(module, parts[0]):
+                    continue
+            except ImportError:
+                pass
+            bad.append(_at(root, path, text, m, "pyg_dfgnn" + m.group(1)))
+    return bad
+
+
+def stale_op_names(root: Path) -> list:
+    """``file:line: name`` for each ``dfgnn::<name>`` in a string of cuda/ (the
+    error messages) or in backticks in the docs, and each ``ops.dfgnn.<name>``
+    anywhere, that is neither an op the extension defines (``m.def``) nor one of
+    its autograd nodes: a message or doc naming an op the user cannot find."""
+    cpp, docs, python = _sources(root)
+    glue = "\n".join(p.read_text(encoding="utf-8") for p in cpp if p.suffix == ".cpp")
+    known = set(re.findall(r"m\.def\(\s*\"(\w+)\(", glue))
+    known |= set(re.findall(r"name\(\) const override \{ return \"dfgnn::(\w+)\"", glue))
+    bad = []
+    for path in cpp + docs + python:
+        text = path.read_text(encoding="utf-8")
+        found = list(re.finditer(r"ops\.dfgnn\.(\w+)", text))
+        if path in cpp:
+            found += re.finditer(r"\"dfgnn::(\w+)", text)
+        elif path in docs:
+            found += re.finditer(r"`dfgnn::(\w+)", text)
+        bad += [_at(root, path, text, m, m.group(1)) for m in found if m.group(1) not in known]
+    return bad
+
+
+@pytest.fixture
+def tree():
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "cuda").is_dir() or not (root / "docs").is_dir():
+        pytest.skip("needs the source tree (cuda/, docs/)")
+    return root
+
+
+def test_named_files_exist(tree):
+    bad = stale_references(tree)
+    assert not bad, "files named in docs or comments that do not exist:\n" + "\n".join(bad)
+
+
+def test_named_python_names_exist(tree):
+    bad = stale_dotted_names(tree)
+    assert not bad, "pyg_dfgnn names in docs or comments that do not exist:\n" + "\n".join(bad)
+
+
+def test_named_ops_exist(tree):
+    bad = stale_op_names(tree)
+    assert not bad, "dfgnn ops named in messages or docs that do not exist:\n" + "\n".join(bad)

@@ -89,7 +89,7 @@ def test_tile_plan_none_without_dense_blocks():
 def test_default_rule_on_batch_generators(kind, dense):
     """The default rule's statistic (median window cells per edge) puts the
     benchmark's batch graphs on the side of plan.DENSE_MAX_MEDIAN_CELLS where the H100 runs
-    them faster (benchmarks/NOTES.md, v16)."""
+    them faster (docs/kernels.md, "Rule: per graph")."""
     from benchmarks import generators
     if kind == "pattern":
         ei, batch, _, _ = generators.sbm_batch(kind, 64, seed=1)

@@ -77,7 +77,7 @@ __device__ __forceinline__ bool merge_split_row(const GroupItem& g, int H, int c
 // up to two [slots, H, C] partials p0 / p1 into rows of out0 / out1 ([N, H, C])
 // and one [slots, H] partial ps into out_s ([N, H]); nullptr: not used. ld: the
 // row stride of out0 / out1 in elements (0: H * C, contiguous rows; more where
-// they are column slices of a joined gradient, glue/autograd.cpp).
+// they are column slices of a joined gradient, glue/projections.cpp).
 // UNROLL: children loads in flight (1 for the GT dQ kernel, whose registers it
 // would raise from 80 to 88-91).
 template <typename T, int VEC, int G, int NV, int UNROLL = 4>

@@ -40,7 +40,7 @@ std::vector<at::Tensor> layout_build(const at::Tensor& edge_index, int64_t num_s
 
 }  // namespace
 
-// A fragment of the dfgnn library (bindings.cpp defines the rest). Outputs:
+// A fragment of the dfgnn library (defined in bindings.cpp). Outputs:
 // see layout_build_cuda in layout_build.h.
 TORCH_LIBRARY_FRAGMENT(dfgnn, m) {
   m.def("layout_build(Tensor edge_index, int num_src, int num_dst, bool self_loops, "

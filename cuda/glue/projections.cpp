@@ -59,7 +59,7 @@ std::optional<int64_t> effective_rows(const Tensor& x, std::optional<int64_t> ro
 
 // Numbers enter the messages as std::to_string, not streamed: streaming an
 // integer into a TORCH_CHECK message segfaulted in this extension under torch
-// 2.11 (glue/bindings.cpp, num()).
+// 2.11 (host/input_checks.h, num()).
 void check_args(const Tensor& x, at::TensorList weights, const OptList& biases) {
   TORCH_CHECK_VALUE(!weights.empty(), kOp, ": needs at least one weight");
   TORCH_CHECK_VALUE(weights.size() == biases.size(), kOp, ": ", std::to_string(weights.size()),

@@ -1,6 +1,7 @@
 // The Python module pyg_dfgnn._C: importing it loads the library and runs the op
-// registrations (bindings.cpp, autograd.cpp), and it holds a direct entry to the
-// forward ops (and the GT projections) for the eager host path.
+// registrations (bindings.cpp and the files of ops beside it), and it holds a
+// direct entry to the forward ops (and the GT projections) for the eager host
+// path.
 //
 // A small graph's training step is host-bound (docs/steps.md, "Host path"), and
 // torch.ops.dfgnn.attention_fwd(*args) parses its arguments against the
@@ -8,7 +9,7 @@
 // argument) before the dispatcher sees them. _C.attention_fwd(*args) takes the same
 // positional arguments, converts them by the schema's argument kinds and calls the
 // same operator through the dispatcher, boxed: autograd (the Autograd kernel in
-// autograd.cpp), the profiler's record, inference mode and Python dispatch modes
+// attention.cpp), the profiler's record, inference mode and Python dispatch modes
 // act as on the torch.ops path. Python-level dispatch (__torch_function__ of tensor
 // subclasses and TorchFunctionModes) does not: a tensor argument that is not an
 // exact torch.Tensor returns NotImplemented, and pyg_dfgnn.ops takes the torch.ops

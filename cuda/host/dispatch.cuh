@@ -40,8 +40,8 @@ template <int V> using IntC = std::integral_constant<int, V>;
 // G lanes per (node, head) row and NV accesses per lane (compile-time, so the
 // row's q / accumulator fragments stay in registers). With `vector_rows`,
 // 16-byte accesses (C * sizeof(T) a multiple of 16), else one element per
-// access. Mirrored by pyg_dfgnn.ops.plan.kernel_supports() (row_shape_supported,
-// plan_checks.h); returns false where C has no shape.
+// access. Mirrored by pyg_dfgnn.ops.plan.kernel_supports() and vector_rows();
+// returns false where C has no shape.
 template <typename T, typename F>
 bool dispatch_row_shape(int64_t C, bool vector_rows, F&& f) {
   constexpr int kVec = 16 / sizeof(T);

@@ -10,8 +10,6 @@
 
 namespace dfgnn {
 
-at::Tensor csr_rowptr_cuda(const at::Tensor& index, int64_t num_rows);
-
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
 // receives the softmax weights.
@@ -52,7 +50,7 @@ void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // Outputs a GT backward writes into instead of allocating them: dq [N_dst, H, C],
 // dk and dv [N_src, H, C] with unit stride in C, C apart per head, their rows
 // stride(0) >= H * C elements apart (dk's and dv's equal): column slices of one
-// joined gradient (glue/autograd.cpp). An undefined entry is allocated (one of dk
+// joined gradient (glue/projections.cpp). An undefined entry is allocated (one of dk
 // and dv given: the other with its strides). With the plan's vector_rows every
 // given row must be 16-byte aligned (else the call raises: pass it undefined).
 struct GradsOut {
@@ -102,8 +100,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
 // rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element
 // float32 tensor. The backward returns dx and the per-row terms of dbeta.
 // `vector_rows`: 16-byte row accesses (x's rows must be 16-byte aligned) or
-// scalar ones, as the calling plan says.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+// scalar ones, as the calling plan says. `op` names the op in errors (the cosine
+// score's forward, or its backward, which recomputes k and q).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const char* op,
+                                                                   const at::Tensor& x,
                                                                    const at::Tensor& beta,
                                                                    double eps, bool vector_rows);
 // rnorm [N, H] of l2norm_forward_cuda alone (no k, q written).

@@ -1,6 +1,6 @@
 // What the host code of the kernel families takes of a call: the graph layout
-// (one LayoutView, built and checked once from the op's layout arguments in
-// glue/bindings.cpp) and the kernel plan's decisions.
+// (one LayoutView, built and checked once per plan object from the layout's
+// tensors in glue/call_plan.cpp) and the kernel plan's decisions.
 #pragma once
 #include "host/tensor.h"
 
@@ -31,10 +31,11 @@ struct LayoutView {
   int64_t chunk = 0;   // edges per work item, both walks
 };
 
-// The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan): the
-// plan is the only place a kernel is chosen. Host code obeys each field or
-// raises (TORCH_CHECK) where the call cannot run it; it never picks another
-// kernel silently.
+// The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan). Host
+// code obeys each field or raises (TORCH_CHECK) where the call cannot run it.
+// One choice is not a field: the cosine score picks its fp32 SMMF kernel or the
+// normalisation and the dot score's kernels by dtype and pmf (cosine_kernel(),
+// scores/cosine.cu).
 struct KernelPlan {
   bool pmf = false;             // edge-parallel scores, then softmax + SpMM
   bool vector_rows = true;      // 16-byte vector row accesses (else one element per access)

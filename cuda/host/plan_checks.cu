@@ -25,10 +25,6 @@ bool with_row_shape(at::ScalarType st, int64_t C, bool vector_rows, F&& f) {
 
 }  // namespace
 
-bool row_shape_supported(at::ScalarType st, int64_t C, bool vector_rows) {
-  return with_row_shape(st, C, vector_rows, [](auto) {});
-}
-
 bool smmf_two_rows_supported(at::ScalarType st, int64_t C, bool vector_rows) {
   bool two = false;
   with_row_shape(st, C, vector_rows, [&](auto s) { two = kHasTwoRowsShape<decltype(s)>; });

@@ -1,7 +1,8 @@
-// What the kernels support (pyg_dfgnn/ops/plan.py mirrors these tables and is
-// the only place a kernel is chosen) and the checks that a call can run what its
-// plan says: host code raises (TORCH_CHECK, naming the op and the plan's field)
-// instead of running another kernel.
+// What the kernels support (pyg_dfgnn/ops/plan.py mirrors these tables and
+// chooses the kernels; params.h, KernelPlan, names the one choice made in C++)
+// and the checks that a call can run what its plan says: host code raises
+// (TORCH_CHECK, naming the op and the plan's field) instead of running another
+// kernel.
 #pragma once
 #include "host/tensor.h"
 
@@ -24,10 +25,7 @@ inline bool rows_aligned16(const at::Tensor& t) {
                              t.stride(0) * (int64_t)t.element_size() % 16 == 0);
 }
 
-// Support tables, for dtype st (float32 / float16 / bfloat16) and head size C:
-// whether the node-parallel kernels have a row shape with 16-byte vector rows
-// (C * itemsize a multiple of 16, at most 2048 bytes) or scalar rows (C <= 128).
-bool row_shape_supported(at::ScalarType st, int64_t C, bool vector_rows);
+// Support tables, for dtype st (float32 / float16 / bfloat16) and head size C.
 // Whether the SMMF forward has a two-rows-per-warp shape: float32 vector rows
 // with C in [20, 128], a multiple of 4 (dispatch.cuh, kHasTwoRowsShape).
 bool smmf_two_rows_supported(at::ScalarType st, int64_t C, bool vector_rows);

@@ -1,8 +1,9 @@
 // A score function's host entry points, as the generic attention ops see them
 // (glue/attention.cpp: dfgnn::attention_fwd / attention_bwd). Each score's own
-// file (cuda/scores/<name>.cu) defines its kernels and registers one ScoreOps
-// under the name its Python spec uses (pyg_dfgnn/ops/scores/<name>.py); the ops
-// find it through the call's plan, so adding a score touches no shared file.
+// files (cuda/scores/<name>.cuh, the functor; <name>.cu or .cpp, the host entry
+// points) register one ScoreOps under the name its Python spec uses
+// (pyg_dfgnn/ops/scores/<name>.py); the ops find it through the call's plan, so
+// adding a score touches no shared file.
 #pragma once
 #include "host/tensor.h"
 

@@ -93,7 +93,7 @@ inline long long from_order_key(unsigned long long u) {
   return static_cast<long long>(u ^ (1ull << 63));
 }
 
-// What a row of `deg` edges needs (pyg_dfgnn.ops.schedule.work_items): `items`
+// What a row of `deg` edges needs (pyg_dfgnn.work_items.work_items): `items`
 // = max(1, ceil(deg / chunk)) work items, of which `full` = deg / chunk hold
 // `chunk` edges; the last one holds deg % chunk edges otherwise (`partial`, also
 // the single empty item of an empty row), sorted by `bucket` = chunk - 1 -
@@ -374,7 +374,7 @@ struct BuildParams {
 // 32 at a time, so every row's exclusive prefix of (deg, items, split, slots,
 // full) within the segment is tile_off + the warps before + the lanes before.
 //
-// Work item l of row r (pyg_dfgnn.ops.schedule.work_items) goes to
+// Work item l of row r (pyg_dfgnn.work_items.work_items) goes to
 //   row order (no split row, or long_first off): first_item(r) + l;
 //   longest first: full items (chunk edges) in row order first,
 //     full_before(r) + l, then the rows' partial items by decreasing length,

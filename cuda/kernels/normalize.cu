@@ -76,8 +76,8 @@ l2norm_bwd_kernel(const typename S::T* __restrict__ dk, const typename S::T* __r
 
 namespace {
 
-// rnorm [N, H], and k and q when `with_kq` (cos_fwd needs the norms alone: then
-// the kernel writes nothing else and k, q are undefined).
+// rnorm [N, H], and k and q when `with_kq` (l2norm_rnorm_cuda needs the norms
+// alone: then the kernel writes nothing else and k, q are undefined).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
     const at::Tensor& x, const float* beta, double eps, bool with_kq, bool vector_rows,
     const char* op) {
@@ -106,10 +106,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const at::Tensor& x,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const char* op,
+                                                                   const at::Tensor& x,
                                                                    const at::Tensor& beta,
                                                                    double eps, bool vector_rows) {
-  return l2norm_launch(x, beta.data_ptr<float>(), eps, true, vector_rows, "dfgnn::l2norm_fwd");
+  return l2norm_launch(x, beta.data_ptr<float>(), eps, true, vector_rows, op);
 }
 
 at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps, bool vector_rows) {
@@ -121,14 +122,15 @@ std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, co
                                                         const at::Tensor& rnorm,
                                                         const at::Tensor& beta,
                                                         bool vector_rows) {
+  constexpr const char* kBwd = "dfgnn::attention_bwd (cosine)";  // its only caller
   const int64_t N = k.size(0), H = k.size(1), C = k.size(2), n_units = N * H;
   auto dx = at::empty_like(k);
   auto dbeta_part = at::empty({N, H}, k.options().dtype(at::kFloat));
-  check_vector_rows("dfgnn::l2norm_bwd", vector_rows,
+  check_vector_rows(kBwd, vector_rows,
                     {{"k", &k}, {"dk", &dk}, {"dq", &dq}});
   auto stream = c10::cuda::getCurrentCUDAStream();
   constexpr int kThreads = 256;
-  dispatch_rows(k.scalar_type(), C, vector_rows, "dfgnn::l2norm_bwd", [&](auto shape) {
+  dispatch_rows(k.scalar_type(), C, vector_rows, kBwd, [&](auto shape) {
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;

@@ -17,7 +17,7 @@
 //     edge, read through the cached CSC permutation (PubMed's backward kernels:
 //     71.4 us in one launch, which recomputes the weights, against 29.2 + 26.1).
 // dQ, dK and dV rows may lie further apart than H * C (ld_q, ld_kv): column
-// slices of the GT projections' joined gradient (glue/autograd.cpp).
+// slices of the GT projections' joined gradient (glue/projections.cpp).
 // Each output row is owned by one lane group: no atomics, deterministic. On small
 // graphs both walks run in one launch and the dkv groups recompute the weights,
 // each with the D_i it needs (row_bwd_one_launch_kernel).

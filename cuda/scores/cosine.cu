@@ -60,7 +60,9 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_tile_plan(kFwd, c.L, p, x);
 }
 
-// Whether a call runs the cosine SMMF kernel (else the normalisation and the dot score).
+// Whether a call runs the cosine SMMF kernel (else the normalisation and the dot
+// score): the one kernel choice made here rather than carried by the plan
+// (KernelPlan, host/params.h).
 bool cosine_kernel(const at::Tensor& x, const KernelPlan& plan) {
   return x.scalar_type() == at::kFloat && !plan.pmf;
 }
@@ -74,7 +76,7 @@ ForwardOut forward(const AttentionCall& c) {
     auto [out, lse2, attn, rnorm] = cosine_forward_cuda(x, beta, eps, c.L, c.need_attn, c.plan);
     return {out, lse2, attn, {rnorm}};
   }
-  auto [k, q, rnorm] = l2norm_forward_cuda(x, beta, eps, c.plan.vector_rows);
+  auto [k, q, rnorm] = l2norm_forward_cuda(kFwd, x, beta, eps, c.plan.vector_rows);
   auto [out, lse2, attn] = gt_forward_cuda(q, k, x, c.L, 1.0, c.dropout, c.seed, c.need_attn,
                                            c.plan);
   return {out, lse2, attn, {k, q, rnorm}};
@@ -93,7 +95,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
     k = saved[0];
     q = saved[1];
   } else {
-    std::tie(k, q, std::ignore) = l2norm_forward_cuda(x, beta, c.params[0], c.plan.vector_rows);
+    std::tie(k, q, std::ignore) = l2norm_forward_cuda(kBwd, x, beta, c.params[0],
+                                                       c.plan.vector_rows);
   }
   auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, x, out, lse2, c.L, 1.0, c.dropout, c.seed,
                                        c.plan);

@@ -8,7 +8,7 @@ namespace dfgnn {
 
 namespace {
 
-constexpr const char* kFwd = "dfgnn::gatv2_fwd";
+constexpr const char* kFwd = "dfgnn::attention_fwd (gatv2)";
 
 void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   TORCH_CHECK(c.inputs.size() == 3 && c.params.size() == 1, kFwd, ": the gatv2 score takes "

@@ -7,7 +7,7 @@
 namespace dfgnn {
 namespace {
 
-constexpr const char* kBwd = "dfgnn::gatv2_bwd";
+constexpr const char* kBwd = "dfgnn::attention_bwd (gatv2)";
 
 }  // namespace
 

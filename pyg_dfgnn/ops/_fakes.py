@@ -17,11 +17,6 @@ from . import spec as _spec
 _FLOAT = torch.float32
 
 
-@torch.library.register_fake("dfgnn::csr_rowptr")
-def _csr_rowptr_fake(index, num_rows):
-    return index.new_empty(num_rows + 1, dtype=torch.int32)
-
-
 @torch.library.register_fake("dfgnn::attention_fwd")
 def _attention_fwd_fake(inputs, plan, params, dropout, seed, need_attn):
     spec = _spec.get(plan.score())

@@ -1,15 +1,18 @@
 r"""The kernel plan: which fused kernels a call runs, decided in one place.
 
-A :class:`Plan` holds every kernel choice of a call: the fusion method (SMMF or
+A :class:`Plan` holds the kernel choices of a call: the fusion method (SMMF or
 PMF, paper §4.2), the work-item chunk and order, vector or scalar row accesses,
 two rows per warp, the tensor-core and dense-tile forward, how split rows are
 merged, and the backward's launches and tensor-core walks. :func:`plan_for`
 computes it once per (layout, score, dtype, head size, flags) from everything the
 CUDA side could look at and keeps it in the layout's
 :class:`~pyg_dfgnn.derived.Derived`; the ops pass it to ``torch.ops.dfgnn`` in the
-plan object (:mod:`pyg_dfgnn.ops.calls`), and the C++ side runs exactly what it
-says or raises where a call cannot run it. :func:`Plan.kernels` names what runs
-and why (:func:`pyg_dfgnn.explain` shows it for a layer's call).
+plan object (:mod:`pyg_dfgnn.ops.calls`), and the C++ side runs what it says or
+raises where a call cannot run it. One choice is made in C++ instead: the cosine
+score runs its fp32 SMMF kernel for float32 without PMF, else the normalisation
+and the dot score's kernels (``cosine_kernel()`` in ``cuda/scores/cosine.cu``).
+:func:`Plan.kernels` names what runs and why (:func:`pyg_dfgnn.explain` shows it
+for a layer's call).
 
 This module is the only home of the thresholds and support tables below, each
 measured on an H100 (``docs/kernels.md`` has the numbers). The default chunk
@@ -215,7 +218,7 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
 def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
     """Whether heads of ``head_size`` channels of ``dtype`` are read as 16-byte
     vectors (``dispatch_row_shape``); the ops pass the kernels 16-byte aligned
-    rows (:func:`pyg_dfgnn.ops.calls.aligned`)."""
+    rows (:func:`pyg_dfgnn.ops.calls.kernel_inputs`)."""
     row_bytes = head_size * dtype.itemsize
     return row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES
 

@@ -3,10 +3,12 @@ r"""Score specs: what the ops, the kernel plan, the fakes and the
 
 Every attention layer is score -> edge softmax -> weighted SpMM (paper §3); what
 differs is the **score function** of edge :math:`j \to i`. A score is one
-:class:`ScoreSpec` here and one device functor in ``cuda/scores/<name>.cu``
-(registered under the same name), so adding a score is its spec (with its
-reference), its functor and its ``nn`` layer: three files. The spec modules live
-in :mod:`pyg_dfgnn.ops.scores` and register themselves on import.
+:class:`ScoreSpec` here and, in C++, its device functor (``cuda/scores/<name>.cuh``)
+and host entry points, registered under the same name (``cuda/scores/<name>.cu``
+or ``.cpp``), so adding a score is its spec (with its reference), its C++ files
+and its ``nn`` layer, and no edit to a shared file (``docs/architecture.md``).
+The spec modules live in :mod:`pyg_dfgnn.ops.scores` and register themselves on
+import.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class ScoreSpec:
 
     Attributes:
         name (str): the registry name, shared with the C++ side
-            (``DFGNN_REGISTER_SCORE`` in ``cuda/scores/<name>.cu``).
+            (``DFGNN_REGISTER_SCORE`` in ``cuda/scores/<name>.cu`` or ``.cpp``).
         inputs (tuple of str): the op's tensor inputs, in kernel order.
         params (tuple of str): its scalar parameters, in kernel order.
         dst_input (int): the input whose rows are the destination nodes (its
@@ -53,7 +55,6 @@ class ScoreSpec:
         dense_tiles (bool): the dense-tile forward runs it.
         two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
         one_launch_backward (bool): its backward can run both walks in one launch.
-        dropout (bool): its kernels apply attention dropout.
     """
     name: str
     inputs: Tuple[str, ...]
@@ -71,7 +72,6 @@ class ScoreSpec:
     dense_tiles: bool = False
     two_rows: bool = True
     one_launch_backward: bool = True
-    dropout: bool = True
 
 
 _SPECS: Dict[str, ScoreSpec] = {}

@@ -1,7 +1,9 @@
 r"""The additive score of GAT (``GATConv``):
 :math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})` from per-node terms
-:math:`a^\top W x`, summing :math:`W x_j`. Its walks (one scalar per edge, the
-LeakyReLU branch split of the backward) are ``cuda/scores/additive.cu``."""
+:math:`a^\top W x`, summing :math:`W x_j`. Its functor is
+``cuda/scores/additive.cuh``, its host entry points ``cuda/scores/additive.cpp``
+and its walks (one scalar per edge, the LeakyReLU branch split of the backward)
+``cuda/kernels/gat_forward.cu`` and ``gat_backward.cu``."""
 from __future__ import annotations
 
 from torch import Tensor

@@ -1,7 +1,8 @@
 r"""The dot-product score of Graph Transformers (``TransformerConv``):
 :math:`s_{ij} = \mathrm{scale}\; \mathbf{q}_i \cdot \mathbf{k}_j`, summing
-:math:`\mathbf{v}_j` (paper eq. 1-2). Its functor and its tensor-core and
-dense-tile specialisations are in ``cuda/scores/dot.cu`` and ``cuda/kernels/``."""
+:math:`\mathbf{v}_j` (paper eq. 1-2). Its functor is ``cuda/scores/dot.cuh``, its
+host entry points ``cuda/scores/dot.cpp``, and its walks and its tensor-core and
+dense-tile kernels ``cuda/kernels/gt_*.cu``."""
 from __future__ import annotations
 
 import math
