@@ -295,10 +295,11 @@ def _layer_run(layer, x, adj, ea, dtype, autocast, **call_kw):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", list(LAYER_CONFIGS))
 def test_layer_matches_native(config, dtype):
-    """fp32: the fused layer against native TransformerConv in float64 (same
-    weights), 1e-5 outputs and attention weights, 1e-4 gradients (of x, the edge
-    features and every parameter). bf16: both under autocast, as
-    test_cuda_gatv2.py compares them."""
+    """The fused layer against native TransformerConv in float64 (same weights):
+    fp32 within 1e-5 (outputs, attention weights) and 1e-4 (gradients of x, the
+    edge features and every parameter); bf16 under autocast within 1e-2 of
+    float64, or within 1.5x native PyG's own bf16 error where that is larger
+    (weight gradients summed over every edge)."""
     ei, ns, nd, x, ea = _layer_inputs(config)
     in_ch = (16, 12) if config == "bipartite" else 16
     native = TransformerConv(in_ch, 32, edge_dim=16, **LAYER_CONFIGS[config]).to(DEV)
@@ -312,22 +313,28 @@ def test_layer_matches_native(config, dtype):
     with ops.recording() as records:
         got = _layer_run(fused, x, adj, ea, torch.float32, autocast, **dict(kw))
     assert [r.score for r in records] == ["dot_edge"] and records[0].plan is not None
+    base = None
     if autocast:
-        want = _layer_run(native, x, adj, ea, torch.float32, True, **dict(kw))
-        out_tol, grad_tol = 2e-2, 3e-2
-    else:
-        want = _layer_run(native.double(), x, adj, ea.double(), torch.float64, False,
-                          **dict(kw))
-        out_tol, grad_tol = 1e-5, 1e-4
-    assert got[0].dtype == (torch.bfloat16 if autocast else torch.float32)
-    assert rel_err(got[0], want[0]) < out_tol
-    if config == "alpha":
-        assert rel_err(got[1], want[1]) < out_tol
+        base = _layer_run(native, x, adj, ea, torch.float32, True, **dict(kw))
+    want = _layer_run(native.double(), x, adj, ea.double(), torch.float64, False, **dict(kw))
+    out_tol, grad_tol = (1e-2, 1e-2) if autocast else (1e-5, 1e-4)
     floor = layer_grad_floor(want[2])
-    for a, b in zip(got[2], want[2]):
+
+    def tol(i, a_base, b, t, grad=False):
+        if base is None:
+            return t
+        own = rel_err_floor(a_base, b, floor) if grad else rel_err(a_base, b)
+        return max(t, 1.5 * own)
+
+    assert got[0].dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert rel_err(got[0], want[0]) < tol(0, base and base[0], want[0], out_tol)
+    if config == "alpha":
+        assert rel_err(got[1], want[1]) < tol(1, base and base[1], want[1], out_tol)
+    for k, (a, b) in enumerate(zip(got[2], want[2])):
         assert (a is None) == (b is None)
         if b is not None:
-            assert rel_err_floor(a, b, floor) < grad_tol
+            t = tol(k, base and base[2][k], b, grad_tol, grad=True)
+            assert rel_err_floor(a, b, floor) < t, (k, t)
 
 
 def test_compiled_layer_with_edge_features():
