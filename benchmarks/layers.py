@@ -475,6 +475,7 @@ def main(argv=None) -> int:
     info = {"device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d"), "quick": args.quick,
+            "command": " ".join(["python -m benchmarks.layers"] + argv),
             "repeats_ms": list(reps) if cuda else None, **kernels.set_matmul_precision(args.tf32),
             "compile": {"dynamic": False, "mode": "default", "backend": args.compile_backend,
                         "per": "graph and configuration"},
