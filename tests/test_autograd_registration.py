@@ -163,8 +163,12 @@ def test_plan_object_rejects_a_malformed_layout():
          "row_combine": torch.zeros(0, 3, dtype=torch.int32)}
     ints = {"n_src": N, "chunk": 8, "row_slots": 0, "col_slots": 0, "pmf": 0, "vector_rows": 1,
             "two_rows": 0, "mma": 0, "merge_in_kernel": 1, "bwd_one_launch": 0,
-            "mma_backward": 0, "bwd_merge_in_kernel": 1}
+            "mma_backward": 0, "bwd_merge_in_kernel": 1, "normalize_first": 0}
     torch.classes.dfgnn.Plan("dot", t, ints, {})  # well formed
+    first = {**ints, "normalize_first": 1}
+    assert torch.classes.dfgnn.Plan("cosine", t, first, {}).normalize_first()
+    with pytest.raises(RuntimeError, match="the dot score has no normalised form"):
+        torch.classes.dfgnn.Plan("dot", t, first, {})
     with pytest.raises(RuntimeError, match="unknown layout entry 'rowpointer'"):
         torch.classes.dfgnn.Plan("dot", {**t, "rowpointer": lay.rowptr}, ints, {})
     with pytest.raises(RuntimeError, match="'chunk' is missing"):

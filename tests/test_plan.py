@@ -304,3 +304,39 @@ def test_layout_imports_without_ops_in_a_fresh_interpreter():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("dtype,strategy,first", [
+    (torch.float32, "smmf", False), (torch.float32, "pmf", True),
+    (torch.bfloat16, "smmf", True), (torch.float16, "pmf", True)])
+def test_cosine_normalizes_first_where_its_spec_says(dtype, strategy, first):
+    """The cosine score's one choice (its fp32 SMMF kernel, or the normalisation
+    and the dot score's kernels) is the plan's normalize_first, and kernels()
+    lists what runs: the normalisation included, the dot kernels by their name."""
+    g = torch.Generator().manual_seed(4)
+    lay = GraphLayout.from_edge_index(torch.randint(0, 300, (2, 3000), generator=g), (300, 300),
+                                      add_self_loops=True)
+    p = plan.plan_for(lay, dtype, 32, "cosine", strategy)
+    assert p.normalize_first is first and p.flags()["normalize_first"] == int(first)
+    fwd = [k for k, _ in p.kernels()]
+    bwd = [k for k, _ in p.kernels(backward=True)]
+    if first:
+        assert fwd[0] == "cosine:normalize" and fwd[1:]
+        assert all(k.startswith("dot:") or "softmax" in k or "partials" in k for k in fwd[1:])
+        assert bwd[0] != "cosine:normalize"
+    else:
+        assert fwd == ["cosine:rnorm", "cosine:smmf"]
+        assert bwd[0] == "cosine:normalize"  # k, q recomputed from the kept norms
+    assert bwd[-1] == "cosine:normalize_bwd"
+    assert any(k.startswith("dot:") for k in bwd)
+    assert not [k for k in bwd if k.startswith("cosine:") and "normalize" not in k]
+
+
+def test_only_a_score_with_a_normalised_form_normalizes_first():
+    g = torch.Generator().manual_seed(5)
+    lay = GraphLayout.from_edge_index(torch.randint(0, 300, (2, 3000), generator=g), (300, 300))
+    for s in spec.specs():
+        for dtype in (torch.float32, torch.bfloat16):
+            p = plan.plan_for(lay, dtype, 32, s.name, "smmf")
+            rule = s.normalize_first
+            assert p.normalize_first == (rule is not None and rule(dtype, "smmf")), s.name

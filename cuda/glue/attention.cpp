@@ -380,6 +380,7 @@ TORCH_LIBRARY_FRAGMENT(dfgnn, m) {
       .def("has_csc", [](const PlanPtr& p) { return p->has_csc; })
       .def("chunk", [](const PlanPtr& p) { return p->L.chunk; })
       .def("pmf", [](const PlanPtr& p) { return p->p.pmf; })
+      .def("normalize_first", [](const PlanPtr& p) { return p->p.normalize_first; })
       // A layout tensor by its constructor name (None where the plan has none).
       .def("layout_tensor",
            [](const PlanPtr& p, const std::string& name) -> std::optional<at::Tensor> {

@@ -16,7 +16,8 @@ constexpr const char* kTensorNames[] = {"rowptr", "col", "row_items", "row_combi
                                         "col_combine"};
 constexpr const char* kIntNames[] = {"n_src", "chunk", "row_slots", "col_slots", "pmf",
                                      "vector_rows", "two_rows", "mma", "merge_in_kernel",
-                                     "bwd_one_launch", "mma_backward", "bwd_merge_in_kernel"};
+                                     "bwd_one_launch", "mma_backward", "bwd_merge_in_kernel",
+                                     "normalize_first"};
 constexpr const char* kFloatNames[] = {"dense_cells"};
 
 template <size_t N, typename V>
@@ -129,6 +130,7 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
   p.bwd_one_launch = flag(ints, "bwd_one_launch");
   p.mma_backward = flag(ints, "mma_backward");
   p.bwd_merge_in_kernel = flag(ints, "bwd_merge_in_kernel");
+  p.normalize_first = flag(ints, "normalize_first");
   auto dc = floats.find("dense_cells");
   p.dense_cells = dc == floats.end() ? 0.0 : dc->value();
 
@@ -137,6 +139,8 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
               "(pmf=0) and no split rows (row_slots == 0), got pmf=", num(p.pmf),
               ", row_slots=", num(L.rw.num_slots));
   TORCH_CHECK(!p.mma || !p.pmf, "dfgnn.Plan: mma (the tensor-core forward) needs SMMF (pmf=0)");
+  TORCH_CHECK(!p.normalize_first || score->normalizes, "dfgnn.Plan: normalize_first=1, but the ",
+              score_name, " score has no normalised form");
   TORCH_CHECK(!p.mma_backward || !p.bwd_one_launch, "dfgnn.Plan: mma_backward needs two "
               "backward launches (bwd_one_launch=0): its CSC walk reads the CSR walk's weights");
   TORCH_CHECK((p.dense_cells > 0.0) == L.tiles.defined(), "dfgnn.Plan: dense tiles need both a "

@@ -26,7 +26,8 @@ struct CallPlan : torch::CustomClassHolder {
   // them csr_row (PMF), tiles (dense tiles), and the CSC (colptr, row, perm,
   // col_items, col_combine; all or none). `ints`: n_src, chunk, row_slots,
   // col_slots and the plan's flags (pmf, vector_rows, two_rows, mma,
-  // merge_in_kernel, bwd_one_launch, mma_backward, bwd_merge_in_kernel: 0 or 1).
+  // merge_in_kernel, bwd_one_launch, mma_backward, bwd_merge_in_kernel,
+  // normalize_first: 0 or 1).
   // `floats`: dense_cells. Entries are matched by name; an unknown, missing or
   // malformed one raises, as does a plan the layout cannot run.
   CallPlan(const std::string& score, const c10::Dict<std::string, at::Tensor>& tensors,

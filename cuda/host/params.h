@@ -33,9 +33,6 @@ struct LayoutView {
 
 // The kernel plan's decisions for one call (pyg_dfgnn/ops/plan.py, Plan). Host
 // code obeys each field or raises (TORCH_CHECK) where the call cannot run it.
-// One choice is not a field: the cosine score picks its fp32 SMMF kernel or the
-// normalisation and the dot score's kernels by dtype and pmf (cosine_kernel(),
-// scores/cosine.cu).
 struct KernelPlan {
   bool pmf = false;             // edge-parallel scores, then softmax + SpMM
   bool vector_rows = true;      // 16-byte vector row accesses (else one element per access)
@@ -46,6 +43,7 @@ struct KernelPlan {
   bool bwd_one_launch = false;  // the backward's CSR and CSC walks in one launch
   bool mma_backward = false;    // the dot score's backward walks on tensor cores
   bool bwd_merge_in_kernel = true;  // split rows merged by the backward kernels
+  bool normalize_first = false;     // rows normalised, then the dot score's kernels (cosine)
 };
 
 }  // namespace dfgnn

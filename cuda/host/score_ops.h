@@ -52,6 +52,7 @@ struct ScoreOps {
   ScoreForward forward = nullptr;
   ScoreBackward backward = nullptr;
   bool writes_into = false;    // the backward takes `into`
+  bool normalizes = false;     // the plan's normalize_first may be set (ScoreSpec.normalize_first)
 };
 
 // The registered score of `name`; raises for an unknown one.

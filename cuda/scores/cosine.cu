@@ -1,9 +1,10 @@
 // AGNN's cosine score: its host entry points and registration
 // (host/score_ops.h): inputs (x [N, H, C], beta [1] float32), params (eps).
-//   fp32 SMMF: the cosine functor (scores/cosine.cuh) over the unnormalised x, so
-//     each edge gathers x_j once for the score and the sum; saved = (rnorm).
-//   otherwise (fp16 / bf16, whose lse must match the rounded k and q the
-//     backward recomputes the scores from, or PMF): the normalisation
+//   the plan's normalize_first = 0 (fp32 SMMF): the cosine functor
+//     (scores/cosine.cuh) over the unnormalised x, so each edge gathers x_j once
+//     for the score and the sum; saved = (rnorm).
+//   normalize_first = 1 (fp16 / bf16, whose lse must match the rounded k and q
+//     the backward recomputes the scores from, or PMF): the normalisation
 //     k = x / max(||x||, eps), q = beta k (l2norm_forward_cuda), then the dot
 //     score over (q, k, x) with scale 1, on the kernels the plan names; saved =
 //     (k, q, rnorm).
@@ -60,19 +61,14 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_tile_plan(kFwd, c.L, p, x);
 }
 
-// Whether a call runs the cosine SMMF kernel (else the normalisation and the dot
-// score): the one kernel choice made here rather than carried by the plan
-// (KernelPlan, host/params.h).
-bool cosine_kernel(const at::Tensor& x, const KernelPlan& plan) {
-  return x.scalar_type() == at::kFloat && !plan.pmf;
-}
-
 ForwardOut forward(const AttentionCall& c) {
   const at::Tensor &x = c.inputs[0], &beta = c.inputs[1];
   const double eps = c.params[0];
-  if (cosine_kernel(x, c.plan)) {
-    TORCH_CHECK(c.dropout == 0.0, kFwd, ": the float32 cosine SMMF kernel has no attention "
-                "dropout");
+  if (!c.plan.normalize_first) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && !c.plan.pmf && c.dropout == 0.0, kFwd,
+                ": normalize_first=0 runs the cosine SMMF kernel, which takes float32, "
+                "pmf=0 and no attention dropout; got ", x.scalar_type(), ", pmf=",
+                num(c.plan.pmf), ", dropout ", std::to_string(c.dropout));
     auto [out, lse2, attn, rnorm] = cosine_forward_cuda(x, beta, eps, c.L, c.need_attn, c.plan);
     return {out, lse2, attn, {rnorm}};
   }
@@ -106,6 +102,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
 
 }  // namespace
 
-DFGNN_REGISTER_SCORE(cosine, ScoreOps{"cosine", &check, &forward, &backward, false});
+DFGNN_REGISTER_SCORE(cosine, ScoreOps{"cosine", &check, &forward, &backward, false,
+                                       /*normalizes=*/true});
 
 }  // namespace dfgnn

@@ -8,11 +8,10 @@ computes it once per (layout, score, dtype, head size, flags) from everything th
 CUDA side could look at and keeps it in the layout's
 :class:`~pyg_dfgnn.derived.Derived`; the ops pass it to ``torch.ops.dfgnn`` in the
 plan object (:mod:`pyg_dfgnn.ops.calls`), and the C++ side runs what it says or
-raises where a call cannot run it. One choice is made in C++ instead: the cosine
-score runs its fp32 SMMF kernel for float32 without PMF, else the normalisation
-and the dot score's kernels (``cosine_kernel()`` in ``cuda/scores/cosine.cu``).
-:func:`Plan.kernels` names what runs and why (:func:`pyg_dfgnn.explain` shows it
-for a layer's call).
+raises where a call cannot run it; that includes the cosine score's choice between
+its fp32 SMMF kernel and the normalisation followed by the dot score's kernels
+(``normalize_first``, from the score's spec). :func:`Plan.kernels` names what runs
+and why (:func:`pyg_dfgnn.explain` shows it for a layer's call).
 
 This module is the only home of the thresholds and support tables below, each
 measured on an H100 (``docs/kernels.md`` has the numbers). The default chunk
@@ -322,6 +321,11 @@ class Plan:
         bwd_merge_in_kernel (bool): the backward's split rows merge in its
             kernels (fp32 kernels carry the merge, outside graph capture).
         why (tuple): ``(decision, reason)`` pairs: why each choice was made.
+        normalize_first (bool): the score's rows are normalised first and the
+            forward runs the dot score's kernels over them (the cosine score in
+            fp16 / bf16 or PMF: :attr:`ScoreSpec.normalize_first
+            <pyg_dfgnn.ops.spec.ScoreSpec>`); the kernel names and flags below
+            are then the dot score's.
     """
     score: str
     half: bool
@@ -339,6 +343,7 @@ class Plan:
     mma_backward: bool
     bwd_merge_in_kernel: bool
     why: Tuple[Tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
+    normalize_first: bool = False
 
     @property
     def pmf(self) -> bool:
@@ -351,11 +356,18 @@ class Plan:
                 "merge_in_kernel": int(self.merge_in_kernel),
                 "bwd_one_launch": int(self.bwd_one_launch),
                 "mma_backward": int(self.mma_backward),
-                "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel)}
+                "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel),
+                "normalize_first": int(self.normalize_first)}
 
     def kernels(self, backward: bool = False) -> List[Tuple[str, str]]:
         r"""``(kernel, what it does)`` for each kernel the forward (or the
         backward) of this plan launches, in launch order."""
+        if _spec.get(self.score).normalize_first is not None:
+            return self._normalizing_kernels(backward)
+        return self._walk_kernels(backward)
+
+    def _walk_kernels(self, backward: bool) -> List[Tuple[str, str]]:
+        # The score's attention kernels, named after it.
         merge = "merge launch: the split rows' partial results, in slot order"
         name = self.score
         if backward:
@@ -366,8 +378,11 @@ class Plan:
             value = "(v_j + e_ij)" if edge else "v_j"
             res = []
             if name == "additive":
-                res += [(f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"),
-                        (f"{name}:bwd_src", "CSC walk over sources: dx and d a_src")]
+                res.append((f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"))
+                if self.half and self.split_rows:
+                    res.append((f"{name}:split_dsum", "split rows' D and d a_dst from their "
+                                                      "items' shares, in slot order"))
+                res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
                 if self.half:
                     res.append((f"{name}:dsum", f"D_i = sum_j P'_ij (dO_i . {value}) in fp32 "
@@ -410,6 +425,24 @@ class Plan:
                                               "item"))
         return res
 
+
+    def _normalizing_kernels(self, backward: bool) -> List[Tuple[str, str]]:
+        # A score that may normalise first (the cosine score): its backward is always
+        # the dot score's over the normalised rows, between the normalisation's
+        # forward (recomputed where the forward kept only the norms) and backward.
+        name = self.score
+        dot = dataclasses.replace(self, score="dot", normalize_first=False)
+        normalize = (f"{name}:normalize", "k = x / max(||x||, eps), q = beta k and the "
+                                          "inverse norms, in one pass")
+        if backward:
+            res = [] if self.normalize_first else [
+                (normalize[0], "k and q recomputed (the forward kept the inverse norms only)")]
+            return res + dot.kernels(backward=True) + [
+                (f"{name}:normalize_bwd", "dx through the normalisation, and beta's per-row "
+                                          "terms")]
+        if self.normalize_first:
+            return [normalize] + dot.kernels()
+        return [(f"{name}:rnorm", "inverse row norms")] + self._walk_kernels(False)
 
 def plan_for(layout, dtype: torch.dtype, head_size: int, score: str = "dot",
              strategy: str = "auto", dropout: bool = False, need_attn: bool = False,
@@ -531,9 +564,13 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                     f"{ONE_LAUNCH_BWD_MAX_EDGES}: {'one launch' if bwd_one_launch else 'two'}"))
     merge = smmf and not capturing
     bwd_merge = dtype == torch.float32 and not capturing
-    return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec, bool(two_rows), bool(mma),
-                dense_cells, split, merge, bwd_one_launch, bool(mma_bwd), bwd_merge,
-                tuple(why)), final
+    first = spec.normalize_first is not None and bool(spec.normalize_first(dtype, method))
+    if first:
+        why.append(("normalize_first", f"the {score} score in {dtype} with {method.upper()} "
+                                       "normalises its rows, then runs the dot score's kernels"))
+    return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec,
+                bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
+                bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first), final
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:

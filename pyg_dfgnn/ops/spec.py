@@ -13,7 +13,7 @@ import.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
@@ -55,6 +55,10 @@ class ScoreSpec:
         dense_tiles (bool): the dense-tile forward runs it.
         two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
         one_launch_backward (bool): its backward can run both walks in one launch.
+        normalize_first (callable, optional): ``(dtype, method) -> bool``: whether
+            a call of that dtype and method (``"smmf"`` / ``"pmf"``) normalises its
+            rows first and runs the dot score's kernels over them (the plan's
+            ``normalize_first``); ``None``: never.
     """
     name: str
     inputs: Tuple[str, ...]
@@ -72,6 +76,7 @@ class ScoreSpec:
     dense_tiles: bool = False
     two_rows: bool = True
     one_launch_backward: bool = True
+    normalize_first: Optional[Callable] = None
 
 
 _SPECS: Dict[str, ScoreSpec] = {}

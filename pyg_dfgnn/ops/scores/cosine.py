@@ -36,19 +36,28 @@ def _reference(layout, inputs, params, dropout, training):
     return reference.cosine_attention(layout.rowptr, layout.col, x, x, beta)
 
 
+def _normalize_first(dtype: torch.dtype, method: str) -> bool:
+    # The cosine kernel is fp32 SMMF only: in fp16 / bf16 the lse must match the
+    # rounded k and q that the backward recomputes the scores from.
+    return dtype != torch.float32 or method == "pmf"
+
+
 def _saved_like(inputs: Sequence[Tensor], plan=None) -> List[Tensor]:
-    # rnorm [N, H] from the fp32 SMMF kernel; otherwise (fp16 / bf16, PMF) also
-    # k = x / ||x|| and q = beta k, first: (k, q, rnorm).
+    # rnorm [N, H] from the fp32 SMMF kernel; normalising first also k = x / ||x||
+    # and q = beta k, first: (k, q, rnorm).
     x = inputs[0]
     rnorm = x.new_empty(x.shape[:2], dtype=torch.float32)
-    if x.dtype == torch.float32 and not (plan is not None and plan.pmf()):
+    first = (plan.normalize_first() if plan is not None
+             else _normalize_first(x.dtype, "smmf"))
+    if not first:
         return [rnorm]
     return [x.new_empty(x.shape), x.new_empty(x.shape), rnorm]
 
 
 SPEC = register(ScoreSpec(
     name="cosine", inputs=("x", "beta"), params=("eps",), dst_input=0, value_input=0,
-    row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, mma=True))
+    row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, mma=True,
+    normalize_first=_normalize_first))
 
 
 def _normalised(x: Tensor) -> Tensor:

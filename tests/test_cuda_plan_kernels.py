@@ -1,0 +1,100 @@
+"""The plan names exactly the kernels that run: for every score x dtype x
+strategy (and split rows), the dfgnn kernels the profiler sees in a forward and
+backward are the ones Plan.kernels() lists, under its names."""
+import re
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
+
+pytestmark = pytest.mark.cuda
+DEV = "cuda"
+
+#: The score a functor type serves (scores/<name>.cuh).
+FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "GATv2Score": "gatv2",
+            "CosineScore": "cosine"}
+#: (device function, the plan's name for it; {s}: the functor's score).
+ROLES = [
+    (r"row_fwd_smmf_kernel<dfgnn::(\w+)<", "{s}:smmf"),
+    (r"edge_sddmm_kernel<dfgnn::(\w+)<", "{s}:sddmm"),
+    (r"softmax_spmm_kernel", "softmax_spmm"),
+    (r"gt_fwd_mma_kernel", "dot:fwd_mma"),
+    (r"gt_fwd_dense_kernel", "dot:fwd_dense"),
+    (r"row_bwd_dsum_kernel<dfgnn::(\w+)<", "{s}:dsum"),
+    (r"row_bwd_one_launch_kernel<dfgnn::(\w+)<", "{s}:bwd_one_launch"),
+    (r"row_bwd_dq_kernel<dfgnn::(\w+)<", "{s}:dq_walk"),
+    (r"row_bwd_dkv_kernel<dfgnn::(\w+)<", "{s}:dkv_walk"),
+    (r"gt_bwd_dq_mma_kernel", "dot:dq_mma"),
+    (r"gt_bwd_dkv_mma_kernel", "dot:dkv_mma"),
+    (r"gat_fwd_kernel", "additive:smmf"),
+    (r"gat_score_kernel", "additive:sddmm"),
+    (r"gat_bwd_dst_kernel", "additive:bwd_dst"),
+    (r"gat_split_dsum_kernel", "additive:split_dsum"),
+    (r"gat_bwd_src_kernel", "additive:bwd_src"),
+    (r"l2norm_fwd_kernel", "cosine:normalize"),
+    (r"l2norm_bwd_kernel", "cosine:normalize_bwd"),
+    (r"reduce_slots_kernel<[^>]*true>", "merge_softmax_partials"),
+    (r"reduce_slots_kernel<[^>]*false>", "combine_partials"),
+]
+
+
+def role(name: str) -> str:
+    for pattern, r in ROLES:
+        m = re.search(pattern, name)
+        if m:
+            return r.format(s=FUNCTORS.get(m.group(1), m.group(1))) if m.groups() else r
+    return "unknown:" + name[:80]
+
+
+def _inputs(score, lay, H, C, dtype):
+    def t(*shape):
+        return torch.randn(*shape, device=DEV, dtype=dtype, requires_grad=True)
+    nd, ns = lay.num_dst, lay.num_src
+    if score == "dot":
+        return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), strategy=s)
+    if score == "dot_edge":
+        e = t(lay.num_edges, H, C)
+        return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), edge=e,
+                                          strategy=s)
+    if score == "gatv2":
+        return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), strategy=s)
+    if score == "cosine":
+        beta = torch.tensor(1.3, device=DEV, requires_grad=True)
+        return lambda s: ops.agnn_attention(lay, t(nd, H, C), None, beta, strategy=s)
+    return lambda s: ops.gat_attention(lay, t(ns, H), t(nd, H), t(ns, H, C), strategy=s)
+
+
+CASES = [(score, dtype, strategy, chunk)
+         for score in ("dot", "dot_edge", "gatv2", "cosine", "additive")
+         for dtype in (torch.float32, torch.bfloat16)
+         for strategy in ("smmf", "pmf")
+         for chunk in (None, 8)
+         if not (score == "dot_edge" and strategy == "pmf")]
+
+
+@pytest.mark.parametrize("score,dtype,strategy,chunk", CASES)
+def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_override):
+    g = torch.Generator().manual_seed(0)
+    n = 512
+    ei = torch.randint(0, n, (2, 8 * n), generator=g)
+    ei = torch.cat([ei, torch.stack([torch.arange(64), torch.zeros(64, dtype=torch.long)])], 1)
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n), add_self_loops=score != "dot_edge")
+    run = _inputs(score, lay, 2, 32, dtype)
+    if chunk:
+        plan_override(chunk=chunk)  # split rows
+    with ops.recording() as records:
+        run(strategy).float().sum().backward()  # builds what the first call builds
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(strategy).float().sum().backward()
+        torch.cuda.synchronize()
+    plans = [r.plan for r in records if r.plan is not None]
+    assert len(plans) == 1, records
+    p = plans[0]
+    want = {k for k, _ in p.kernels()} | {k for k, _ in p.kernels(backward=True)}
+    seen = {role(e.name) for e in prof.events()
+            if e.device_type.name == "CUDA" and "dfgnn::" in e.name}
+    assert seen == want, f"plan {sorted(want - seen)} not run; run {sorted(seen - want)} not in plan"
