@@ -30,7 +30,12 @@ if has build; then
   $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error(); print('kernels loaded')" || exit 1
 fi
 if has test; then
-  $PY -m pytest -m cuda -q -p no:cacheprovider tests/ ${1:+-k "$1"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+  # 14 workers and a per-test limit: the whole CUDA suite in about 3 minutes on an
+  # H200 host, and a hung test named instead of the call's time running out; -v
+  # prints each result as it lands, so a log cut short still names its failures.
+  $PY -m pytest -m cuda -v -n "${PYTEST_WORKERS:-14}" --timeout "${PYTEST_TIMEOUT:-300}" -rfE \
+    -p no:cacheprovider tests/ ${1:+-k "$1"} > "$OUT/pytest_cuda.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" | tail -25
 fi
 if has sanitize; then
   for tool in memcheck racecheck initcheck synccheck; do
