@@ -861,7 +861,7 @@ def test_torch_compile_fullgraph():
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-@pytest.mark.parametrize("op", ["gt", "gat", "agnn"])
+@pytest.mark.parametrize("op", ["gt", "gt_edge", "gat", "agnn"])
 def test_direct_entry_and_torch_ops_give_the_same_results(op):
     """The op's direct entry (_C.attention_fwd, ops.direct.call_op) and the
     torch.ops path run the same kernels: bit-identical outputs and gradients, and
@@ -872,6 +872,10 @@ def test_direct_entry_and_torch_ops_give_the_same_results(op):
     if op == "gt":
         leaves = list(qkv(lay, 2, 32, torch.float32, requires_grad=True))
         call = lambda: ops.gt_attention(lay, *leaves)  # noqa: E731
+    elif op == "gt_edge":  # the dot_edge score
+        leaves = list(qkv(lay, 2, 32, torch.float32, requires_grad=True))
+        leaves.append(torch.randn(lay.num_edges, 2, 32, device=DEV, requires_grad=True))
+        call = lambda: ops.gt_attention(lay, *leaves[:3], edge=leaves[3])  # noqa: E731
     elif op == "gat":
         leaves = [torch.randn(n, 2, device=DEV, requires_grad=True),
                   torch.randn(n, 2, device=DEV, requires_grad=True),

@@ -54,14 +54,7 @@ inline auto dot_edge_params(const AttentionCall& c) {
   const float scale = (float)c.params[0], scale2 = (float)(c.params[0] * kLog2e);
   return [&q, &k, &v, &e, scale, scale2](auto tag) {
     using T = typename decltype(tag)::type;
-    DotEdgeParams<T> p;
-    p.q = cptr<T>(q);
-    p.k = cptr<T>(k);
-    p.v = cptr<T>(v);
-    p.scale = scale;
-    p.scale2 = scale2;
-    p.e = cptr<T>(e);
-    return p;
+    return DotEdgeParams<T>{{cptr<T>(q), cptr<T>(k), cptr<T>(v), scale, scale2}, cptr<T>(e)};
   };
 }
 
