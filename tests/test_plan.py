@@ -340,3 +340,25 @@ def test_only_a_score_with_a_normalised_form_normalizes_first():
             p = plan.plan_for(lay, dtype, 32, s.name, "smmf")
             rule = s.normalize_first
             assert p.normalize_first == (rule is not None and rule(dtype, "smmf")), s.name
+
+
+def test_backward_merge_launch_follows_split_rows_and_columns():
+    r"""``combine_partials`` is in the backward's kernel list exactly where a
+    walk's split items merge after it: split rows (except the additive score's
+    in half precision, whose D and d a_dst merge in ``split_dsum``) or split
+    columns (the CSC walk), outside the kernels' own merge."""
+    n = 64
+    hub_dst = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
+    hub_src = hub_dst.flip(0)
+    for ei, rows, cols in ((hub_dst, True, False), (hub_src, False, True)):
+        lay = GraphLayout.from_edge_index(ei, (n, n))
+        with plan.override(chunk=8):
+            for score, dtype in (("dot", torch.float32), ("dot", torch.bfloat16),
+                                 ("additive", torch.bfloat16)):
+                p = plan.plan_for(lay, dtype, 32, score=score, capturing=True)
+                assert (p.split_rows, p.split_cols) == (rows, cols)
+                names = [k for k, _ in p.kernels(backward=True)]
+                half_additive = score == "additive" and dtype != torch.float32
+                want = cols or (rows and not half_additive)
+                assert ("combine_partials" in names) == want, (score, dtype, rows, names)
+                assert ("additive:split_dsum" in names) == (half_additive and rows)

@@ -85,16 +85,20 @@ at::Tensor gt_backward_dsum(const at::Tensor& grad_out, const at::Tensor& q, con
                             const KernelPlan& plan, double scale, double dropout, int64_t seed);
 
 // The additive score (GAT; gat_forward.cu, gat_backward.cu): the plan's pmf,
-// vector_rows, two_rows, merge_in_kernel (forward) and bwd_merge_in_kernel.
+// vector_rows, two_rows, merge_in_kernel (forward) and bwd_merge_in_kernel. A
+// defined a_edge [E, H] (CSR order) adds the per-edge term (the additive_edge
+// score); the backward then returns its gradient fourth: (d a_dst, d a_src, dx
+// [, d a_edge]).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
     const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
     double negative_slope, double dropout, int64_t seed, bool need_attn,
-    const KernelPlan& plan);
+    const KernelPlan& plan, const at::Tensor& a_edge);
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
+std::vector<at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
     const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
-    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan);
+    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan,
+    const at::Tensor& a_edge);
 
 // AGNN's row normalisation (normalize.cu): k = x / max(||x||, eps), q = beta k,
 // rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a 1-element

@@ -1,8 +1,9 @@
 // Backward pass of the additive score (scores/additive.cuh; GAT). With P the softmax, z the dropout
-// multiplier, g_ij = LeakyReLU'(a_dst_i + a_src_j), dP_ij = dO_i . x_j and
+// multiplier, g_ij = LeakyReLU'(a_dst_i + a_src_j [+ a_edge_ij]), dP_ij = dO_i . x_j and
 // D_i = dO_i . O_i:
 //   dE_ij = g_ij P_ij (z_ij dP_ij - D_i)
-//   d a_dst_i = sum_j dE_ij,  d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i.
+//   d a_dst_i = sum_j dE_ij,  d a_src_j = sum_i dE_ij,  dx_j = sum_i P_ij z_ij dO_i,
+//   d a_edge_ij = dE_ij (AdditiveEdgeScore).
 // dP enters the score gradients only through those sums, so no per-edge dot
 // product is needed. Split by the LeakyReLU branch (g = 1 on "+", the slope on
 // "-"), with y+_i = sum_{j+} P_ij z_ij x_j, c+_i = sum_{j+} P_ij and likewise "-":
@@ -24,6 +25,11 @@
 // fp32 forward: 0.27 ms of a 2.2 ms bf16 ogbn-arxiv layer step). Each output
 // row is owned by one lane group (split rows: fixed-order combine): no atomics,
 // deterministic. Only lse2 [N, H] is saved by the forward.
+// The per-edge term's gradient is dE_ij itself, which needs dP_ij edge by edge:
+// gat_bwd_edge_kernel computes it edge-parallel (one lane group per edge and
+// head: an SDDMM of dO_i and x_j) once the CSR walk has written D; the walks
+// read a_edge at the edge's CSR position (the CSC walk through perm), as the
+// forward does.
 #include "device/dropout.cuh"
 #include "device/edge_walk.cuh"
 #include "device/fragments.cuh"
@@ -41,10 +47,12 @@ namespace dfgnn {
 namespace {
 
 // CSR walk over destinations: D_i (for the CSC walk) and d a_dst_i.
-template <typename S, bool DROPOUT>
+template <typename Score, typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
-                   const typename S::T* __restrict__ a_src, const typename S::T* __restrict__ x,
+                   const typename S::T* __restrict__ a_src,
+                   const typename S::T* __restrict__ a_edge,
+                   const typename S::T* __restrict__ x,
                    const typename S::T* __restrict__ out, const float* __restrict__ lse2,
                    float* __restrict__ partial_dc, const int* __restrict__ rowptr,
                    const int* __restrict__ col, const int* __restrict__ items, int chunk,
@@ -62,12 +70,12 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   const int64_t HC = (int64_t)H * C;
   const int64_t off_i = i * HC + (int64_t)h * C;
   const float L = lse2[i * H + h];
-  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  const Score sc = Score::make(a_dst, a_src, a_edge, slope);
   const float ad = sc.own_dst_term(i, h, H);
-  auto a_of = [&](int jj) { return jj >= 0 ? sc.src_term(jj, h, H) : 0.f; };
+  auto a_of = [&](int jj, int pos) { return jj >= 0 ? sc.src_edge_term(jj, pos, h, H) : 0.f; };
 
   NbrTile<G, 2> nt(col, g.beg, g.end, gl, g.mask, n_edges);
-  float a_cur = a_of(nt.raw);  // speculative, as in gat_fwd_kernel
+  float a_cur = a_of(nt.raw, g.beg + gl);  // speculative, as in gat_fwd_kernel
   float gf[NV][VEC];
   load_row<T, VEC, G, NV>(dout + off_i, gl, nvec, gf);
   float y[2][NV][VEC];  // y+ and y- over the item
@@ -75,7 +83,7 @@ gat_bwd_dst_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   zero_frag(y[1]);
   float c[2] = {0.f, 0.f};  // this lane's c+ and c-
   for (; nt.valid(); nt.advance()) {
-    const float a_next = a_of(nt.ahead[0]);
+    const float a_next = a_of(nt.ahead[0], nt.t0 + G + gl);
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
       const float pre = ad + a_cur;
@@ -146,17 +154,23 @@ gat_split_dsum_kernel(const float* __restrict__ partial, const float* __restrict
 }
 
 // This lane's edge's destination terms for the CSC walk, gathered a tile ahead:
-// a_dst_i, lse2_i, D_i and (dropout) the edge's CSR position for the mask.
-struct DstTerms {
+// a_dst_i, lse2_i, D_i, (edge term) a_edge_ij and (dropout or edge term) the
+// edge's CSR position.
+template <bool EDGE> struct DstTerms {
   float ad = 0.f, L = 0.f, D = 0.f;
   int pos = 0;
 };
+template <> struct DstTerms<true> : DstTerms<false> {
+  float ae = 0.f;
+};
 
 // CSC walk over sources: dx_j and d a_src_j.
-template <typename S, bool DROPOUT>
+template <typename Score, typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
-                   const typename S::T* __restrict__ a_src, const typename S::T* __restrict__ x,
+                   const typename S::T* __restrict__ a_src,
+                   const typename S::T* __restrict__ a_edge,
+                   const typename S::T* __restrict__ x,
                    const float* __restrict__ lse2, const float* __restrict__ dsum,
                    const int* __restrict__ colptr, const int* __restrict__ row,
                    const int* __restrict__ perm, const int* __restrict__ items, int chunk,
@@ -174,21 +188,22 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C;
   const int64_t off_j = j * HC + (int64_t)h * C;
-  const AdditiveScore<T> sc{a_dst, a_src, slope};
+  const Score sc = Score::make(a_dst, a_src, a_edge, slope);
   const float as = sc.own_src_term(j, h, H);
   auto terms_of = [&](int ii, int e) {
-    DstTerms d;
+    DstTerms<Score::kEdge> d;
     if (ii >= 0) {
       d.ad = sc.dst_term(ii, h, H);
       d.L = __ldg(lse2 + (int64_t)ii * H + h);
       d.D = __ldg(dsum + (int64_t)ii * H + h);
-      if constexpr (DROPOUT) d.pos = __ldg(perm + e);
+      if constexpr (DROPOUT || Score::kEdge) d.pos = __ldg(perm + e);
+      if constexpr (Score::kEdge) d.ae = sc.edge_term(d.pos, h, H);
     }
     return d;
   };
 
   NbrTile<G, 2> nt(row, g.beg, g.end, gl, g.mask, n_edges);
-  DstTerms cur = terms_of(nt.raw, g.beg + gl);  // speculative, as in gat_fwd_kernel
+  auto cur = terms_of(nt.raw, g.beg + gl);  // speculative, as in gat_fwd_kernel
   float xf[NV][VEC];
   load_row<T, VEC, G, NV>(x + off_j, gl, nvec, xf);
   float acc[2][NV][VEC];  // u+ and u- over the item
@@ -196,10 +211,13 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   zero_frag(acc[1]);
   float e[2] = {0.f, 0.f};  // this lane's e+ and e-
   for (; nt.valid(); nt.advance()) {
-    const DstTerms next = terms_of(nt.ahead[0], nt.t0 + G + gl);
+    const auto next = terms_of(nt.ahead[0], nt.t0 + G + gl);
     float wl[2] = {0.f, 0.f};
     if (nt.cur >= 0) {
-      const float pre = cur.ad + as;
+      // a_src_j + a_edge_ij first: the order of the forward's sum.
+      float pre;
+      if constexpr (Score::kEdge) pre = cur.ad + (as + cur.ae);
+      else pre = cur.ad + as;
       const float pe = exp2f(sc.score2(pre) - cur.L);
       float w = pe;
       if constexpr (DROPOUT) w *= dropout_scale(p, seed, (uint64_t)cur.pos * H + h);
@@ -231,13 +249,54 @@ gat_bwd_src_kernel(const typename S::T* __restrict__ dout, const typename S::T* 
   }
 }
 
+
+// d a_edge_ij = dE_ij = g_ij P_ij (z_ij dP_ij - D_i), edge-parallel: one lane
+// group per (CSR edge, head), dP_ij = dO_i . x_j reduced over the group (the
+// PMF backward's SDDMM shape, balanced whatever the degrees). Reads D from the
+// CSR walk.
+template <typename Score, typename S, bool DROPOUT>
+__global__ void __launch_bounds__(256)
+gat_bwd_edge_kernel(const typename S::T* __restrict__ dout, const typename S::T* __restrict__ a_dst,
+                    const typename S::T* __restrict__ a_src,
+                    const typename S::T* __restrict__ a_edge, const typename S::T* __restrict__ x,
+                    const float* __restrict__ lse2, const float* __restrict__ dsum,
+                    const int* __restrict__ csr_row, const int* __restrict__ col,
+                    float* __restrict__ da_edge, int64_t n_units, int H, int C, float slope,
+                    float p, uint64_t seed) {
+  using T = typename S::T;
+  constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
+  const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+  if (unit >= n_units) return;
+  const int gl = threadIdx.x & (G - 1);
+  const int64_t e = unit / H;
+  const int h = (int)(unit - e * H);
+  const int nvec = C / VEC;
+  const int64_t HC = (int64_t)H * C, head_off = (int64_t)h * C;
+  const int64_t i = __ldg(csr_row + e), j = __ldg(col + e);
+  const Score sc = Score::make(a_dst, a_src, a_edge, slope);
+  float gf[NV][VEC], xf[NV][VEC];
+  load_row<T, VEC, G, NV>(dout + i * HC + head_off, gl, nvec, gf);
+  load_row<T, VEC, G, NV>(x + j * HC + head_off, gl, nvec, xf);
+  const float dP = group_sum<G>(dot_frag(gf, xf), group_mask<G>());
+  if (gl != 0) return;
+  const float pre = sc.dst_term(i, h, H) + sc.src_edge_term(j, e, h, H);
+  const float pe = exp2f(sc.score2(pre) - __ldg(lse2 + i * H + h));
+  float z = 1.f;
+  if constexpr (DROPOUT) z = dropout_scale(p, seed, (uint64_t)unit);
+  const float d = pe * (z * dP - __ldg(dsum + i * H + h));
+  da_edge[unit] = sc.positive(pre) ? d : slope * d;
+}
+
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
+std::vector<at::Tensor> gat_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
     const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
-    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan) {
-  constexpr const char* op = "dfgnn::attention_bwd (additive)";
+    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan,
+    const at::Tensor& a_edge) {
+  const bool edge = a_edge.defined();
+  const char* op = edge ? "dfgnn::attention_bwd (additive_edge)"
+                        : "dfgnn::attention_bwd (additive)";
   TORCH_CHECK(!plan.bwd_one_launch && !plan.mma_backward, op, ": bwd_one_launch and "
               "mma_backward are the dot score's; the additive score's backward has one form");
   check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &out}, {"grad_out", &grad_out}});
@@ -258,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
                    cw.num_slots * H * C});
   auto f32 = x.options().dtype(at::kFloat);
   auto da_dst = scratch.empty_with({N_dst, H}, f32);
-  at::Tensor dx, da_src;
+  at::Tensor dx, da_src, da_edge;
   float *dsum = scratch[0], *part_d = scratch[1], *part_a = scratch[2], *part_x = scratch[3];
   const float p = (float)dropout, slope = (float)negative_slope;
   float* part_dc = split_d ? part_d + rw.num_slots * H : nullptr;
@@ -270,43 +329,64 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_backward_cuda(
     using S = decltype(shape);
     using T = typename S::T;
     constexpr int G = S::G;
-    if (n_dst_units > 0) {  // before the source walk: it writes D
-      auto kern = p > 0.f ? gat_bwd_dst_kernel<S, true>
-                          : gat_bwd_dst_kernel<S, false>;
-      kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
-          cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), cptr<T>(out),
-          lse2.data_ptr<float>(), part_dc, rowptr.data_ptr<int>(), col.data_ptr<int>(),
-          rw.items.data_ptr<int>(), (int)chunk, da_dst.data_ptr<float>(), part_d, dsum,
-          n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
-      check_launch();
-      if (split_d) {
-        const int64_t units = rw.combine.size(0) * H;
-        gat_split_dsum_kernel<<<ceil_div(units, kThreads), kThreads, 0, stream>>>(
-            part_d, part_dc, rw.combine.data_ptr<int>(), units, (int)H, dsum,
-            da_dst.data_ptr<float>());
+    with_additive_score<T>(edge, [&](auto score) {
+      using Score = decltype(score);
+      const T* ae = edge ? cptr<T>(a_edge) : nullptr;
+      if (n_dst_units > 0) {  // before the source walk: it writes D
+        auto kern = p > 0.f ? gat_bwd_dst_kernel<Score, S, true>
+                            : gat_bwd_dst_kernel<Score, S, false>;
+        kern<<<ceil_div(n_dst_units * G, kThreads), kThreads, 0, stream>>>(
+            cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), ae, cptr<T>(x), cptr<T>(out),
+            lse2.data_ptr<float>(), part_dc, rowptr.data_ptr<int>(), col.data_ptr<int>(),
+            rw.items.data_ptr<int>(), (int)chunk, da_dst.data_ptr<float>(), part_d, dsum,
+            n_dst_units, H, C, slope, p, (uint64_t)seed, (int)col.size(0), counters);
+        check_launch();
+        if (split_d) {
+          const int64_t units = rw.combine.size(0) * H;
+          gat_split_dsum_kernel<<<ceil_div(units, kThreads), kThreads, 0, stream>>>(
+              part_d, part_dc, rw.combine.data_ptr<int>(), units, (int)H, dsum,
+              da_dst.data_ptr<float>());
+          check_launch();
+        }
+      }
+      if constexpr (Score::kEdge) {  // after the CSR walk: it reads D
+        const int64_t E = col.size(0), units = E * H;
+        da_edge = at::empty({E, H}, f32);
+        if (units > 0) {
+          auto kern = p > 0.f ? gat_bwd_edge_kernel<Score, S, true>
+                              : gat_bwd_edge_kernel<Score, S, false>;
+          kern<<<ceil_div(units * G, kThreads), kThreads, 0, stream>>>(
+              cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), ae, cptr<T>(x),
+              lse2.data_ptr<float>(), dsum, L.csr_row.data_ptr<int>(), col.data_ptr<int>(),
+              da_edge.data_ptr<float>(), units, (int)H, (int)C, slope, p, (uint64_t)seed);
+          check_launch();
+        }
+      }
+      dx = at::empty_like(x);
+      da_src = at::empty({N_src, H}, f32);
+      if (n_src_units > 0) {
+        auto kern = p > 0.f ? gat_bwd_src_kernel<Score, S, true>
+                            : gat_bwd_src_kernel<Score, S, false>;
+        kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
+            cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), ae, cptr<T>(x),
+            lse2.data_ptr<float>(),
+            dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
+            perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
+            mptr<T>(dx), part_a, part_x, n_src_units, H, C,
+            slope, p, (uint64_t)seed, (int)row.size(0), counters);
         check_launch();
       }
-    }
-    dx = at::empty_like(x);
-    da_src = at::empty({N_src, H}, f32);
-    if (n_src_units > 0) {
-      auto kern = p > 0.f ? gat_bwd_src_kernel<S, true>
-                          : gat_bwd_src_kernel<S, false>;
-      kern<<<ceil_div(n_src_units * G, kThreads), kThreads, 0, stream>>>(
-          cptr<T>(grad_out), cptr<T>(a_dst), cptr<T>(a_src), cptr<T>(x), lse2.data_ptr<float>(),
-          dsum, colptr.data_ptr<int>(), row.data_ptr<int>(),
-          perm.data_ptr<int>(), cw.items.data_ptr<int>(), (int)chunk, da_src.data_ptr<float>(),
-          mptr<T>(dx), part_a, part_x, n_src_units, H, C,
-          slope, p, (uint64_t)seed, (int)row.size(0), counters);
-      check_launch();
-    }
+    });
   });
   if (counters == nullptr) {
     if (!split_d) combine_partials(part_d, rw.num_slots, rw.combine, da_dst);
     combine_partials(part_a, cw.num_slots, cw.combine, da_src);
     combine_partials(part_x, cw.num_slots, cw.combine, dx);
   }
-  return {da_dst.to(a_dst.scalar_type()), da_src.to(a_src.scalar_type()), dx};
+  std::vector<at::Tensor> grads{da_dst.to(a_dst.scalar_type()), da_src.to(a_src.scalar_type()),
+                                dx};
+  if (edge) grads.push_back(da_edge.to(a_edge.scalar_type()));
+  return grads;
 }
 
 }  // namespace dfgnn

@@ -15,7 +15,9 @@
 namespace dfgnn {
 namespace {
 
-template <typename S>
+// KQ: also write k and q (false: the norms alone, l2norm_rnorm_cuda; a variant of
+// its own, so that the profiler and the plan tell the two launches apart).
+template <typename S, bool KQ>
 __global__ void __launch_bounds__(256)
 l2norm_fwd_kernel(const typename S::T* __restrict__ x, const float* __restrict__ beta,
                   typename S::T* __restrict__ k, typename S::T* __restrict__ q,
@@ -32,7 +34,7 @@ l2norm_fwd_kernel(const typename S::T* __restrict__ x, const float* __restrict__
   const float n = sqrtf(group_sum<G>(dot_frag(xf, xf), group_mask<G>()));
   const bool clamped = !(n > eps);
   const float r = 1.f / (clamped ? eps : n);
-  if (k != nullptr) {  // nullptr: rnorm only (l2norm_rnorm_cuda)
+  if constexpr (KQ) {
     store_row<T, VEC, G, NV>(k + off, gl, nvec, xf, r);
     store_row<T, VEC, G, NV>(q + off, gl, nvec, xf, r * __ldg(beta));
   }
@@ -96,7 +98,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_launch(
     using T = typename S::T;
     constexpr int G = S::G;
     if (n_units == 0) return;
-    l2norm_fwd_kernel<S><<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
+    auto kern = with_kq ? l2norm_fwd_kernel<S, true> : l2norm_fwd_kernel<S, false>;
+    kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), beta, with_kq ? mptr<T>(k) : nullptr, with_kq ? mptr<T>(q) : nullptr,
         rnorm.data_ptr<float>(), n_units, C, (float)eps);
     check_launch();
@@ -114,7 +117,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const char* o
 }
 
 at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps, bool vector_rows) {
-  return std::get<2>(l2norm_launch(x, nullptr, eps, false, vector_rows, "dfgnn::attention_fwd (cosine)"));
+  return std::get<2>(
+      l2norm_launch(x, nullptr, eps, false, vector_rows, "dfgnn::attention_fwd (cosine)"));
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,

@@ -1,10 +1,13 @@
 // GAT's additive score (GATConv, paper §5.1 "add-SDDMM"):
-//   s_ij = LeakyReLU(a_dst_i + a_src_j),  value x_j,
+//   s_ij = LeakyReLU(a_dst_i + a_src_j [+ a_edge_ij]),  value x_j,
 // with the per-node terms a_dst = a_dst^T W x_i, a_src = a_src^T W x_j computed
-// densely ([N, H]). A score of per-node scalars: its walks (kernels/gat_forward.cu,
-// gat_backward.cu) weigh one edge per lane and split the backward by the
-// LeakyReLU branch, so they are their own walk policy, not the row walks of
-// scores/score.cuh; this functor is what they ask of the score per node and edge.
+// densely ([N, H]), and with edge features (AdditiveEdgeScore, GATConv's
+// edge_dim) a per-edge term a_edge_ij = a_edge^T W_e e_ij ([E, H], CSR order). A
+// score of scalars: its walks (kernels/gat_forward.cu, gat_backward.cu) weigh
+// one edge per lane and split the backward by the LeakyReLU branch, so they are
+// their own walk policy, not the row walks of scores/score.cuh; these functors
+// are what they ask of the score per node and edge, and the walks are templates
+// over them (the edge term compiles away for AdditiveScore).
 #pragma once
 
 #include <cstdint>
@@ -13,10 +16,18 @@
 
 namespace dfgnn {
 
-template <typename T> struct AdditiveScore {
+template <typename T_> struct AdditiveScore {
+  using T = T_;
+  static constexpr bool kEdge = false;  // no per-edge term
   const T* a_dst;  // [N_dst, H]
   const T* a_src;  // [N_src, H]
   float slope;     // LeakyReLU's negative slope
+
+  // The walks' one constructor for both functors (a_edge: [E, H] or ignored).
+  __device__ __forceinline__ static AdditiveScore make(const T* a_dst, const T* a_src,
+                                                       const T*, float slope) {
+    return {a_dst, a_src, slope};
+  }
 
   // The per-node terms of destination i and source j, gathered per edge.
   __device__ __forceinline__ float dst_term(int64_t i, int h, int H) const {
@@ -40,6 +51,41 @@ template <typename T> struct AdditiveScore {
   // The LeakyReLU's branch at the pre-activation: derivative 1 where true, else
   // the slope.
   __device__ __forceinline__ static bool positive(float pre) { return pre > 0.f; }
+  // The source's term plus the edge's (CSR position pos): the gathered part of
+  // the pre-activation, summed in this order by every walk so that all of them
+  // see the same rounded value.
+  __device__ __forceinline__ float src_edge_term(int64_t j, int64_t, int h, int H) const {
+    return src_term(j, h, H);
+  }
 };
+
+// GATConv with edge features: the additive score plus a_edge [E, H] (CSR order).
+template <typename T_> struct AdditiveEdgeScore : AdditiveScore<T_> {
+  using T = T_;
+  static constexpr bool kEdge = true;
+  const T* a_edge;  // [E, H], the layout's CSR edge order
+
+  __device__ __forceinline__ static AdditiveEdgeScore make(const T* a_dst, const T* a_src,
+                                                           const T* a_edge, float slope) {
+    AdditiveEdgeScore s;
+    s.a_dst = a_dst;
+    s.a_src = a_src;
+    s.slope = slope;
+    s.a_edge = a_edge;
+    return s;
+  }
+  __device__ __forceinline__ float edge_term(int64_t pos, int h, int H) const {
+    return to_float(__ldg(a_edge + pos * H + h));
+  }
+  __device__ __forceinline__ float src_edge_term(int64_t j, int64_t pos, int h, int H) const {
+    return this->src_term(j, h, H) + edge_term(pos, h, H);
+  }
+};
+
+// Calls f(Score{}) with AdditiveEdgeScore<T> where `edge`, else AdditiveScore<T>.
+template <typename T, typename F> void with_additive_score(bool edge, F&& f) {
+  if (edge) f(AdditiveEdgeScore<T>{});
+  else f(AdditiveScore<T>{});
+}
 
 }  // namespace dfgnn

@@ -326,6 +326,8 @@ class Plan:
             fp16 / bf16 or PMF: :attr:`ScoreSpec.normalize_first
             <pyg_dfgnn.ops.spec.ScoreSpec>`); the kernel names and flags below
             are then the dot score's.
+        split_cols (bool): some source's column is longer than a work item
+            (the backward's CSC walk merges its items' partial results).
     """
     score: str
     half: bool
@@ -344,6 +346,7 @@ class Plan:
     bwd_merge_in_kernel: bool
     why: Tuple[Tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
     normalize_first: bool = False
+    split_cols: bool = False
 
     @property
     def pmf(self) -> bool:
@@ -401,7 +404,10 @@ class Plan:
                                                 "saves (P', dS) per edge and head"),
                             (f"{name}:dkv_walk", "CSC walk: dk and dv as an SpMM with the saved "
                                                  "weights")]
-            if self.split_rows and not self.bwd_merge_in_kernel and not self.mma_backward:
+            # The additive score's split rows in half precision merge in split_dsum.
+            rows = self.split_rows and not (name == "additive" and self.half)
+            if (rows or self.split_cols) and not self.bwd_merge_in_kernel \
+                    and not self.mma_backward:
                 res.append(("combine_partials", merge))
             return res
         if self.mma:
@@ -570,7 +576,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                                        "normalises its rows, then runs the dot score's kernels"))
     return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec,
                 bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
-                bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first), final
+                bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first,
+                split_cols=layout.max_out_degree > chunk), final
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:
