@@ -50,8 +50,9 @@ from torch_geometric.data import Data
 
 __all__ = ["data_dir", "cache_dir", "planetoid", "pubmed_graph", "tu_dataset", "musae",
            "musae_github", "ogbn_arxiv", "actor", "webkb", "load", "available",
-           "moleculenet_hiv", "hiv_batch", "scaffold_split", "random_split", "require_rdkit",
-           "DataUnavailable", "add_data_argument", "exit_on_missing_data", "dataset_folder"]
+           "moleculenet_hiv", "hiv_batch", "hiv_batches", "scaffold_split", "random_split",
+           "require_rdkit", "DataUnavailable", "add_data_argument", "exit_on_missing_data",
+           "dataset_folder"]
 
 #: Environment variable naming the data folder when no ``root`` is given.
 ENV_DATA = "PYG_DFGNN_DATA"
@@ -632,6 +633,53 @@ def hiv_batch(num_molecules: int = 1024, root: Optional[_PathLike] = None):
     from torch_geometric.data import Batch
 
     return Batch.from_data_list(list(moleculenet_hiv(root, limit=num_molecules)))
+
+
+def hiv_batches(path: _PathLike, num_molecules: int = 512) -> Data:
+    r"""A batch of ``num_molecules`` MoleculeNet HIV molecules from a file of
+    pre-batched molecules: the molecule graphs where RDKit, which
+    :func:`moleculenet_hiv` needs to parse the SMILES, is not installed.
+
+    The file (:func:`torch.load`, ``weights_only``) maps a batch size to a list
+    of batches, each a dict with ``x`` ``[N, 9]``, ``edge_index`` ``[2, E]``,
+    ``edge_attr`` ``[E, 3]`` (int64, as :func:`hiv_batch` makes them) and
+    ``num_graphs``. Batches of the largest size up to ``num_molecules`` are
+    joined in file order into one disjoint graph (node indices offset by the
+    nodes before), as :class:`~torch_geometric.data.Batch` joins molecules.
+
+    Args:
+        path (str): the file.
+        num_molecules (int): molecules in the batch; a multiple of a batch size
+            the file holds.
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``x``, ``edge_index``,
+        ``edge_attr`` (int64), ``num_nodes`` and ``num_graphs``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``. ValueError: the file holds no
+            batch size dividing ``num_molecules``, or too few such batches.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no file of HIV molecule batches at {path}")
+    batches = {int(k): v for k, v in torch.load(path, weights_only=True).items()}
+    sizes = [k for k in batches if k <= num_molecules and num_molecules % k == 0]
+    if not sizes:
+        raise ValueError(f"{path} holds batches of {sorted(batches)} molecules: none divides "
+                         f"{num_molecules}")
+    size = max(sizes)
+    count = num_molecules // size
+    if len(batches[size]) < count:
+        raise ValueError(f"{path} holds {len(batches[size])} batches of {size} molecules, "
+                         f"{count} are needed for {num_molecules}")
+    parts = batches[size][:count]
+    offsets = np.cumsum([0] + [b["x"].size(0) for b in parts])
+    return Data(x=torch.cat([b["x"] for b in parts]),
+                edge_index=torch.cat([b["edge_index"] + int(o) for b, o in zip(parts, offsets)],
+                                     1),
+                edge_attr=torch.cat([b["edge_attr"] for b in parts]),
+                num_nodes=int(offsets[-1]), num_graphs=sum(int(b["num_graphs"]) for b in parts))
 
 
 def scaffold_split(smiles, frac_train: float = 0.8, frac_val: float = 0.1) -> Dict[str, torch.Tensor]:

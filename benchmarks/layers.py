@@ -3,13 +3,15 @@ fused subclass, each eager and under ``torch.compile`` (issue 25's yardstick).
 
 For each graph, model and dtype, one layer is built from a seed --
 ``TransformerConv`` (``gt``), ``TransformerConv`` with ``edge_dim=16`` (``gt_edge``:
-:data:`EDGE_DIM` random standard-normal features per edge, the ``dot_edge`` score),
-``GATConv`` (``gat``), ``GATv2Conv`` (``gatv2``) or ``AGNNConv`` (``agnn``) of
+:data:`EDGE_DIM` features per edge, the ``dot_edge`` score), ``GATConv`` (``gat``),
+``GATConv`` with ``edge_dim=16`` (``gat_edge``, the ``additive_edge`` score),
+``GATv2Conv`` (``gatv2``) or ``AGNNConv`` (``agnn``) of
 :mod:`torch_geometric.nn`, ``--in-channels`` (128) input features, ``--heads-channels``
 (1x128) -- and its fused copy with the same state (:func:`pyg_dfgnn.nn.fuse` of a deep
 copy). ``AGNNConv`` has no projection and keeps its 128 channels whatever the heads.
 Random features ``x`` (with ``requires_grad``: the layer sits inside a model, so its
-backward computes the input gradient too; the edge features are data, without)
+backward computes the input gradient too; the edge features are data, without:
+random standard-normal ones, or a molecule graph's embedded bond features)
 go through four methods:
 
 * ``pyg``: the native layer, eager,
@@ -39,16 +41,22 @@ runs under the same matmul precision (TF32 off unless ``--tf32``).
 (``--self-loops graph``, the default: both layers built with ``add_self_loops=False``;
 native PyG then skips its per-call ``remove_self_loops`` / ``add_self_loops``, whose
 boolean mask has a data-dependent size) or add them themselves
-(``--self-loops layer``: the convs' default).
+(``--self-loops layer``: the convs' default). ``gat_edge`` on a graph with its
+self-loops gets their features from PyG's ``add_self_loops(fill_value="mean")``,
+once, as ``GATConv`` computes them in every call otherwise.
 
 Graphs: PATTERN and CLUSTER (batches of 1024 generated graphs,
 :func:`benchmarks.generators.sbm_batch`), MUSAE GitHub, ogbn-arxiv (the full graph,
 undirected), the generated Reddit-like power-law graph, loaded as
-:mod:`benchmarks.profile_backward` loads them, and the generated
-web-NotreDame-like power-law graph (:data:`EDGE_GRAPHS`). ``gt_edge`` runs on PATTERN
-and web-NotreDame-like only, and web-NotreDame-like runs ``gt_edge`` only
-(:data:`MODEL_GRAPHS`) (real graphs from ``--data``, default
-``$PYG_DFGNN_DATA``, else a PyG download: :mod:`benchmarks.datasets`). Needs a CUDA
+:mod:`benchmarks.profile_backward` loads them (real graphs from ``--data``, default
+``$PYG_DFGNN_DATA``, else a PyG download: :mod:`benchmarks.datasets`), the generated
+web-NotreDame-like power-law graph (:data:`EDGE_GRAPHS`) and ``HIV``, a batch of
+``--hiv-molecules`` (512) MoleculeNet HIV molecules read from ``--hiv-batches FILE``
+(:func:`benchmarks.datasets.hiv_batches`: pre-batched molecules, for machines
+without RDKit) with its bond features embedded (:func:`embed_bonds`). The edge
+models ``gt_edge`` and ``gat_edge`` run on PATTERN, web-NotreDame-like and HIV
+only, and the last two run the edge models only (:data:`MODEL_GRAPHS`; HIV only
+with ``--hiv-batches``). Needs a CUDA
 GPU and the compiled extension, except with ``--quick``: 8-graph batches and
 300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
 run), which runs on the CPU too (``--device cpu``, the default without a GPU), with
@@ -62,8 +70,9 @@ method; ``--resume`` keeps what ``--out`` holds and runs the rest, and a method 
 leaves the CUDA context unusable (a fault in generated code) is recorded and the run
 restarts itself with ``--resume``.
 
-Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge`` on 2
-graphs x 2 dtypes, x 4 methods; the 30 cases of 3 models took 7 minutes on an H100
+Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge`` and
+``gat_edge`` on 2 graphs (3 with ``--hiv-batches``) x 2 dtypes, x 4 methods; the 30
+cases of 3 models took 7 minutes on an H100
 in one process, most of it compiling (5-26 s per compiled native layer, 1-4 s per
 compiled fused layer). Autocast leaves ``AGNNConv``
 in fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
@@ -72,6 +81,8 @@ in fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
 Usage, from the repository root::
 
     python -m benchmarks.layers --out out/layers.json
+    python -m benchmarks.layers --models gt_edge,gat_edge --graphs HIV \
+        --hiv-batches hiv_batches.pt --out out/hiv.json
     python -m benchmarks.layers --quick --out q.json      # no GPU: the CPU, eager methods
     python -m benchmarks.layers --quick --device cpu --methods pyg,pyg-compile \
         --compile-backend aot_eager --out q.json
@@ -96,13 +107,21 @@ BATCH_GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster"}
 #: web-NotreDame has 325,729 nodes, 1,497,134 edges and a largest in-degree of
 #: about 10,700: a sparse graph with hubs, unlike the dense Reddit-like one.
 EDGE_GRAPHS = {"web-NotreDame-like": (325_729, 1_497_134 / 325_729, 10_721, 3)}
-GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS + tuple(EDGE_GRAPHS)
-MODELS = ("gt", "gt_edge", "gat", "gatv2", "agnn")
-#: Features per edge of ``gt_edge`` (``TransformerConv(edge_dim=EDGE_DIM)``).
+#: The molecule graph: a batch of MoleculeNet HIV molecules from ``--hiv-batches``.
+HIV = "HIV"
+#: Molecules in the HIV batch (``--hiv-molecules``).
+HIV_MOLECULES = 512
+GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS + tuple(EDGE_GRAPHS) + (HIV,)
+MODELS = ("gt", "gt_edge", "gat", "gat_edge", "gatv2", "agnn")
+#: The models with edge features (``edge_dim=EDGE_DIM``).
+EDGE_MODELS = ("gt_edge", "gat_edge")
+#: Features per edge of the edge models.
 EDGE_DIM = 16
+#: The graphs only the edge models run on.
+EDGE_ONLY_GRAPHS = tuple(EDGE_GRAPHS) + (HIV,)
 #: The graphs a model runs on (a run's ``--graphs`` narrows them); a model not
-#: named runs on every graph but :data:`EDGE_GRAPHS`.
-MODEL_GRAPHS = {"gt_edge": ("PATTERN",) + tuple(EDGE_GRAPHS)}
+#: named runs on every graph but :data:`EDGE_ONLY_GRAPHS`.
+MODEL_GRAPHS = {m: ("PATTERN",) + EDGE_ONLY_GRAPHS for m in EDGE_MODELS}
 METHODS = ("pyg", "pyg-compile", "fused", "fused-compile")
 #: Compiled method -> its eager method (the layer it compiles).
 COMPILED = {"pyg-compile": "pyg", "fused-compile": "fused"}
@@ -118,12 +137,14 @@ REPEATS, QUICK_REPEATS, CPU_REPEATS = kernels.REPEATS, kernels.QUICK_REPEATS, 2
 
 class Graph:
     """One graph of the run: ``edge_index`` on the device, ``num_nodes``, ``kind``
-    (``batch`` / ``super``) and, built once on first use, the same graph with one
-    self-loop per node (the same tensor every time, so the fused layout cached on it
-    is built once)."""
+    (``batch`` / ``super``), ``edge_attr`` (``[E, EDGE_DIM]`` features of its own, or
+    ``None``: the edge models draw random ones) and, built once on first use, the
+    same graph with one self-loop per node (the same tensor every time, so the fused
+    layout cached on it is built once)."""
 
-    def __init__(self, name: str, edge_index, num_nodes: int, kind: str):
+    def __init__(self, name: str, edge_index, num_nodes: int, kind: str, edge_attr=None):
         self.name, self.edge_index, self.num_nodes, self.kind = name, edge_index, num_nodes, kind
+        self.edge_attr = edge_attr
         self._looped = None
 
     def edges_for(self, model: str, self_loops: str):
@@ -135,13 +156,38 @@ class Graph:
         return self._looped
 
 
-def load_graph(name: str, device, quick: bool = False, data=None) -> Graph:
+def embed_bonds(bonds, dim: int = EDGE_DIM, seed: int = 0):
+    r"""``[E, dim]`` float32 features of PyG's integer bond features ``bonds``
+    ``[E, 3]`` (bond type, stereo, conjugated): one fixed random
+    standard-normal table per column (the vocabularies of
+    :mod:`torch_geometric.utils.smiles` ``e_map``), seeded, the rows summed, as
+    a molecule model's ``BondEncoder`` embeds them (``examples/train_molhiv.py``)."""
+    from torch_geometric.utils.smiles import e_map
+
+    gen = torch.Generator().manual_seed(seed)
+    tables = [torch.randn(len(v), dim, generator=gen) for v in e_map.values()]
+    return sum(t.to(bonds.device)[bonds[:, i]] for i, t in enumerate(tables))
+
+
+def load_graph(name: str, device, quick: bool = False, data=None, hiv_batches=None,
+               hiv_molecules: int = HIV_MOLECULES) -> Graph:
     """A :class:`Graph` of :data:`GRAPHS`; ``quick``: 8-graph batches and 300-node
-    power-law graphs (generated, no data files).
+    power-law graphs (generated, no data files). ``HIV`` reads ``hiv_molecules``
+    molecules from the file ``hiv_batches`` (:func:`benchmarks.datasets.hiv_batches`),
+    quick or not.
 
     Raises:
-        ValueError: an unknown name. FileNotFoundError: a real graph without data.
+        ValueError: an unknown name. FileNotFoundError: a real graph without data,
+            or ``HIV`` without ``hiv_batches``.
     """
+    if name == HIV:
+        from benchmarks import datasets
+        if hiv_batches is None:
+            raise FileNotFoundError("graph HIV needs --hiv-batches FILE (pre-batched "
+                                    "MoleculeNet HIV molecules)")
+        mol = datasets.hiv_batches(hiv_batches, hiv_molecules)
+        return Graph(name, mol.edge_index.to(device), mol.num_nodes, "batch",
+                     embed_bonds(mol.edge_attr).to(device))
     if name in BATCH_GRAPHS:
         ei, batch, _, _ = generators.sbm_batch(BATCH_GRAPHS[name], QUICK_BATCH if quick else 1024,
                                                seed=0)
@@ -170,6 +216,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
         native = TransformerConv(in_channels, C, heads=H, edge_dim=EDGE_DIM)
     elif model == "gat":
         native = GATConv(in_channels, C, heads=H, add_self_loops=loops)
+    elif model == "gat_edge":
+        native = GATConv(in_channels, C, heads=H, add_self_loops=loops, edge_dim=EDGE_DIM)
     elif model == "gatv2":
         native = GATv2Conv(in_channels, C, heads=H, add_self_loops=loops)
     elif model == "agnn":
@@ -182,8 +230,9 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
 
 class Case:
     """One graph x model x configuration x dtype: both layers on the device, the
-    input ``x`` (and ``edge_attr`` for ``gt_edge``), the output gradient ``g`` and
-    each method's eager call."""
+    input ``x`` (and ``edge_attr`` for the edge models: the graph's own, else
+    random; with the graph's self-loops those of the loops too), the output
+    gradient ``g`` and each method's eager call."""
 
     def __init__(self, graph: Graph, model: str, H: int, C: int, dtype: str, args):
         dev = graph.edge_index.device
@@ -197,8 +246,16 @@ class Case:
         self.x.requires_grad_()
         out_channels = args.in_channels if model == "agnn" else H * C
         self.g = torch.randn(graph.num_nodes, out_channels, generator=gen).to(dev)
-        self.edge_attr = (torch.randn(self.ei.size(1), EDGE_DIM, generator=gen).to(dev)
-                          if model == "gt_edge" else None)
+        self.edge_attr = None
+        if model in EDGE_MODELS:
+            ea = graph.edge_attr
+            if ea is None:
+                ea = torch.randn(graph.edge_index.size(1), EDGE_DIM, generator=gen).to(dev)
+            if self.ei is not graph.edge_index:  # the graph's self-loops: PyG's features
+                from torch_geometric.utils import add_self_loops, remove_self_loops
+                ei, ea = remove_self_loops(graph.edge_index, ea)
+                ea = add_self_loops(ei, ea, fill_value="mean", num_nodes=graph.num_nodes)[1]
+            self.edge_attr = ea
         self.device_type = dev.type
 
     def leaves(self, eager: str):
@@ -394,8 +451,9 @@ def parse_args(argv):
                                  description=__doc__.splitlines()[0],
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--out", default="layers.json", help="JSON results, written as it goes")
-    ap.add_argument("--graphs", default=",".join(GRAPHS),
-                    help=f"comma-separated subset of {','.join(GRAPHS)}")
+    ap.add_argument("--graphs", default=None,
+                    help=f"comma-separated subset of {','.join(GRAPHS)} (default: all; "
+                         f"{HIV} with --hiv-batches)")
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32,bf16")
@@ -416,6 +474,12 @@ def parse_args(argv):
                     help="allow TF32 in fp32 matmuls (every method alike; default: off)")
     cli.add_device_argument(ap)
     datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
+    ap.add_argument("--hiv-batches", default=None, metavar="FILE",
+                    help=f"file of pre-batched MoleculeNet HIV molecules "
+                         f"(benchmarks.datasets.hiv_batches) for graph {HIV} (default: none, "
+                         f"no graph {HIV})")
+    ap.add_argument("--hiv-molecules", type=int, default=HIV_MOLECULES,
+                    help=f"molecules in the {HIV} batch")
     ap.add_argument("--quick", action="store_true",
                     help="small generated graphs, short repeats (tests, smoke run; also on CPU)")
     ap.add_argument("--plot", default=None,
@@ -424,6 +488,8 @@ def parse_args(argv):
                     help="keep the methods already in --out and run the others")
     args = ap.parse_args(argv)
     args.device = cli.pick_device("benchmarks.layers", args.device, args.quick)
+    if args.graphs is None:
+        args.graphs = ",".join(g for g in GRAPHS if g != HIV or args.hiv_batches)
     if args.methods is None:
         args.methods = ",".join(m for m in METHODS
                                 if args.device.type == "cuda" or m not in COMPILED)
@@ -445,19 +511,22 @@ def plan(args):
             raise SystemExit(f"unknown {name}(s) {sorted(unknown)}; expected {','.join(known)}")
     methods = [m for m in METHODS if m in args.methods.split(",")]
     cases = []
+    if HIV in args.graphs.split(",") and not args.hiv_batches:
+        raise SystemExit(f"graph {HIV} needs --hiv-batches FILE (pre-batched MoleculeNet HIV "
+                         "molecules, benchmarks.datasets.hiv_batches)")
     for graph in args.graphs.split(","):
         for model in models:
             if graph not in MODEL_GRAPHS.get(model, tuple(g for g in GRAPHS
-                                                          if g not in EDGE_GRAPHS)):
+                                                          if g not in EDGE_ONLY_GRAPHS)):
                 continue
             # AGNNConv has no heads or projection: one configuration
             for H, C in configs[:1] if model == "agnn" else configs:
                 cases += [(graph, model, H, C, d) for d in dtypes
                           if d == "fp32" or model in bf16]
     if not cases:
-        only = "; ".join(f"{m} runs on {' and '.join(g)} only" for m, g in MODEL_GRAPHS.items())
+        only = "; ".join(f"{m} runs on {', '.join(g)} only" for m, g in MODEL_GRAPHS.items())
         raise SystemExit(f"no case in these graphs and models ({only}; "
-                         f"{' and '.join(EDGE_GRAPHS)} runs {' and '.join(MODEL_GRAPHS)} only)")
+                         f"{', '.join(EDGE_ONLY_GRAPHS)} run {', '.join(MODEL_GRAPHS)} only)")
     return cases, methods
 
 
@@ -480,6 +549,7 @@ def main(argv=None) -> int:
             "compile": {"dynamic": False, "mode": "default", "backend": args.compile_backend,
                         "per": "graph and configuration"},
             "in_channels": args.in_channels, "self_loops": args.self_loops,
+            "hiv_batches": args.hiv_batches, "hiv_molecules": args.hiv_molecules,
             "x_requires_grad": True}
     cases, methods = plan(args)
     rows = []
@@ -494,7 +564,8 @@ def main(argv=None) -> int:
     def graph(name):
         if name not in graphs and name not in graph_errors:
             try:
-                graphs[name] = load_graph(name, args.device, args.quick, data)
+                graphs[name] = load_graph(name, args.device, args.quick, data,
+                                          args.hiv_batches, args.hiv_molecules)
             except Exception as e:  # noqa: BLE001  (missing data, say: recorded per row)
                 graph_errors[name] = kernels._first_line(e)
         return graphs.get(name)

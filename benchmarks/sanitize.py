@@ -2,8 +2,8 @@
 
 Runs every kernel family once per path on small graphs, forward and backward,
 and checks each result against the float64 reference, so that a sanitizer run
-covers: GT (with and without edge rows) / GAT / GATv2 / AGNN scores; fp32, fp16 and
-bf16; SMMF and PMF; split rows
+covers: GT (with and without edge rows) / GAT (with and without edge terms) /
+GATv2 / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``); attention
@@ -17,6 +17,7 @@ wrong result. Usage, from the repository root: ``python -m benchmarks.sanitize [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -162,17 +163,40 @@ def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
                  out, g, dropout)
 
 
-def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0):
+def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=False,
+             chunk=None):
+    """The additive score on a layout with self-loops where the graph is square;
+    ``edge``: with per-edge terms ``a_edge`` ``[E, H]`` in CSR order (the
+    additive_edge score); ``chunk``: edges per work item (a small one splits every
+    row)."""
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
     x = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
     a_s = torch.randn(ns, H, device=DEV, dtype=dtype, requires_grad=True)
     a_d = torch.randn(nd, H, device=DEV, dtype=dtype, requires_grad=True)
+    inputs, names = (a_d, a_s, x), ("a_dst", "a_src", "x")
+    if edge:
+        a_e = torch.randn(lay.num_edges, H, device=DEV, dtype=dtype, requires_grad=True)
+        inputs, names = inputs + (a_e,), names + ("a_edge",)
     g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
-    out = ops.gat_attention(lay, a_s, a_d, x, dropout=dropout, training=dropout > 0,
-                            strategy=strategy)
-    out.backward(g)
-    _check_score(name, "additive", lay, (a_d, a_s, x), ("a_dst", "a_src", "x"), (0.2,), out, g,
-                 dropout)
+    with ops.plan.override(chunk=chunk):
+        out = ops.gat_attention(lay, a_s, a_d, x, dropout=dropout, training=dropout > 0,
+                                strategy=strategy, edge=inputs[3] if edge else None,
+                                edge_order="csr")
+        out.backward(g)
+    _check_score(name, "additive_edge" if edge else "additive", lay, inputs, names, (0.2,),
+                 out, g, dropout)
+
+
+def gat_cases(prefix, G, **kw):
+    """:func:`gat_case` on each small graph of ``G``: SMMF and PMF in fp32 and
+    bf16, fp16 with a head size of 5, fp32 with dropout; ``kw`` to each."""
+    f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
+    for kind in ("small", "super_node", "bipartite", "batch"):
+        for strat in ("smmf", "pmf"):
+            gat_case(f"{prefix} {kind} {strat} fp32 H2C32", *G[kind], 2, 32, f32, strat, **kw)
+            gat_case(f"{prefix} {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat, **kw)
+        gat_case(f"{prefix} {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16, **kw)
+        gat_case(f"{prefix} {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4, **kw)
 
 
 def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None):
@@ -233,18 +257,17 @@ def layers_case(dtype, autocast):
             FAILURES.append((name, float("nan")))
 
 
-def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):
-    """FusedTransformerConv forward and backward against native PyG in float64:
-    the attention backward writes dq, dk, dv into the projections' joined
-    gradient (``attention_bwd_into``); bipartite features join key and value, and
-    query and skip; ``edge_dim``: with edge features (the dot_edge score)."""
-    from torch_geometric.nn import TransformerConv
-
-    from pyg_dfgnn.nn import FusedTransformerConv
-    torch.manual_seed(3)
-    in_ch = (48, 40) if ns != nd else 48
-    native = TransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim).to(DEV).double()
-    conv = FusedTransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim).to(DEV)
+def _layer_against_native(name, native, conv, ei, ns, nd, autocast, edge_dim, params,
+                          path=None, grad_tol=1e-2):
+    """The fused layer ``conv`` forward and backward (under bf16 autocast with
+    ``autocast``; ``path``: a plan override for the call) against ``native``, the
+    PyG layer whose state it takes, in float64: the output, the gradients of the
+    node features (a bipartite pair where ``ns != nd``: 48 and 40 features), of
+    ``edge_dim`` random features per edge where set, and of the parameters
+    ``params`` (label -> name) within 1e-5 / 1e-4 in fp32, 1e-2 / ``grad_tol``
+    under autocast."""
+    native = native.to(DEV).double()
+    conv = conv.to(DEV)
     conv.load_state_dict(native.state_dict())
     xs = [torch.randn(ns, 48, device=DEV)] + ([torch.randn(nd, 40, device=DEV)]
                                               if ns != nd else [])
@@ -258,7 +281,7 @@ def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=N
         edge = inputs[-1:] if edge_dim else []
         return layer(tuple(nodes) if len(nodes) == 2 else nodes[0], ei, *edge)
 
-    with _path(bwd_launches=bwd, mma_bwd=mma_bwd):
+    with path or contextlib.nullcontext():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out = call(conv, leaves)
         g = torch.randn(out.shape, device=DEV)
@@ -267,14 +290,50 @@ def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=N
     ref_in = [t.double().requires_grad_() for t in xs]
     ref = call(native, ref_in)
     ref.backward(g.double())
-    tol = 1e-2 if autocast else 1e-4
+    tol = grad_tol if autocast else 1e-4
     _check(name + " out", out.float(), ref, 1e-2 if autocast else 1e-5)
     for i, (a, r) in enumerate(zip(leaves, ref_in)):
         _check(f"{name} d{'edge_attr' if edge_dim and i == len(xs) - 1 else f'x{i}'}", a.grad,
                r.grad, tol)
-    _check(name + " dW_value", conv.lin_value.weight.grad, native.lin_value.weight.grad, tol)
+    for label, param in params.items():
+        _check(f"{name} d{label}", conv.get_parameter(param).grad,
+               native.get_parameter(param).grad, tol)
+
+
+def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):
+    """FusedTransformerConv forward and backward against native PyG in float64:
+    the attention backward writes dq, dk, dv into the projections' joined
+    gradient (``attention_bwd_into``); bipartite features join key and value, and
+    query and skip; ``edge_dim``: with edge features (the dot_edge score)."""
+    from torch_geometric.nn import TransformerConv
+
+    from pyg_dfgnn.nn import FusedTransformerConv
+    torch.manual_seed(3)
+    in_ch = (48, 40) if ns != nd else 48
+    native = TransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim)
+    conv = FusedTransformerConv(in_ch, 32, heads=2, edge_dim=edge_dim)
+    params = {"W_value": "lin_value.weight"}
     if edge_dim:
-        _check(name + " dW_edge", conv.lin_edge.weight.grad, native.lin_edge.weight.grad, tol)
+        params["W_edge"] = "lin_edge.weight"
+    _layer_against_native(name, native, conv, ei, ns, nd, autocast, edge_dim, params,
+                          _path(bwd_launches=bwd, mma_bwd=mma_bwd))
+
+
+def gat_edge_layer_case(name, ei, ns, nd, autocast):
+    """FusedGATConv with edge features (``edge_dim=16``, self-loops with
+    ``fill_value="mean"``: the additive_edge score) forward and backward against
+    native PyG in float64 (bf16 gradients within 2e-2: the attention vectors'
+    gradients sum terms that nearly cancel)."""
+    from torch_geometric.nn import GATConv
+
+    from pyg_dfgnn.nn import FusedGATConv
+    torch.manual_seed(4)
+    in_ch = (48, 40) if ns != nd else 48
+    native = GATConv(in_ch, 32, heads=2, edge_dim=16)
+    conv = FusedGATConv(in_ch, 32, heads=2, edge_dim=16)
+    _layer_against_native(name, native, conv, ei, ns, nd, autocast, 16,
+                          {"W_edge": "lin_edge.weight", "att_edge": "att_edge"},
+                          grad_tol=2e-2)
 
 
 def main(argv=None) -> int:
@@ -321,12 +380,7 @@ def main(argv=None) -> int:
     if not args.no_layers:
         gt_layer_case("gt layer batch bf16 tc-bwd", *G["batch"], True, mma_bwd=True)
     print("GAT")
-    for kind in ("small", "super_node", "bipartite", "batch"):
-        for strat in ("smmf", "pmf"):
-            gat_case(f"gat {kind} {strat} fp32 H2C32", *G[kind], 2, 32, f32, strat)
-            gat_case(f"gat {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat)
-        gat_case(f"gat {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16)
-        gat_case(f"gat {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4)
+    gat_cases("gat", G)
     print("GATv2")
     for kind in ("small", "super_node", "bipartite", "batch"):
         for strat in ("smmf", "pmf"):
@@ -371,6 +425,16 @@ def main(argv=None) -> int:
         for autocast in (False, True)[:1 if args.no_layers else 2]:
             gt_layer_case(f"gt layer {kind} edge_dim 16 {'bf16' if autocast else 'fp32'}",
                           *G[kind], autocast, edge_dim=16)
+    print("GAT with edge terms")
+    gat_cases("gat_edge", G, edge=True)
+    for dt in (f32, b16):
+        for strat in ("smmf", "pmf"):
+            gat_case(f"gat_edge small {strat} {dt} split rows chunk 4", *G["small"], 2, 32, dt,
+                     strat, edge=True, chunk=4)
+    for kind in ("small", "bipartite"):
+        for autocast in (False, True)[:1 if args.no_layers else 2]:
+            gat_edge_layer_case(f"gat layer {kind} edge_dim 16 "
+                                f"{'bf16' if autocast else 'fp32'}", *G[kind], autocast)
     print(f"{len(FAILURES)} failed")
     for name, err in FAILURES:
         print(f"FAIL {name}: {err:.3e}")

@@ -22,11 +22,13 @@ GAT layer, OGB's molecule examples):
 
 The fused model is :func:`pyg_dfgnn.nn.fuse` applied to a copy of the native one:
 same parameters, same function, on the same batches from the same seed. With
-``--conv transformer`` every conv runs fused, bond features included (the
-``dot_edge`` score). ``GATConv`` and ``GATv2Conv`` with edge features run PyG's
-own forward in the fused model too, so with ``--conv gat`` or ``gatv2`` the two
-models run the same code and no speed-up is shown. The run says which before it
-loads the data: ``fuse()``'s report lists each conv and why it is not fused.
+``--conv transformer`` or ``gat`` every conv runs fused, bond features included
+(the ``dot_edge`` and ``additive_edge`` scores; ``GATConv`` takes its
+self-loops' bond features from ``fill_value="mean"``, as PyG does).
+``GATv2Conv`` with edge features runs PyG's own forward in the fused model too,
+so with ``--conv gatv2`` the two models run the same code and no speed-up is
+shown. The run says which before it loads the data: ``fuse()``'s report lists
+each conv and why it is not fused.
 
 Split: the scaffold split OGB made ogbg-molhiv's split with (RDKit Murcko
 scaffolds, deterministic; :func:`benchmarks.datasets.scaffold_split`), or

@@ -393,23 +393,34 @@ class GraphLayout:
         out[self.edge_perm] = edge_values
         return out
 
-    def to_csr_order(self, edge_values: Tensor) -> Tensor:
+    def to_csr_order(self, edge_values: Tensor, loops_appended: bool = False) -> Tensor:
         r"""Reorders ``[E, ...]`` per-edge values from input edge order to CSR
         order (the inverse of :meth:`to_input_order`): row ``p`` of the result is
         the input row ``edge_perm[p]``. A gather (``index_select``), so the
         gradient returns to ``edge_values`` in input order; ``edge_values`` itself
         where the input edges were grouped by destination already.
 
+        Args:
+            edge_values (Tensor): ``[E, ...]``, one row per edge of the layout.
+            loops_appended (bool): ``edge_values`` are in the order of
+                :attr:`edge_index`: on a layout built with ``add_self_loops=True``,
+                the input edges without their self-loops, in order, then one row
+                per added loop ``0 .. min(N_src, N_dst) - 1``, as PyG's
+                ``remove_self_loops`` and ``add_self_loops`` leave edge features
+                (``GATConv`` with ``edge_dim``). On a layout without added
+                self-loops that is the input order.
+
         Raises:
-            ValueError: the layout added self-loops (``add_self_loops=True``:
-                those edges have no input row, and the input self-loops it
-                removed have no CSR position), or ``edge_values`` is not on the
-                layout's device or has other than ``E`` rows.
+            ValueError: the layout added self-loops and ``loops_appended`` is
+                ``False`` (those edges have no input row, and the input
+                self-loops it removed have no CSR position), or ``edge_values``
+                is not on the layout's device or has other than ``E`` rows.
         """
-        if self.self_loops:
+        if self.self_loops and not loops_appended:
             raise ValueError(
                 "per-edge values: this layout adds self-loops (add_self_loops=True), which "
-                "have no row in the input edge order; build the layout without self-loops")
+                "have no row in the input edge order; build the layout without self-loops, "
+                "or pass the values in the order of its edge_index (loops_appended=True)")
         if edge_values.device != self.device:
             raise ValueError(f"per-edge values are on {edge_values.device} but the layout is on "
                              f"{self.device}; move the graph with .to()")

@@ -5,7 +5,9 @@ inputs, the allocator poisoned with NaN (an unwritten output shows), relative
 error ||got - ref|| / ||ref|| < 1e-5 (outputs, attention weights) and < 1e-4
 (gradients, the edge rows' included) in fp32, < 1e-2 in fp16 / bf16; split rows
 (a super node, and a tiny chunk), the kernels' dropout mask recomputed on the
-host, determinism, and the layer against native ``TransformerConv``."""
+host, determinism, and the layer against native ``TransformerConv``. The tests
+of the edge inputs' order and of the peak memory run the ``additive_edge`` score
+too."""
 import math
 
 import pytest
@@ -20,6 +22,7 @@ from pyg_dfgnn.nn import FusedTransformerConv
 from pyg_dfgnn.ops import calls, plan, reference
 from test_cuda_gt import (DEV, GRAPHS, _kernel_names, assert_matches_ref, dropout_keep,
                           opcheck_plan_op, poison, rel_err)
+from test_edge_inputs import EDGE_SCORES
 
 pytestmark = pytest.mark.cuda
 
@@ -154,13 +157,19 @@ def test_deterministic(dtype, dropout):
     """Bitwise the same output and gradients twice with split rows (the super
     node), and with dropout from the same seed (torch.manual_seed)."""
     lay, leaves = make("super_node", 4, 32, dtype)
-    g = torch.randn(lay.num_dst, 4, 32, device=DEV, dtype=dtype)
+    assert_deterministic(lambda: call(lay, *leaves, dropout=dropout, training=True), leaves,
+                         torch.randn(lay.num_dst, 4, 32, device=DEV, dtype=dtype))
+
+
+def assert_deterministic(run, leaves, g):
+    """``run()`` and its backward of ``g`` give bitwise the same output and
+    gradients of ``leaves`` twice, torch's generator seeded alike before each."""
     runs = []
     for _ in range(2):
         for t in leaves:
             t.grad = None
         torch.manual_seed(77)
-        out = call(lay, *leaves, dropout=dropout, training=True)
+        out = run()
         out.backward(g)
         runs.append([out.detach().clone()] + [t.grad.clone() for t in leaves])
     for a, b in zip(*runs):
@@ -185,11 +194,19 @@ def test_plan_runs_what_the_score_has(plan_override):
     assert "gt_fwd_mma_kernel" not in names and "gt_fwd_dense_kernel" not in names
 
 
-def test_csr_order_rows_skip_the_gather_and_match():
-    lay, (q, k, v, e) = make("bipartite", 2, 32, torch.float32)
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_csr_order_rows_skip_the_gather_and_match(score):
+    """Both edge scores (dot_edge, additive_edge): the edge inputs in input order
+    and gathered into CSR order give bitwise the same results."""
+    sc = EDGE_SCORES[score]
+    ei, ns, nd = GRAPHS["bipartite"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    *nodes, e = sc.make(ns, nd, lay.num_edges, 2, 32, torch.float32, DEV)
     e_csr = lay.to_csr_order(e.detach()).requires_grad_()
-    a = call(lay, q, k, v, e)
-    b = call(lay, q, k, v, e_csr, edge_order="csr")
+    with ops.recording() as records:
+        a = sc.call(lay, nodes, e)
+        b = sc.call(lay, nodes, e_csr, edge_order="csr")
+    assert [r.score for r in records] == [score] * 2 and records[0].plan is not None
     assert torch.equal(a, b)
     g = torch.randn_like(a)
     ge, = torch.autograd.grad(a, e, g)
@@ -197,22 +214,24 @@ def test_csr_order_rows_skip_the_gather_and_match():
     assert torch.equal(lay.to_csr_order(ge), ge_csr)
 
 
-def test_memory_holds_no_edge_messages():
-    """Peak memory of a forward + backward beyond its inputs: the edge rows'
-    gradient (one E x H x C tensor, the size of the input rows) and small
-    things; PyG holds several E x H x C tensors."""
+@pytest.mark.parametrize("score,bound", [("dot_edge", 1.5), ("additive_edge", 0.25)])
+def test_memory_holds_no_edge_messages(score, bound):
+    """Peak memory of a forward + backward beyond its inputs, in E x H x C fp32
+    tensors: dot_edge holds the edge rows' gradient (one, the size of the input
+    rows) and small things, additive_edge the [E, H] terms' gradient, far below
+    one; PyG holds several (and its edge projection one more)."""
     n, E, H, C = 20_000, 1_000_000, 4, 64
     ei = torch.randint(0, n, (2, E), device=DEV)
     lay = GraphLayout.from_edge_index(ei, (n, n))
-    q, k, v = (torch.randn(n, H, C, device=DEV, requires_grad=True) for _ in range(3))
-    e = torch.randn(E, H, C, device=DEV, requires_grad=True)  # CSR order: no gather copy
+    sc = EDGE_SCORES[score]
+    *nodes, e = sc.make(n, n, E, H, C, torch.float32, DEV)  # CSR order: no gather copy
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    ops.gt_attention(lay, q, k, v, edge=e, edge_order="csr").sum().backward()
+    sc.call(lay, nodes, e, edge_order="csr").sum().backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    assert peak < 1.5 * E * H * C * 4, peak
+    assert peak < bound * E * H * C * 4, peak
 
 
 def test_opcheck():
@@ -238,10 +257,14 @@ def test_op_rejects_bad_edge_rows(case):
 
 
 # ------------------------------------------------------------------------------ the layer
-def _layer_inputs(config):
+def _layer_inputs(config, self_loops: int = 0):
+    """``(edge_index, N_src, N_dst, x, edge_attr)`` of a layer test: duplicate
+    edges, the last quarter of the destinations without in-edges and
+    ``self_loops`` self-loops."""
     ns, nd = (300, 200) if config == "bipartite" else (300, 300)
     ei = torch.stack([torch.randint(0, ns, (3000,)), torch.randint(0, nd * 3 // 4, (3000,))])
-    ei = torch.cat([ei, ei[:, ::7]], 1)  # duplicates; the last quarter: no in-edges
+    loops = torch.arange(0, 3 * self_loops, 3).repeat(2, 1)
+    ei = torch.cat([ei, ei[:, ::7], loops], 1)
     x = ((torch.randn(ns, 16), torch.randn(nd, 12)) if config == "bipartite"
          else torch.randn(ns, 16))
     ea = torch.randn(ei.size(1), 16)
@@ -320,11 +343,13 @@ def test_layer_matches_native(config, dtype):
             assert rel_err_floor(a, b, floor) < t, (k, t)
 
 
-def test_compiled_layer_with_edge_features():
-    """fullgraph over a cached layout: the compiled entry op with the kernels."""
+def check_compiled_layer(conv):
+    """``conv`` (32 features in, 8 per edge) compiled with fullgraph over a
+    cached layout (the small graph) against its eager calls: the compiled entry
+    op with the kernels."""
     torch.manual_seed(8)
     ei, n, _ = GRAPHS["small"]()
-    conv = FusedTransformerConv(32, 16, heads=2, edge_dim=8).to(DEV)
+    conv = conv.to(DEV)
     x = torch.randn(n, 32, device=DEV, requires_grad=True)
     ea = torch.randn(ei.size(1), 8, device=DEV, requires_grad=True)
     want = conv(x, ei, ea)  # eager first: builds and caches the layout on ei
@@ -336,3 +361,7 @@ def test_compiled_layer_with_edge_features():
     exp = torch.autograd.grad(want, (x, ea), g)
     for a, b in zip(got, exp):
         assert rel_err(a, b) < 1e-4
+
+
+def test_compiled_layer_with_edge_features():
+    check_compiled_layer(FusedTransformerConv(32, 16, heads=2, edge_dim=8))

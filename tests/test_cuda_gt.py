@@ -861,7 +861,7 @@ def test_torch_compile_fullgraph():
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-@pytest.mark.parametrize("op", ["gt", "gt_edge", "gat", "agnn"])
+@pytest.mark.parametrize("op", ["gt", "gt_edge", "gat", "gat_edge", "agnn"])
 def test_direct_entry_and_torch_ops_give_the_same_results(op):
     """The op's direct entry (_C.attention_fwd, ops.direct.call_op) and the
     torch.ops path run the same kernels: bit-identical outputs and gradients, and
@@ -876,11 +876,14 @@ def test_direct_entry_and_torch_ops_give_the_same_results(op):
         leaves = list(qkv(lay, 2, 32, torch.float32, requires_grad=True))
         leaves.append(torch.randn(lay.num_edges, 2, 32, device=DEV, requires_grad=True))
         call = lambda: ops.gt_attention(lay, *leaves[:3], edge=leaves[3])  # noqa: E731
-    elif op == "gat":
+    elif op in ("gat", "gat_edge"):  # gat_edge: the additive_edge score
         leaves = [torch.randn(n, 2, device=DEV, requires_grad=True),
                   torch.randn(n, 2, device=DEV, requires_grad=True),
                   torch.randn(n, 2, 32, device=DEV, requires_grad=True)]
-        call = lambda: ops.gat_attention(lay, *leaves)  # noqa: E731
+        if op == "gat_edge":
+            leaves.append(torch.randn(lay.num_edges, 2, device=DEV, requires_grad=True))
+        edge = leaves[3] if op == "gat_edge" else None
+        call = lambda: ops.gat_attention(lay, *leaves[:3], edge=edge)  # noqa: E731
     else:
         leaves = [torch.randn(n, 64, device=DEV, requires_grad=True),
                   torch.tensor(0.7, device=DEV, requires_grad=True)]

@@ -15,8 +15,10 @@ DEV = "cuda"
 
 #: The score a functor type serves (scores/<name>.cuh).
 FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "GATv2Score": "gatv2",
-            "CosineScore": "cosine"}
-#: (device function, the plan's name for it; {s}: the functor's score).
+            "CosineScore": "cosine", "AdditiveScore": "additive",
+            "AdditiveEdgeScore": "additive_edge"}
+#: (device function, the plan's name for it; {s}: the functor's score, {call}:
+#: the call's, for a kernel that serves several scores without a functor).
 ROLES = [
     (r"row_fwd_smmf_kernel<dfgnn::(\w+)<", "{s}:smmf"),
     (r"edge_sddmm_kernel<dfgnn::(\w+)<", "{s}:sddmm"),
@@ -29,11 +31,12 @@ ROLES = [
     (r"row_bwd_dkv_kernel<dfgnn::(\w+)<", "{s}:dkv_walk"),
     (r"gt_bwd_dq_mma_kernel", "dot:dq_mma"),
     (r"gt_bwd_dkv_mma_kernel", "dot:dkv_mma"),
-    (r"gat_fwd_kernel", "additive:smmf"),
-    (r"gat_score_kernel", "additive:sddmm"),
-    (r"gat_bwd_dst_kernel", "additive:bwd_dst"),
-    (r"gat_split_dsum_kernel", "additive:split_dsum"),
-    (r"gat_bwd_src_kernel", "additive:bwd_src"),
+    (r"gat_fwd_kernel<dfgnn::(\w+)<", "{s}:smmf"),
+    (r"gat_score_kernel<dfgnn::(\w+)<", "{s}:sddmm"),
+    (r"gat_bwd_dst_kernel<dfgnn::(\w+)<", "{s}:bwd_dst"),
+    (r"gat_split_dsum_kernel", "{call}:split_dsum"),
+    (r"gat_bwd_edge_kernel<dfgnn::(\w+)<", "{s}:bwd_edge"),
+    (r"gat_bwd_src_kernel<dfgnn::(\w+)<", "{s}:bwd_src"),
     (r"l2norm_fwd_kernel<[^(]*true>", "cosine:normalize"),
     (r"l2norm_fwd_kernel<[^(]*false>", "cosine:rnorm"),
     (r"l2norm_bwd_kernel", "cosine:normalize_bwd"),
@@ -42,11 +45,14 @@ ROLES = [
 ]
 
 
-def role(name: str) -> str:
+def role(name: str, call: str) -> str:
+    """The plan's name for the kernel ``name`` that a call of the score ``call``
+    ran."""
     for pattern, r in ROLES:
         m = re.search(pattern, name)
         if m:
-            return r.format(s=FUNCTORS.get(m.group(1), m.group(1))) if m.groups() else r
+            return r.format(s=FUNCTORS.get(m.group(1), m.group(1)) if m.groups() else "",
+                            call=call)
     return "unknown:" + name[:80]
 
 
@@ -62,6 +68,10 @@ def _inputs(score, lay, H, C, dtype):
                                           strategy=s)
     if score == "gatv2":
         return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), strategy=s)
+    if score == "additive_edge":  # the layout adds self-loops: the terms in CSR order
+        e = t(lay.num_edges, H)
+        return lambda s: ops.gat_attention(lay, t(ns, H), t(nd, H), t(ns, H, C), edge=e,
+                                           edge_order="csr", strategy=s)
     if score == "cosine":
         beta = torch.tensor(1.3, device=DEV, requires_grad=True)
         return lambda s: ops.agnn_attention(lay, t(nd, H, C), None, beta, strategy=s)
@@ -69,7 +79,7 @@ def _inputs(score, lay, H, C, dtype):
 
 
 CASES = [(score, dtype, strategy, chunk)
-         for score in ("dot", "dot_edge", "gatv2", "cosine", "additive")
+         for score in ("dot", "dot_edge", "gatv2", "cosine", "additive", "additive_edge")
          for dtype in (torch.float32, torch.bfloat16)
          for strategy in ("smmf", "pmf")
          for chunk in (None, 8)
@@ -96,6 +106,6 @@ def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_ove
     assert len(plans) == 1, records
     p = plans[0]
     want = {k for k, _ in p.kernels()} | {k for k, _ in p.kernels(backward=True)}
-    seen = {role(e.name) for e in prof.events()
+    seen = {role(e.name, p.score) for e in prof.events()
             if e.device_type.name == "CUDA" and "dfgnn::" in e.name}
     assert seen == want, f"plan {sorted(want - seen)} not run; run {sorted(seen - want)} not in plan"

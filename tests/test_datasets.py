@@ -254,6 +254,25 @@ def test_hiv_batch():
     assert 15 < batch.num_nodes / 128 < 40  # about 25.5 atoms per molecule in HIV
 
 
+@needs_data
+def test_hiv_batches_join_as_pygs_batch(tmp_path):
+    """A file of batches written from hiv_batch's molecules (as a machine with
+    RDKit writes it for one without) gives the graph of hiv_batch: the batches
+    joined with PyG's Batch offsets."""
+    _rdkit()
+    from torch_geometric.data import Batch
+    mols = list(datasets.moleculenet_hiv(limit=12))
+    parts = [Batch.from_data_list(mols[i:i + 4]) for i in (0, 4, 8)]
+    torch.save({4: [{"x": b.x, "edge_index": b.edge_index, "edge_attr": b.edge_attr,
+                     "num_graphs": b.num_graphs} for b in parts]}, tmp_path / "hiv.pt")
+    got, want = datasets.hiv_batches(tmp_path / "hiv.pt", 12), datasets.hiv_batch(12)
+    assert got.num_graphs == 12 and got.num_nodes == want.num_nodes
+    for key in ("x", "edge_index", "edge_attr"):
+        assert torch.equal(got[key], want[key]), key
+    with pytest.raises(FileNotFoundError):
+        datasets.hiv_batches(tmp_path / "none.pt")
+
+
 def test_hiv_failed_download_is_two_lines(monkeypatch, tmp_path):
     _rdkit()
     from torch_geometric.datasets import MoleculeNet

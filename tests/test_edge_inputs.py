@@ -1,47 +1,67 @@
-"""Per-edge inputs (the ``"dot_edge"`` score): ``gt_attention(edge=...)`` against a
-float64 formula written out here, its errors, and ``FusedTransformerConv(edge_dim=...)``
-against PyG's ``TransformerConv`` in float64 (outputs, attention weights and the
-gradients of the node features, the edge features and every parameter) on every
-adjacency type. On the CPU the op runs the reference path; the kernels are
-checked in ``test_cuda_dot_edge.py``."""
+"""Per-edge inputs: ``gt_attention(edge=...)`` (the ``"dot_edge"`` score) and,
+in the op tests both run, ``gat_attention(edge=...)`` (``"additive_edge"``,
+whose other tests are in ``test_gat_edge.py``) against float64 formulas written
+out here, their errors, and ``FusedTransformerConv(edge_dim=...)`` against PyG's
+``TransformerConv`` in float64 (outputs, attention weights and the gradients of
+the node features, the edge features and every parameter) on every adjacency
+type. On the CPU the op runs the reference path; the kernels are checked in
+``test_cuda_dot_edge.py`` and ``test_cuda_gat_edge.py``."""
 from __future__ import annotations
 
 import copy
 import math
+from typing import Callable, NamedTuple, Tuple
 
 import pytest
 import torch
 from torch import Tensor
 from torch._dynamo.utils import counters
 from torch_geometric import EdgeIndex
-from torch_geometric.nn import GATConv, TransformerConv
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
 import pyg_dfgnn
 from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.nn import FusedTransformerConv, fuse
+from pyg_dfgnn.nn import FusedGATConv, FusedTransformerConv, fuse
 from pyg_dfgnn.ops import plan, reference
 
 F64 = torch.float64
 
 
 # ----------------------------------------------------------------------------- the op
-def hand_formula(ei: Tensor, num_dst: int, q, k, v, e, scale):
-    r"""``(out, alpha)`` of :math:`s_{ij} = scale\, q_i \cdot (k_j + e_{ij})`,
-    :math:`o_i = \sum_j softmax_j(s_{ij}) (v_j + e_{ij})` in the input edge order,
-    with nothing of the package: a max-shifted softmax by ``index_add``."""
-    src, dst = ei
-    s = (q[dst] * (k[src] + e)).sum(-1) * scale  # [E, H]
-    H = q.size(1)
+def _softmax_rows(s: Tensor, dst: Tensor, num_dst: int) -> Tensor:
+    """Softmax of ``s`` ``[E, H]`` over the edges into each destination, with
+    nothing of the package: max-shifted, by ``index_add``."""
+    H = s.size(1)
     mx = torch.full((num_dst, H), -math.inf, dtype=s.dtype).scatter_reduce(
         0, dst[:, None].expand(-1, H), s, "amax")
     w = (s - mx[dst]).exp()
     den = torch.zeros(num_dst, H, dtype=s.dtype).index_add(0, dst, w)
-    alpha = w / den[dst]
-    out = torch.zeros(num_dst, H, q.size(2), dtype=s.dtype).index_add(
+    return w / den[dst]
+
+
+def hand_formula(ei: Tensor, num_dst: int, q, k, v, e, scale):
+    r"""``(out, alpha)`` of :math:`s_{ij} = scale\, q_i \cdot (k_j + e_{ij})`,
+    :math:`o_i = \sum_j softmax_j(s_{ij}) (v_j + e_{ij})` in the input edge order,
+    with nothing of the package."""
+    src, dst = ei
+    alpha = _softmax_rows((q[dst] * (k[src] + e)).sum(-1) * scale, dst, num_dst)
+    out = torch.zeros(num_dst, *q.shape[1:], dtype=q.dtype).index_add(
         0, dst, alpha[..., None] * (v[src] + e))
+    return out, alpha
+
+
+def gat_hand_formula(ei: Tensor, num_dst: int, a_src, a_dst, x, e, slope):
+    r"""``(out, alpha)`` of :math:`s_{ij} = LeakyReLU(a_{dst,i} + a_{src,j} +
+    e_{ij})`, :math:`o_i = \sum_j softmax_j(s_{ij}) x_j` in the edge order of
+    ``ei``, with nothing of the package."""
+    src, dst = ei
+    s = torch.nn.functional.leaky_relu(a_dst[dst] + a_src[src] + e, slope)
+    alpha = _softmax_rows(s, dst, num_dst)
+    out = torch.zeros(num_dst, *x.shape[1:], dtype=x.dtype).index_add(
+        0, dst, alpha[..., None] * x[src])
     return out, alpha
 
 
@@ -62,56 +82,111 @@ OP_GRAPHS = {
 }
 
 
+class EdgeScore(NamedTuple):
+    """A score with a per-edge input, as the op tests drive it: its public op
+    takes the node inputs ``names`` (shapes ``shapes(N_src, N_dst, H, C)``), the
+    scalar ``param_name=param`` and ``edge`` (``edge_shape(E, H, C)``)."""
+    op: Callable
+    base: str  #: the score of the op without ``edge``
+    names: Tuple[str, ...]
+    shapes: Callable
+    edge_shape: Callable
+    param_name: str
+    param: float
+    hand: Callable  #: ``(ei, N_dst, *nodes, edge, param) -> (out, alpha)``
+    reference: Callable  #: ``(layout, nodes, edge in CSR order, dropout, training) -> out``
+    kernel_order: Tuple[int, ...]  #: the node inputs in the spec's order
+    shape_msg: str  #: what a wrong edge input's ValueError says
+    pmf: bool  #: the score has a PMF path
+
+    def make(self, ns, nd, E, H, C, dtype=F64, device="cpu"):
+        """``[*nodes, edge]`` random leaves."""
+        return [torch.randn(*s, device=device).to(dtype).requires_grad_()
+                for s in (*self.shapes(ns, nd, H, C), self.edge_shape(E, H, C))]
+
+    def call(self, lay, nodes, edge, **kw):
+        kw.setdefault(self.param_name, self.param)
+        return self.op(lay, **dict(zip(self.names, nodes)), edge=edge, **kw)
+
+
+EDGE_SCORES = {
+    "dot_edge": EdgeScore(
+        ops.gt_attention, "dot", ("q", "k", "v"),
+        lambda ns, nd, H, C: ((nd, H, C), (ns, H, C), (ns, H, C)), lambda E, H, C: (E, H, C),
+        "scale", 0.37, hand_formula,
+        lambda lay, t, e, p, train: reference.dot_attention(
+            lay.rowptr, lay.col, *t, 0.37, p, training=train, edge=e)[0],
+        (0, 1, 2), r"\[E, H, C\]", False),
+    "additive_edge": EdgeScore(
+        ops.gat_attention, "additive", ("a_src", "a_dst", "x"),
+        lambda ns, nd, H, C: ((ns, H), (nd, H), (ns, H, C)), lambda E, H, C: (E, H),
+        "negative_slope", 0.3, gat_hand_formula,
+        lambda lay, t, e, p, train: reference.additive_attention(
+            lay.rowptr, lay.col, t[1], t[0], t[2], 0.3, p, training=train, edge=e)[0],
+        (1, 0, 2), r"\[E, H\] = ", True),
+}
+
+
 def _qkve(ns, nd, E, H, C, dtype=F64):
-    return [torch.randn(n, H, C, dtype=dtype, requires_grad=True) for n in (nd, ns, ns, E)]
+    return EDGE_SCORES["dot_edge"].make(ns, nd, E, H, C, dtype)
 
 
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
 @pytest.mark.parametrize("graph", list(OP_GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 16), (3, 5)])
-def test_op_matches_the_hand_formula(graph, H, C):
+def test_op_matches_the_hand_formula(score, graph, H, C):
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS[graph]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = _qkve(ns, nd, ei.size(1), H, C)
-    scale = 0.37
-    out, alpha = ops.gt_attention(lay, q, k, v, scale=scale, edge=e, return_attention=True)
-    want, want_alpha = hand_formula(ei, nd, q, k, v, e, scale)
+    *nodes, e = leaves = sc.make(ns, nd, ei.size(1), H, C)
+    out, alpha = sc.call(lay, nodes, e, return_attention=True)
+    want, want_alpha = sc.hand(ei, nd, *nodes, e, sc.param)
     assert out.dtype == F64 and alpha.shape == (ei.size(1), H)
     assert rel_err(out, want) < 1e-12 and rel_err(alpha, want_alpha) < 1e-12
     g = torch.randn_like(want)
-    got = torch.autograd.grad(out, (q, k, v, e), g)
-    exp = torch.autograd.grad(want, (q, k, v, e), g)
-    for name, a, b in zip("qkve", got, exp):
+    got = torch.autograd.grad(out, leaves, g)
+    exp = torch.autograd.grad(want, leaves, g)
+    for name, a, b in zip(sc.names + ("e",), got, exp):
         assert rel_err_floor(a, b, 1e-8) < 1e-10, name
     if ei.size(1):
-        # the edge rows matter, to the scores and to the sums
-        assert rel_err(ops.gt_attention(lay, q, k, v, scale=scale), want) > 1e-3
+        # the edge inputs matter
+        assert rel_err(sc.call(lay, nodes, None), want) > 1e-3
 
 
-def test_op_default_scale_and_gradcheck():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_op_gradcheck(score):
+    sc = EDGE_SCORES[score]
+    ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    leaves = sc.make(ns, nd, ei.size(1), 2, 3)
+    assert torch.autograd.gradcheck(lambda *t: sc.call(lay, t[:3], t[3]), leaves)
+
+
+def test_op_default_scale():
     ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 3)
     want = hand_formula(ei, nd, q, k, v, e, 1 / math.sqrt(3))[0]
     assert rel_err(ops.gt_attention(lay, q, k, v, edge=e), want) < 1e-12
-    assert torch.autograd.gradcheck(lambda *t: ops.gt_attention(lay, *t[:3], edge=t[3]),
-                                    (q, k, v, e))
 
 
-def test_csr_order_input_is_the_gathered_input_order():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_csr_order_input_is_the_gathered_input_order(score):
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     assert lay._edge_perm is not None  # unsorted: a real gather
-    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    *nodes, e = sc.make(ns, nd, ei.size(1), 2, 4)
     e_csr = lay.to_csr_order(e)
     assert torch.equal(e_csr, e[lay.edge_perm])
     assert torch.equal(lay.to_input_order(e_csr), e)
-    a = ops.gt_attention(lay, q, k, v, edge=e)
-    b = ops.gt_attention(lay, q, k, v, edge=e_csr, edge_order="csr")
+    a = sc.call(lay, nodes, e)
+    b = sc.call(lay, nodes, e_csr, edge_order="csr")
     assert torch.equal(a, b)
     # the gradient of the CSR rows comes back to e in its own order
     g = torch.randn_like(a)
     ge, = torch.autograd.grad(a, e, g)
-    want, = torch.autograd.grad(hand_formula(ei, nd, q, k, v, e, 0.5)[0], e, g)
+    want, = torch.autograd.grad(sc.hand(ei, nd, *nodes, e, sc.param)[0], e, g)
     assert rel_err(ge, want) < 1e-10
 
 
@@ -123,106 +198,111 @@ def test_grouped_edges_skip_the_gather():
     assert lay.to_csr_order(e) is e
 
 
-def test_reference_with_edge_rows_in_half_precision_sums_in_float32():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_reference_in_half_precision_sums_in_float32(score):
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["super_node"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = (t.detach() for t in _qkve(ns, nd, ei.size(1), 2, 8))
-    want = ops.gt_attention(lay, q, k, v, edge=e)
+    *nodes, e = (t.detach() for t in sc.make(ns, nd, ei.size(1), 2, 8))
+    want = sc.call(lay, nodes, e)
     for dtype in (torch.float16, torch.bfloat16):
-        got = ops.gt_attention(lay, *(t.to(dtype) for t in (q, k, v)))
-        got_e = ops.gt_attention(lay, *(t.to(dtype) for t in (q, k, v)), edge=e.to(dtype))
-        assert got_e.dtype == dtype and rel_err(got_e, want) < 1e-2
-        assert rel_err(got, want) > 1e-2  # without the rows: another function
+        half = [t.to(dtype) for t in nodes]
+        got = sc.call(lay, half, e.to(dtype))
+        assert got.dtype == dtype and rel_err(got, want) < 1e-2
+        assert rel_err(sc.call(lay, half, None), want) > 1e-2  # without: another function
 
 
-def test_dropout_masks_the_csr_positions_with_torchs_generator():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_dropout_masks_the_csr_positions_with_torchs_generator(score):
     """On the CPU the mask is F.dropout's over the [E, H] weights in CSR order,
-    drawn from torch's generator: seeded alike, the reference with the edge rows
-    in CSR order gives the same output, and the backward goes through that mask."""
+    drawn from torch's generator: seeded alike, the reference with the edge
+    inputs in CSR order gives the same output, and the backward goes through that
+    mask."""
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    *nodes, e = leaves = sc.make(ns, nd, ei.size(1), 2, 4)
     torch.manual_seed(5)
-    out = ops.gt_attention(lay, q, k, v, edge=e, dropout=0.4, training=True)
+    out = sc.call(lay, nodes, e, dropout=0.4, training=True)
     torch.manual_seed(5)
-    want, _ = reference.dot_attention(lay.rowptr, lay.col, q, k, v, 0.5, 0.4, training=True,
-                                      edge=lay.to_csr_order(e))
+    want = sc.reference(lay, nodes, lay.to_csr_order(e), 0.4, True)
     assert torch.equal(out, want)
-    assert rel_err(out, ops.gt_attention(lay, q, k, v, edge=e)) > 1e-2  # it dropped
-    assert torch.equal(ops.gt_attention(lay, q, k, v, edge=e, dropout=0.4, training=False),
-                       ops.gt_attention(lay, q, k, v, edge=e))
+    assert rel_err(out, sc.call(lay, nodes, e)) > 1e-2  # it dropped
+    assert torch.equal(sc.call(lay, nodes, e, dropout=0.4, training=False),
+                       sc.call(lay, nodes, e))
     g = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v, e), g),
-                    torch.autograd.grad(want, (q, k, v, e), g)):
+    for a, b in zip(torch.autograd.grad(out, leaves, g), torch.autograd.grad(want, leaves, g)):
         assert torch.equal(a, b)
 
 
-def test_fused_attention_entry():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_fused_attention_entry_and_records(score):
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["bipartite"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
-    got = ops.fused_attention(lay, "dot_edge", q=q, k=k, v=v, edge=e, scale=0.3)
-    assert torch.equal(got, ops.gt_attention(lay, q, k, v, scale=0.3, edge=e))
-    with pytest.raises(TypeError):
-        ops.fused_attention(lay, "dot_edge", q=q, k=k, v=v)  # the rows are required
-
-
-def test_calls_record_the_dot_edge_score():
-    ei, ns, nd = OP_GRAPHS["bipartite"]()
-    lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 4)
+    *nodes, e = sc.make(ns, nd, ei.size(1), 2, 4)
+    kwargs = dict(zip(sc.names, nodes), **{sc.param_name: 0.3})
     with ops.recording() as records:
-        ops.gt_attention(lay, q, k, v)
-        ops.gt_attention(lay, q, k, v, edge=e)
-    assert [r.score for r in records] == ["dot", "dot_edge"]
+        got = ops.fused_attention(lay, score, edge=e, **kwargs)
+        sc.call(lay, nodes, None)
+    assert torch.equal(got, sc.op(lay, edge=e, **kwargs))
+    assert [r.score for r in records] == [score, sc.base]
+    with pytest.raises(TypeError):
+        ops.fused_attention(lay, score, **kwargs)  # the edge inputs are required
 
 
-def _bad_case(case):
+def _bad_case(score, case):
+    """``(layout, nodes, edge, kwargs)`` of an op call with ``case`` wrong."""
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["unsorted_duplicates_isolated"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     E = ei.size(1)
-    q, k, v, e = (t.detach() for t in _qkve(ns, nd, E, 2, 4, torch.float32))
-    kw = {}
+    *nodes, e = (t.detach() for t in sc.make(ns, nd, E, 2, 4, torch.float32))
+    kw, csr = {}, dict(edge_order="csr")
     if case == "rows":
-        e = torch.randn(E - 1, 2, 4)
+        e = torch.randn(sc.edge_shape(E - 1, 2, 4))
     elif case == "rows_csr":
-        e, kw = torch.randn(E + 1, 2, 4), dict(edge_order="csr")
+        e, kw = torch.randn(sc.edge_shape(E + 1, 2, 4)), csr
     elif case == "heads":
-        e = torch.randn(E, 3, 4)
-    elif case == "channels_csr":
-        e, kw = torch.randn(E, 2, 5), dict(edge_order="csr")
-    elif case == "two_dims":
-        e, kw = torch.randn(E, 8), dict(edge_order="csr")
+        e = torch.randn(sc.edge_shape(E, 3, 4))
+    elif case == "channels_csr":  # dot_edge: one channel too many; additive_edge: [E, H, C]
+        e, kw = torch.randn(E, 2, 5), csr
+    elif case == "two_dims":  # dot_edge: [E, H * C]; additive_edge: [E, 8], too many heads
+        e, kw = torch.randn(E, 8), csr
     elif case == "dtype":
         e = e.double()
     elif case == "device":
-        e = torch.empty(E, 2, 4, device="meta")
+        e = torch.empty(sc.edge_shape(E, 2, 4), device="meta")
     elif case == "device_csr":
-        e, kw = torch.empty(E, 2, 4, device="meta"), dict(edge_order="csr")
+        e, kw = torch.empty(sc.edge_shape(E, 2, 4), device="meta"), csr
     elif case == "order":
         kw = dict(edge_order="coo")
     elif case == "pmf":
         kw = dict(strategy="pmf")
     elif case == "self_loops":
         lay = GraphLayout.from_edge_index(ei, (ns, nd), add_self_loops=True)
-        e = torch.randn(lay.num_edges, 2, 4)
+        e = torch.randn(sc.edge_shape(lay.num_edges, 2, 4))
     elif case == "dropout":
         kw = dict(dropout=1.0)
-    return lay, q, k, v, e, kw
+    return lay, nodes, e, kw
 
 
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
 @pytest.mark.parametrize("case,msg", [
-    ("rows", "one row per edge"), ("rows_csr", r"\[E, H, C\]"), ("heads", "one row per edge"),
-    ("channels_csr", r"\[E, H, C\]"), ("two_dims", r"\[E, H, C\]"), ("dtype", "dtype"),
+    ("rows", "one row per edge"), ("rows_csr", "shape"), ("heads", "shape"),
+    ("channels_csr", "shape"), ("two_dims", "shape"), ("dtype", "dtype"),
     ("device", "meta"), ("device_csr", "meta"), ("order", "edge_order"),
     ("pmf", "no PMF path"), ("self_loops", "self-loops"), ("dropout", "dropout"),
 ])
-def test_bad_inputs_raise_value_error(case, msg):
-    lay, q, k, v, e, kw = _bad_case(case)
-    if case == "heads":  # right row count: the check after the gather names the shape
-        msg = r"\[E, H, C\]"
-    with pytest.raises(ValueError, match=msg):
-        ops.gt_attention(lay, q, k, v, edge=e, **kw)
+def test_bad_inputs_raise_value_error(score, case, msg):
+    """Clear errors; "shape": the score's message naming the edge input's shape
+    (for "heads" too: the row count is right, and the check after the gather
+    names the shape)."""
+    if case == "pmf" and EDGE_SCORES[score].pmf:
+        pytest.skip(f"the {score} score has a PMF path")
+    lay, nodes, e, kw = _bad_case(score, case)
+    with pytest.raises(ValueError, match=EDGE_SCORES[score].shape_msg if msg == "shape" else msg):
+        EDGE_SCORES[score].call(lay, nodes, e, **kw)
 
 
 def test_plan_of_the_dot_edge_score():
@@ -257,39 +337,36 @@ def test_plan_of_the_dot_edge_score():
 
 
 # ---------------------------------------------------------------- the compiled entry op
-def _compiled_call(lay, dropout=0.0):
-    def call(q, k, v, e):
-        return torch.ops.pyg_dfgnn.dot_edge_attention(q, k, v, e, lay.handle, 0.4, dropout,
-                                                      True, "auto")[:3]
-    return call
-
-
-def test_compiled_op_matches_reference_gradchecks_and_keeps_the_mask():
+@pytest.mark.parametrize("score", list(EDGE_SCORES))
+def test_compiled_op_matches_reference_gradchecks_and_keeps_the_mask(score):
+    sc = EDGE_SCORES[score]
     ei, ns, nd = OP_GRAPHS["bipartite"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
-    q, k, v, e = _qkve(ns, nd, ei.size(1), 2, 3)
+    *nodes, e = sc.make(ns, nd, ei.size(1), 2, 3)
     e_csr = lay.to_csr_order(e.detach()).requires_grad_()
-    inputs = (q, k, v, e_csr)
-    out, lse, token = _compiled_call(lay)(*inputs)
+    inputs = tuple(nodes[i] for i in sc.kernel_order) + (e_csr,)
+    op = getattr(torch.ops.pyg_dfgnn, f"{score}_attention")
+
+    def call(*t, dropout=0.0):
+        return op(*t, lay.handle, sc.param, dropout, True, "auto")[:3]
+
+    out, lse, token = call(*inputs)
     assert lse.shape == (nd, 2) and token.tolist()[2] == int(lay.handle[0])
-    want = ops.gt_attention(lay, q, k, v, scale=0.4, edge=e_csr, edge_order="csr")
-    assert rel_err(out, want) < 1e-12
-    assert torch.autograd.gradcheck(lambda *t: _compiled_call(lay)(*t)[0], inputs)
+    assert rel_err(out, sc.call(lay, nodes, e_csr, edge_order="csr")) < 1e-12
+    assert torch.autograd.gradcheck(lambda *t: call(*t)[0], inputs)
     # dropout: a generator seeded from the token's seed, forward and backward
-    out, _, token = _compiled_call(lay, 0.3)(*inputs)
+    out, _, token = call(*inputs, dropout=0.3)
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(token.tolist()[0])
-        want = reference.dot_attention(lay.rowptr, lay.col, q, k, v, 0.4, 0.3, training=True,
-                                       edge=e_csr)[0]
+        want = sc.reference(lay, nodes, e_csr, 0.3, True)
     assert rel_err(out, want) < 1e-12
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(want, inputs, g)):
         assert rel_err(a, b) < 1e-10
     inputs32 = [t.detach().float().requires_grad_() for t in inputs]
-    torch.library.opcheck(torch.ops.pyg_dfgnn.dot_edge_attention,
-                          (*inputs32, lay.handle, 0.4, 0.0, True, "auto"))
-    with pytest.raises(ValueError, match=r"\[E, H, C\]"):
-        _compiled_call(lay)(q, k, v, e_csr[1:])
+    torch.library.opcheck(op, (*inputs32, lay.handle, sc.param, 0.0, True, "auto"))
+    with pytest.raises(ValueError, match=sc.shape_msg):
+        call(*inputs[:3], e_csr[1:])
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -322,12 +399,16 @@ def _adjacency(kind: str, ei: Tensor, ns: int, nd: int, ea: Tensor, from_values:
 def _run(layer, x, ei, ns, nd, ea, kind, from_values, call):
     """Output, attention weights and the gradients of ``(out * w).sum()`` (leaves:
     node features, the edge features, then parameters by name) of one layer on
-    fresh leaves, with its own adjacency object built from them."""
-    xs = [t.detach().clone().requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
+    fresh leaves, with its own adjacency object built from them. ``x``: a
+    tensor, or a pair whose destination features may be ``None``; ``call``: the
+    layer's keyword arguments."""
+    pair = isinstance(x, tuple)
+    xs = [t.detach().clone().requires_grad_() for t in (x if pair else (x,)) if t is not None]
     ea_leaf = ea.detach().clone().requires_grad_()
     adj, edge_attr = _adjacency(kind, ei, ns, nd, ea_leaf, from_values)
-    res = layer(xs[0] if len(xs) == 1 else tuple(xs), adj, edge_attr, **call)
-    out, alpha = (res[0], res[1]) if call else (res, None)
+    inp = (tuple(xs) if len(xs) == 2 else (xs[0], None)) if pair else xs[0]
+    res = layer(inp, adj, edge_attr, **call)
+    out, alpha = (res[0], res[1]) if "return_attention_weights" in call else (res, None)
     if alpha is not None and not isinstance(alpha, tuple):  # a SparseTensor
         alpha = alpha.storage.value()
     elif alpha is not None:
@@ -340,18 +421,23 @@ def _run(layer, x, ei, ns, nd, ea, kind, from_values, call):
     return out, alpha, dict(zip(names, grads))
 
 
-def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, call=None):
+def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, call=None,
+             score="dot_edge"):
+    """The fused layer against PyG's on the same inputs (:func:`_run`): it ran the
+    fused op with ``score``, and its outputs, weights and gradients match in
+    float64."""
     call = call or {}
     with ops.recording() as records:
         got = _run(fused, x, ei, ns, nd, ea, kind, from_values, call)
-    assert [r.score for r in records] == ["dot_edge"], "the layer did not run the fused op"
+    assert [r.score for r in records] == [score], "the layer did not run the fused op"
     want = _run(native, x, ei, ns, nd, ea, kind, from_values, call)
     assert rel_err(got[0], want[0]) < 1e-12
-    if call:
+    if "return_attention_weights" in call:
         assert rel_err(got[1], want[1]) < 1e-12
     assert got[2].keys() == want[2].keys()
-    # The key bias's gradient is 0 in exact arithmetic (the softmax is
-    # shift-invariant per row): both sides hold float64 rounding noise there.
+    # Gradients that are 0 in exact arithmetic (the key bias's: the softmax is
+    # shift-invariant per row; GAT's att_dst's nearly) hold float64 rounding
+    # noise on both sides.
     floor = layer_grad_floor(want[2].values(), 1e-6, 1e-6)
     for name, b in want[2].items():
         a = got[2][name]
@@ -361,12 +447,14 @@ def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, ca
     return got, want
 
 
-def _pair(*args, **kwargs):
-    native = TransformerConv(*args, **kwargs).double()
+def _pair(*args, cls=FusedTransformerConv, **kwargs):
+    """``(native, fused)`` float64 layers of the fused class ``cls`` and its PyG
+    class, with the same parameters."""
+    native = cls.__bases__[0](*args, **kwargs).double()
     with torch.no_grad():  # no zero biases: a wrong bias would show
         for p in native.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    fused = FusedTransformerConv(*args, **kwargs).double()
+    fused = cls(*args, **kwargs).double()
     fused.load_state_dict(native.state_dict())
     return native, fused
 
@@ -462,14 +550,16 @@ def test_layer_pmf_strategy_runs_smmf_with_edge_features():
     _compare(native, fused, x, ei, 20, 20, ea)
 
 
-def test_layer_lazy_weights_drawn_in_pygs_order():
-    """in_channels=-1 and edge_dim=-1: the first call draws each lazy weight,
-    lin_edge after the query, key and value and before the skip, as PyG's
-    message does."""
+@pytest.mark.parametrize("fused_cls", [FusedTransformerConv, FusedGATConv])
+def test_layer_lazy_weights_drawn_in_pygs_order(fused_cls):
+    """in_channels=-1 and edge_dim=-1: the first call draws each lazy weight in
+    PyG's order (TransformerConv: lin_edge after the query, key and value and
+    before the skip, as PyG's message does; GATConv: lin_edge in edge_update,
+    after the node projection)."""
     ei = random_graph(20, num_edges=60)
     x, ea = torch.randn(20, 8), torch.randn(ei.size(1), 6)
     outs = []
-    for cls in (TransformerConv, FusedTransformerConv):
+    for cls in (fused_cls.__bases__[0], fused_cls):
         torch.manual_seed(3)
         conv = cls(-1, 4, heads=2, edge_dim=-1)
         torch.manual_seed(4)
@@ -491,9 +581,10 @@ def test_hooked_lin_edge_sees_the_rows_in_pygs_order():
     assert torch.equal(seen["fused"], seen["native"])
 
 
-def test_layer_training_dropout_is_seeded_and_differentiable():
+@pytest.mark.parametrize("cls", [FusedTransformerConv, FusedGATConv])
+def test_layer_training_dropout_is_seeded_and_differentiable(cls):
     ei = random_graph(30, num_edges=200)
-    fused = FusedTransformerConv(8, 4, heads=2, dropout=0.5, edge_dim=16).train()
+    fused = cls(8, 4, heads=2, dropout=0.5, edge_dim=16).train()
     x, ea = torch.randn(30, 8), torch.randn(ei.size(1), 16, requires_grad=True)
     torch.manual_seed(1)
     a = fused(x, ei, ea)
@@ -512,6 +603,21 @@ def _no_fused_call(layer, *args, **kwargs):
         res = layer(*args, **kwargs)
     assert records == [], "the call ran the fused op"
     return res
+
+
+def assert_runs_pygs_forward(native, fused, *args, **kwargs):
+    """``fused(*args, **kwargs)`` runs no fused op and gives ``native``'s output,
+    or raises where it raises, the same type."""
+    try:
+        want = native(*args, **kwargs)
+    except Exception as exc:  # PyG raises: so does the fused layer, the same way
+        with pytest.raises(type(exc)):
+            _no_fused_call(fused, *args, **kwargs)
+        return
+    got = _no_fused_call(fused, *args, **kwargs)
+    if isinstance(want, tuple):
+        got, want = got[0], want[0]
+    assert rel_err(got, want) < 1e-12
 
 
 def test_edge_features_without_edge_dim_run_pygs_forward():
@@ -548,29 +654,27 @@ def test_edge_dim_without_features_or_wrong_rows_run_pygs_forward():
                torch.randn(ei.size(1), 2, 16, dtype=F64)):
         if ea is not None:
             assert "not [E, edge_dim]" in fused.fallback_reason(x, ei, ea)
-        try:
-            want = native(x, ei, ea)
-        except Exception as exc:  # PyG raises: so does the fused layer, the same way
-            with pytest.raises(type(exc)):
-                _no_fused_call(fused, x, ei, ea)
-        else:
-            assert rel_err(_no_fused_call(fused, x, ei, ea), want) < 1e-12
+        assert_runs_pygs_forward(native, fused, x, ei, ea)
 
 
-def test_fuse_reports_transformer_with_edge_dim_fused():
+def test_fuse_reports_transformer_and_gat_with_edge_dim_fused():
+    """TransformerConv and GATConv fuse their edge features, GATv2Conv not."""
     model = torch.nn.ModuleDict({"gt": TransformerConv(16, 8, edge_dim=4),
-                                 "gat": GATConv(16, 8, edge_dim=4)})
+                                 "gat": GATConv(16, 8, edge_dim=4),
+                                 "gatv2": GATv2Conv(16, 8, edge_dim=4)})
     report = fuse(model)
     assert [(r.name, r.fused, r.reason) for r in report] == [
-        ("gt", True, ""), ("gat", False, "edge features (edge_dim)")]
+        ("gt", True, ""), ("gat", True, ""), ("gatv2", False, "edge features (edge_dim)")]
 
 
-def test_explain_names_the_dot_edge_score():
+@pytest.mark.parametrize("cls,score", [(FusedTransformerConv, "dot_edge"),
+                                       (FusedGATConv, "additive_edge")])
+def test_explain_names_the_edge_score(cls, score):
     ei = random_graph(20, num_edges=60)
-    conv = FusedTransformerConv(8, 4, heads=2, edge_dim=16)
+    conv = cls(8, 4, heads=2, edge_dim=16)
     report = pyg_dfgnn.explain(conv, torch.randn(20, 8), ei, torch.randn(ei.size(1), 16))
-    assert report.fused and [op.score for op in report.ops] == ["dot_edge"]
-    assert "dot_edge attention, 2 x 4 channels" in str(report)
+    assert report.fused and [op.score for op in report.ops] == [score]
+    assert f"{score} attention, 2 x 4 channels" in str(report)
 
 
 def test_torchscript_compiles_pygs_forward_in_its_place():
@@ -603,20 +707,20 @@ def _recording_backend(targets: set):
     return compile_fn
 
 
-def test_compiled_layer_with_edge_features_new_graph_each_step():
-    """A new graph each step: the edge rows enter the compiled entry op
-    pyg_dfgnn::dot_edge_attention, outputs and gradients match the eager layer,
-    and no graph is compiled per batch."""
+def compiled_steps(model, steps: int = 5, num_self_loops: int = 0):
+    r"""``model`` (edge features: ``[E, 6]``) compiled with ``dynamic=True`` and
+    eager over a new graph each step: outputs and gradients (node and edge
+    features, every parameter) match. Returns ``(compiled graphs after each
+    step, the ops the compiled graphs call)``."""
     torch._dynamo.reset()
     counters.clear()
-    model = EdgeModel()
     eager = copy.deepcopy(model)
     targets = set()
     compiled = torch.compile(model, dynamic=True, backend=_recording_backend(targets))
     seen = []
-    for i in range(5):
+    for i in range(steps):
         n = 20 + 7 * i
-        ei = random_graph(n, num_edges=60 + 23 * i)
+        ei = random_graph(n, num_edges=60 + 23 * i, num_self_loops=num_self_loops)
         x, ea = torch.randn(n, 8), torch.randn(ei.size(1), 6)
         outs = []
         for m in (compiled, eager):
@@ -631,5 +735,13 @@ def test_compiled_layer_with_edge_features_new_graph_each_step():
         floor = layer_grad_floor(pb)
         assert all(rel_err_floor(u, w, floor) < 1e-4 for u, w in zip(pa, pb))
         seen.append(counters["stats"]["unique_graphs"])
+    return seen, targets
+
+
+def test_compiled_layer_with_edge_features_new_graph_each_step():
+    """A new graph each step: the edge rows enter the compiled entry op
+    pyg_dfgnn::dot_edge_attention, outputs and gradients match the eager layer,
+    and no graph is compiled per batch."""
+    seen, targets = compiled_steps(EdgeModel())
     assert seen[1] == seen[-1], seen
     assert "pyg_dfgnn.dot_edge_attention.default" in targets

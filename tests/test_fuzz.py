@@ -14,7 +14,7 @@ layer's parameters and inputs, already rounded to its dtype, cast up):
 reference path (:mod:`pyg_dfgnn.ops.reference`), still a differential test of the
 layers against PyG's message passing; on CUDA they run the kernels.
 
-Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 3,340 cases, about 30 s on two
+Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 3,700 cases, about 35 s on two
 cores) and ``gpu`` (CUDA, >= 2,000 cases; the tests are then marked ``cuda``).
 Both draw from fixed seeds with no example database, so a run repeats exactly; a
 mismatch prints the falsifying case (graph family, seed, sizes, configuration)
@@ -52,9 +52,9 @@ pytestmark = pytest.mark.fuzz
 #: Device and examples per graph family of each layer test, per profile.
 PROFILES = {
     "ci": dict(device="cpu", examples={"gt": 100, "gt_edge": 40, "gat": 100, "gatv2": 60,
-                                       "agnn": 80}),
+                                       "agnn": 80, "gat_edge": 40}),
     "gpu": dict(device="cuda", examples={"gt": 90, "gt_edge": 80, "gat": 85, "gatv2": 80,
-                                         "agnn": 75}),
+                                         "agnn": 75, "gat_edge": 80}),
 }
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2),
@@ -545,6 +545,44 @@ def test_fuzz_agnn_conv(fuzz, family):
         _run_case("agnn", f"test_fuzz_agnn_conv[{family}]", fuzz, case, native_cls=AGNNConv, fused_cls=FusedAGNNConv, ctor=ctor,
                   in_dims=(case["channels"], None), call_kwargs={}, want_alpha=False,
                   beta=case["beta"])
+
+    case()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_gat_conv_edge_features(fuzz, family):
+    """GATConv with ``edge_dim``: the ``additive_edge`` score, the self-loops'
+    features from each ``fill_value``."""
+    @fuzz("gat_edge", family)
+    @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
+           f_src=st.integers(1, 10), f_dst=st.integers(1, 10), edge_dim=st.integers(1, 16),
+           concat=st.booleans(), negative_slope=st.sampled_from([0.2, 0.0, 0.5, 1.0]),
+           add_self_loops=st.booleans(),
+           fill_value=st.sampled_from(["mean", "add", "max", 0.5, "tensor"]),
+           residual=st.booleans(), dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(),
+           **common())
+    def case(**case):
+        graph = case["graph"]
+        bip = graph.num_src != graph.num_dst
+        fill = case["fill_value"]
+        if fill == "tensor":
+            fill = torch.linspace(-1.0, 1.0, case["edge_dim"])
+        elif (isinstance(fill, str) and case["add_self_loops"]
+              and bool((graph.edge_index[1] >= min(graph.num_src, graph.num_dst)).any())):
+            # PyG's add_self_loops reduces the features over destinations below
+            # min(N_src, N_dst) only, and raises for an edge into another (so does
+            # the fused layer: tests/test_gat_edge.py); a constant fills these.
+            fill = 0.5
+        ctor = dict(in_channels=(case["f_src"], case["f_dst"]) if bip else case["f_src"],
+                    out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
+                    negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
+                    fill_value=fill, residual=case["residual"], dropout=case["dropout"],
+                    edge_dim=case["edge_dim"])
+        _run_case("gat_edge", f"test_fuzz_gat_conv_edge_features[{family}]", fuzz, case,
+                  native_cls=GATConv, fused_cls=FusedGATConv, ctor=ctor,
+                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
+                  want_alpha=case["alpha"], edge_dim=case["edge_dim"])
 
     case()
 

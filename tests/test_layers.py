@@ -471,14 +471,17 @@ def test_gat_training_attention_falls_back_to_post_dropout(op_calls):
 
 
 @pytest.mark.parametrize("loops", [True, False])
-def test_gat_edge_dim_falls_back(loops, op_calls, build_count):
-    ei, x = graph()
+def test_gat_edge_dim_runs_fused(loops, op_calls, build_count):
+    """Edge features run the additive_edge score (tests/test_gat_edge.py has the
+    float64 parity on every adjacency type and fill value); edge_dim without
+    edge features runs the additive score, as PyG leaves the edge term out; the
+    layout is built once."""
+    ei, x = graph(num_self_loops=3)
     native, fused = make_pair(FusedGATConv, 8, 4, heads=2, edge_dim=3, add_self_loops=loops)
     edge_attr = torch.randn(ei.size(1), 3)
     assert_match(native, fused, x, ei, edge_attr=edge_attr)
-    # edge_dim set but no edge_attr given: still PyG's path
     assert_match(native, fused, x, ei)
-    assert op_calls.n == 0 and build_count() == 0
+    assert op_calls.n == 2 and build_count() == 1
 
 
 # ----------------------------------------------------------------------------- AGNNConv

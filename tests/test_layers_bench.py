@@ -1,6 +1,7 @@
-"""benchmarks/layers.py on CPU, end to end on small generated graphs: every method
-per row, positive times, fused against PyG, compile failures and errors recorded
-(not raised), a wrong fused output flagged, --resume keeping what was measured."""
+"""benchmarks/layers.py on CPU, end to end on small generated graphs (and a file of
+pre-batched molecules): every method per row, positive times, fused against PyG,
+compile failures and errors recorded (not raised), a wrong fused output flagged,
+--resume keeping what was measured."""
 from __future__ import annotations
 
 import json
@@ -91,7 +92,7 @@ def test_edge_feature_model(lb, tmp_path):
     assert rows["gt_edge/web-NotreDame-like/2x16/fp32"]["kind"] == "super"
     gt, edge = (rows[f"{m}/PATTERN/2x16/fp32"]["methods"]["fused"] for m in ("gt", "gt_edge"))
     assert gt["rel_err"] < 1e-5 and edge["fwd_bwd_ms"] > 0
-    with pytest.raises(SystemExit, match="gt_edge runs on PATTERN and web-NotreDame-like"):
+    with pytest.raises(SystemExit, match="gt_edge runs on PATTERN, web-NotreDame-like, HIV"):
         run(lb, tmp_path, "--graphs", "Reddit-like", "--models", "gt_edge")
     case = lb.Case(lb.load_graph("PATTERN", "cpu", quick=True), "gt_edge", 2, 16, "fp32",
                    lb.parse_args(["--quick", "--device", "cpu", "--in-channels", "16"]))
@@ -100,6 +101,81 @@ def test_edge_feature_model(lb, tmp_path):
     with ops.recording() as records:
         case.eager("fused")()
     assert [r.score for r in records] == ["dot_edge"]
+
+
+def _hiv_file(path, sizes=(2, 4), count=3):
+    """A file of pre-batched molecules as benchmarks.datasets.hiv_batches reads
+    it: ``count`` batches per size of small random molecules (node and bond
+    features within PyG's vocabularies), each bond in both directions."""
+    gen = torch.Generator().manual_seed(5)
+    batches = {}
+    for size in sizes:
+        batches[size] = []
+        for _ in range(count):
+            xs, eis, eas, off = [], [], [], 0
+            for _ in range(size):
+                n = int(torch.randint(3, 8, (1,), generator=gen))
+                src = torch.arange(n - 1)
+                ei = torch.stack([torch.cat([src, src + 1]), torch.cat([src + 1, src])])
+                bonds = torch.stack([torch.randint(0, 22, (n - 1,), generator=gen),
+                                     torch.randint(0, 6, (n - 1,), generator=gen),
+                                     torch.randint(0, 2, (n - 1,), generator=gen)], 1)
+                xs.append(torch.randint(0, 5, (n, 9), generator=gen))
+                eis.append(ei + off)
+                eas.append(bonds.repeat(2, 1))
+                off += n
+            batches[size].append({"x": torch.cat(xs), "edge_index": torch.cat(eis, 1),
+                                  "edge_attr": torch.cat(eas), "num_graphs": size})
+    torch.save(batches, path)
+    return batches
+
+
+def test_hiv_graph_and_gat_edge_model(lb, tmp_path):
+    """--hiv-batches adds graph HIV: --hiv-molecules molecules joined into one
+    disjoint graph, their bond features embedded; gt_edge and gat_edge run fused
+    on it (the additive_edge score for gat_edge, with the graph's self-loops'
+    features from fill_value "mean" or the layer's) and match PyG."""
+    from benchmarks import datasets
+    path = tmp_path / "hiv.pt"
+    batches = _hiv_file(path)
+    mol = datasets.hiv_batches(path, 8)  # two batches of 4 molecules
+    parts = batches[4][:2]
+    assert mol.num_graphs == 8 and mol.num_nodes == sum(b["x"].size(0) for b in parts)
+    n0 = parts[0]["x"].size(0)
+    assert torch.equal(mol.edge_index[:, parts[0]["edge_index"].size(1):],
+                       parts[1]["edge_index"] + n0)
+    assert torch.equal(datasets.hiv_batches(path, 6).edge_attr,
+                       torch.cat([b["edge_attr"] for b in batches[2]]))
+    with pytest.raises(ValueError, match="none divides"):
+        datasets.hiv_batches(path, 5)
+    with pytest.raises(ValueError, match="are needed"):
+        datasets.hiv_batches(path, 16)
+    g = lb.load_graph("HIV", "cpu", hiv_batches=path, hiv_molecules=8)
+    assert g.kind == "batch" and g.edge_attr.shape == (mol.edge_index.size(1), lb.EDGE_DIM)
+    assert torch.equal(g.edge_attr, lb.embed_bonds(mol.edge_attr))
+    for loops in ("graph", "layer"):
+        doc = run(lb, tmp_path, "--graphs", "HIV,PATTERN", "--models", "gt_edge,gat_edge,gat",
+                  "--dtypes", "fp32", "--heads-channels", "2x16", "--in-channels", "16",
+                  "--methods", "pyg,fused", "--hiv-batches", str(path), "--hiv-molecules", "8",
+                  "--self-loops", loops, name=f"hiv_{loops}.json")
+        rows = {r["key"]: r for r in doc["rows"]}
+        assert set(rows) == {f"{m}/{g}/2x16/fp32" for m in ("gt_edge", "gat_edge")
+                             for g in ("HIV", "PATTERN")} | {"gat/PATTERN/2x16/fp32"}
+        for key, r in rows.items():
+            assert r["fused_reason"] == "", key
+            for meth, d in r["methods"].items():
+                assert d["status"] == "ok" and d["rel_err"] < 1e-5, (key, meth, d)
+    args = lb.parse_args(["--quick", "--device", "cpu", "--in-channels", "16",
+                          "--hiv-batches", str(path), "--hiv-molecules", "8"])
+    case = lb.Case(g, "gat_edge", 2, 16, "fp32", args)
+    x, ei, ea = case.inputs()
+    assert ea.shape == (ei.size(1), lb.EDGE_DIM)
+    assert ei.size(1) == g.edge_index.size(1) + g.num_nodes  # the graph's self-loops
+    with ops.recording() as records:
+        case.eager("fused")()
+    assert [r.score for r in records] == ["additive_edge"]
+    with pytest.raises(SystemExit, match="needs --hiv-batches"):
+        run(lb, tmp_path, "--graphs", "HIV", "--models", "gat_edge")
 
 
 def _exploding_compile(*args, **kwargs):
@@ -205,12 +281,16 @@ def test_quick_run_on_gpu(lb, tmp_path):
 
 def test_default_grid_runs_every_model_in_both_dtypes(lb):
     cases, methods = lb.plan(lb.parse_args(["--device", "cpu"]))
-    # every model on its graphs (lb.MODEL_GRAPHS; the others: all but lb.EDGE_GRAPHS)
+    # every model on its graphs (lb.MODEL_GRAPHS; the others: all but
+    # lb.EDGE_ONLY_GRAPHS), HIV only with --hiv-batches
     pairs = {(c[0], c[1]) for c in cases}
-    assert pairs == {(g, m) for m in lb.MODELS for g in lb.GRAPHS
-                     if g in lb.MODEL_GRAPHS.get(m, set(lb.GRAPHS) - set(lb.EDGE_GRAPHS))}
+    assert pairs == {(g, m) for m in lb.MODELS for g in lb.GRAPHS if g != "HIV"
+                     and g in lb.MODEL_GRAPHS.get(m, set(lb.GRAPHS) - set(lb.EDGE_ONLY_GRAPHS))}
     assert len(cases) == len(pairs) * 2
-    assert {g for g, m in pairs if m == "gt_edge"} == {"PATTERN", "web-NotreDame-like"}
+    for model in lb.EDGE_MODELS:
+        assert {g for g, m in pairs if m == model} == {"PATTERN", "web-NotreDame-like"}
+    with_hiv, _ = lb.plan(lb.parse_args(["--device", "cpu", "--hiv-batches", "hiv.pt"]))
+    assert {(c[0], c[1]) for c in with_hiv} - pairs == {("HIV", m) for m in lb.EDGE_MODELS}
     assert {(c[1], c[4]) for c in cases} == {(m, d) for m in lb.MODELS for d in ("fp32", "bf16")}
     assert methods == ["pyg", "fused"]  # on the CPU compiling takes minutes per case
     _, methods = lb.plan(lb.parse_args(["--device", "cpu", "--methods", "fused-compile,pyg"]))

@@ -213,6 +213,7 @@ def _each_score(lay, n_src, n_dst, H=2, C=4):
         "dot_edge": reference.dot_attention(r, c, q, k, v, edge=e),
         "cosine": reference.cosine_attention(r, c, q, k, torch.tensor(1.3, dtype=DT)),
         "additive": reference.additive_attention(r, c, a_d, a_s, v, 0.2),
+        "additive_edge": reference.additive_attention(r, c, a_d, a_s, v, 0.2, edge=e[..., 0]),
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -135,14 +135,22 @@ def kernels_missing(layer, x) -> str:
 
 
 def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights,
-                        dst_optional: bool) -> str:
+                        dst_optional: bool,
+                        edge_reason: Optional[Callable[[object, Optional[Tensor]], str]] = None
+                        ) -> str:
     r"""Why a ``GATConv``-like layer (``GATConv``, ``GATv2Conv``) runs PyG's
     ``forward`` for this call, ``""`` when it runs fused: edge features, a
     customised ``propagate``, features PyG rejects (``dst_optional``: a bipartite
     pair may leave the destination features ``None``), attention weights PyG
     returns after dropout or in a rebuilt sparse matrix, an adjacency the layout
-    does not see as PyG does, or missing kernels."""
-    if edge_attr is not None or conv.lin_edge is not None or conv.edge_dim is not None:
+    does not see as PyG does, or missing kernels.
+
+    ``edge_reason(edge_index, edge_attr)`` says why the call's edge features
+    send it to PyG's ``forward`` (``""``: they run fused), for a layer that fuses
+    them; it runs once the adjacency is known to be one the layout reads. Without
+    it, any edge feature (``edge_attr``, or ``edge_dim`` set) does."""
+    if edge_reason is None and (edge_attr is not None or conv.lin_edge is not None
+                                or conv.edge_dim is not None):
         return "edge features (edge_dim)"
     if propagate_is_customised(conv):
         return "flow, aggr, explain mode or message-passing hooks"
@@ -163,6 +171,10 @@ def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights
         return "attention weights of a torch.sparse input with self-loops"
     if not adjacency_supported(edge_index, want_alpha, conv.add_self_loops):
         return "an adjacency PyG's propagate handles itself (or rejects)"
+    if edge_reason is not None:
+        reason = edge_reason(edge_index, edge_attr)
+        if reason:
+            return reason
     return kernels_missing(conv, x)
 
 
@@ -223,6 +235,33 @@ def adjacency_supported(adj, need_input_edge_order: bool, add_self_loops: bool =
         return False
     return (adj.dim() == 2 and adj.size(0) == 2 and not adj.dtype.is_floating_point
             and adj.dtype != torch.bool)
+
+
+def message_edge_features(adj, edge_attr: Optional[Tensor]) -> Optional[Tensor]:
+    r"""The edge features a conv's ``message`` or ``edge_update`` receives from
+    the ``collect`` PyG generates for it: ``edge_attr``, else the values of a
+    ``SparseTensor`` or a ``torch.sparse`` matrix where they have a feature
+    dimension (``None`` for plain edge weights, which PyG leaves out)."""
+    if edge_attr is not None:
+        return edge_attr
+    if is_sparse_tensor(adj):
+        values = adj.storage.value()
+    elif is_torch_sparse_tensor(adj):
+        values = adj.values()
+    else:
+        return None
+    return values if values is not None and values.dim() > 1 else None
+
+
+def num_adjacency_edges(adj) -> int:
+    r"""The number of edges of an adjacency that
+    :func:`adjacency_supported` takes: a sparse matrix's stored entries, a
+    ``[2, E]`` tensor's columns."""
+    if is_sparse_tensor(adj):
+        return adj.nnz()
+    if is_torch_sparse_tensor(adj):
+        return adj._nnz()
+    return adj.size(1)
 
 
 def edge_index_size(adj, num_src: int, num_dst: Optional[int], size=None,

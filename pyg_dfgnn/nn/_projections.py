@@ -39,7 +39,7 @@ def plain_linears(lins: Sequence[torch.nn.Module]) -> bool:
     return True
 
 
-def _autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
+def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
     r"""The dtype autocast runs ``F.linear(x, ...)`` in, or ``None`` where it
     leaves ``x``'s (autocast off for ``x``'s device type, or ``x`` other than
     float32 / float16 / bfloat16: autocast does not cast float64)."""
@@ -62,7 +62,7 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     it)."""
     if rows is None:
         return F.linear(x, weight, bias)
-    dtype = _autocast_dtype(x)
+    dtype = autocast_dtype(x)
     if dtype is not None:  # out= calls are outside autocast: cast as F.linear would
         x, weight = x.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
@@ -139,7 +139,7 @@ class Projections(torch.autograd.Function):
         n = len(params) // 2
         ws, bs = list(params[:n]), list(params[n:])
         ctx.dtypes = [x.dtype] + [None if p is None else p.dtype for p in params]
-        dtype = _autocast_dtype(x)
+        dtype = autocast_dtype(x)
         if dtype is not None:
             # once here, not per F.linear (autocast casts x in each call)
             x = x.to(dtype)

@@ -5,13 +5,17 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import GATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
+from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 
 from ..layout_cache import get_layout
 from ..ops import gat_attention
 from ._common import (check_strategy, edge_index_size, fused_layer, gat_fallback_reason,
-                      gat_output, use_own_propagate)
+                      gat_output, is_sparse_tensor, message_edge_features, num_adjacency_edges,
+                      use_own_propagate)
+from ._projections import autocast_dtype, plain_linears
 
 
 #: Features (``N * H * C``) from which :func:`_attention_terms` runs as a GEMM.
@@ -58,6 +62,44 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
         return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
 
 
+def _edge_terms(feats: Tensor, lin_edge: torch.nn.Module, att_edge: Tensor, H: int,
+                C: int) -> Tensor:
+    r"""``alpha_edge`` ``[E, H]``: the per-head terms :math:`\mathbf{a}_e^\top
+    \mathbf{\Theta}_e \mathbf{e}_{ij}` of PyG's ``(lin_edge(e).view(-1, H, C) *
+    att_edge).sum(-1)``, for ``feats`` ``[E, D]`` (or ``[E]``, one feature per
+    edge, as PyG takes it).
+
+    The projection is linear and has no bias, so the terms are one GEMM with the
+    ``[D, H]`` product :math:`W_a` of ``lin_edge.weight`` and ``att_edge``,
+    ``feats @ W_a``: no ``[E, H, C]`` tensor, and autograd takes the gradients
+    to both parameters through :math:`W_a`. It runs in PyG's dtype for the
+    terms, ``feats``' promoted with the parameters', outside autocast: under
+    autocast float32 for half-precision features, where a half-precision GEMM
+    would round the gradient of :math:`W_a`, a sum over every edge (PyG
+    multiplies the half-precision projection by ``att_edge`` in float32;
+    docs/design.md, "GAT"). Where that dtype is half precision (a model in
+    float16 / bfloat16), PyG's form runs, as for the node terms: :math:`W_a`
+    would round other values than PyG's projection does, and an edge whose
+    score lies at the LeakyReLU's kink would take the other branch's gradient.
+    So does a ``lin_edge`` that is not a plain linear map without hooks, or
+    that has a bias or lazy weights not yet drawn."""
+    if feats.dim() == 1:
+        feats = feats.view(-1, 1)
+    weight = getattr(lin_edge, "weight", None)
+    plain = (plain_linears([lin_edge]) and not isinstance(weight, UninitializedParameter)
+             and lin_edge.bias is None)
+    dtype = (torch.promote_types(torch.promote_types(feats.dtype, weight.dtype), att_edge.dtype)
+             if plain else None)
+    if dtype is None or dtype.itemsize < 4:
+        return (lin_edge(feats).view(-1, H, C) * att_edge).sum(-1)
+    cast = autocast_dtype(feats) is not None
+    with torch.autocast(feats.device.type, enabled=False):
+        w_a = (weight.view(H, C, -1) * att_edge.view(H, C, 1)).sum(1).t()
+        if cast:
+            feats, w_a = feats.to(dtype), w_a.to(dtype)
+        return feats @ w_a
+
+
 @fused_layer
 class FusedGATConv(GATConv):
     r"""Drop-in :class:`torch_geometric.nn.conv.GATConv` whose attention (additive
@@ -73,7 +115,17 @@ class FusedGATConv(GATConv):
         \alpha_{i,j}\mathbf{\Theta}_t\mathbf{x}_{j}, \qquad
         \alpha_{i,j} = \mathrm{softmax}_j\left(\mathrm{LeakyReLU}\left(
         \mathbf{a}^{\top}_{s} \mathbf{\Theta}_{s}\mathbf{x}_i
-        + \mathbf{a}^{\top}_{t} \mathbf{\Theta}_{t}\mathbf{x}_j \right)\right)
+        + \mathbf{a}^{\top}_{t} \mathbf{\Theta}_{t}\mathbf{x}_j
+        + \mathbf{a}^{\top}_{e} \mathbf{\Theta}_{e}\mathbf{e}_{i,j} \right)\right)
+
+    (the :math:`\mathbf{e}_{i,j}` term with edge features, ``edge_dim``). With
+    edge features the op runs the ``"additive_edge"`` score: one term per edge
+    and head, :math:`\mathbf{a}_e^\top \mathbf{\Theta}_e \mathbf{e}_{i,j}`,
+    computed as one ``[E, D] @ [D, H]`` GEMM with the product of ``lin_edge``'s
+    weight and ``att_edge`` (PyG projects every edge to ``[E, H, C]`` first), then
+    put in the layout's CSR edge order. With ``add_self_loops=True`` the
+    self-loops' features come from PyG's ``remove_self_loops`` and
+    ``add_self_loops`` with ``fill_value``, in every call, as in PyG.
 
     Constructor arguments, parameters (``lin`` or ``lin_src``/``lin_dst``,
     ``att_src``, ``att_dst``, ``res``, ``bias``), initialisation and ``state_dict``
@@ -101,7 +153,10 @@ class FusedGATConv(GATConv):
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite,
           edge indices :math:`(2, |\mathcal{E}|)` (``Tensor`` or ``EdgeIndex``) or a
           sparse ``adj_t`` (``SparseTensor`` or ``torch.sparse``),
-          edge features :math:`(|\mathcal{E}|, D)` *(optional, see below)*
+          edge features :math:`(|\mathcal{E}|, D)` *(optional)*: ``edge_attr``
+          in the adjacency's edge order (a sparse ``adj_t``'s row-major order),
+          or, without ``edge_attr``, the values of a ``SparseTensor`` or of a
+          ``torch.sparse`` matrix with a feature dimension, as PyG takes them
         - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`
           (:math:`(|\mathcal{V}_t|, F_{out})` if ``concat=False``). With
           ``return_attention_weights=True``, additionally ``(edge_index, alpha)``:
@@ -119,7 +174,13 @@ class FusedGATConv(GATConv):
 
     Falls back to PyG's own ``forward`` (same results, unfused) when:
 
-    * edge features are used (``edge_dim`` set or ``edge_attr`` given);
+    * ``edge_attr`` without ``edge_dim`` (PyG leaves it out of the scores),
+      edge features that are not ``[E, edge_dim]`` floating-point features with
+      one row per edge (or ``[E]`` with ``edge_dim=1``; PyG raises), or
+      ``edge_dim`` with ``add_self_loops=True`` on a ``SparseTensor`` (PyG raises)
+      or a ``torch.sparse`` matrix (PyG asserts on ``edge_attr``, or derives the
+      loops' features from the matrix's values); ``edge_dim`` without edge
+      features runs fused, without the edge term, as PyG computes it;
     * ``return_attention_weights=True`` with a ``torch.sparse`` input and
       ``add_self_loops=True`` (PyG returns a rebuilt sparse matrix);
     * an uncoalesced ``torch.sparse`` COO input with ``add_self_loops=False``
@@ -152,17 +213,60 @@ class FusedGATConv(GATConv):
     weights than ``GATConv``.
     """
 
+    #: Edge features (``edge_dim``) run fused: :func:`~pyg_dfgnn.nn.fuse` reports
+    #: such a layer as fused.
+    fuses_edge_features: bool = True
+
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
                  *args, strategy: str = "auto", **kwargs):
         use_own_propagate(type(self))
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
 
+    def _edge_reason(self, edge_index, edge_attr: OptTensor) -> str:
+        r"""Why the edge features of this call send it to PyG's ``forward``
+        (``""``: none, or they run fused); the adjacency is one
+        :func:`~pyg_dfgnn.nn._common.adjacency_supported` takes."""
+        if self.lin_edge is None:
+            return ("" if edge_attr is None else
+                    "edge features without edge_dim (PyG leaves them out of the scores)")
+        if self.add_self_loops and (is_sparse_tensor(edge_index)
+                                    or is_torch_sparse_tensor(edge_index)):
+            return ("edge_dim with self-loops on a sparse adjacency (PyG raises, or derives "
+                    "the loops' features from the matrix's values)")
+        feats = message_edge_features(edge_index, edge_attr)
+        if feats is None:
+            return ""  # PyG's edge_update leaves the edge term out
+        weight = getattr(self.lin_edge, "weight", None)
+        width = (weight.size(1) if isinstance(weight, Tensor)
+                 and not isinstance(weight, UninitializedParameter) else None)
+        if not (isinstance(feats, Tensor) and feats.is_floating_point()
+                and feats.dim() in (1, 2) and feats.size(0) == num_adjacency_edges(edge_index)
+                and (width is None or (feats.size(1) if feats.dim() == 2 else 1) == width)):
+            return "edge features that are not [E, edge_dim] floats (PyG raises)"
+        return ""
+
     def fallback_reason(self, x, edge_index, edge_attr=None,
                         return_attention_weights=None) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
         return gat_fallback_reason(self, x, edge_index, edge_attr, return_attention_weights,
-                                   dst_optional=True)
+                                   dst_optional=True, edge_reason=self._edge_reason)
+
+    def _layout_edge_terms(self, layout, edge_index, feats: Tensor) -> Tensor:
+        r"""``alpha_edge`` ``[E, H]`` of ``feats`` (the edge features in the
+        adjacency's order) in the layout's CSR edge order. With self-loops, PyG's
+        own ``remove_self_loops`` and ``add_self_loops`` (``fill_value``, one
+        loop per node below :math:`\min(N_s, N_t)`) give the features of the
+        layout's :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, exactly as
+        ``GATConv.forward`` makes them, before :func:`_edge_terms` projects
+        them."""
+        if self.add_self_loops:
+            ei = edge_index if type(edge_index) is Tensor else edge_index.as_subclass(Tensor)
+            ei, feats = remove_self_loops(ei, feats)
+            _, feats = add_self_loops(ei, feats, fill_value=self.fill_value,
+                                      num_nodes=min(layout.num_src, layout.num_dst))
+        terms = _edge_terms(feats, self.lin_edge, self.att_edge, self.heads, self.out_channels)
+        return layout.to_csr_order(terms, loops_appended=self.add_self_loops)
 
     def forward(  # noqa: F811
         self,
@@ -180,7 +284,9 @@ class FusedGATConv(GATConv):
                 (the destination features may be ``None``).
             edge_index (torch.Tensor, EdgeIndex, SparseTensor or torch.sparse):
                 the graph.
-            edge_attr (torch.Tensor, optional): edge features (runs PyG's path).
+            edge_attr (torch.Tensor, optional): ``[E, edge_dim]`` edge features
+                in the adjacency's edge order (a sparse matrix's values by
+                default, as in PyG).
             size ((int, int), optional): ``(N_src, N_dst)`` of a ``[2, E]``
                 tensor (ignored for the other kinds, as in PyG); with
                 ``add_self_loops`` and a ``[2, E]`` tensor or ``EdgeIndex``, its
@@ -228,18 +334,24 @@ class FusedGATConv(GATConv):
         layout = get_layout(edge_index, size=lsize, add_self_loops=self.add_self_loops)
         if alpha_dst is None:  # PyG then uses alpha_j alone, over the graph's N_dst rows
             alpha_dst = alpha_src.new_zeros(layout.num_dst, H)
+        feats = (None if self.lin_edge is None else
+                 message_edge_features(edge_index, edge_attr))
+        alpha_edge = None if feats is None else self._layout_edge_terms(layout, edge_index, feats)
         # Under autocast the projections are half precision and att_* float32, so
         # PyG's attention terms come out float32 and it aggregates in float32: the
         # kernel takes one dtype, and the result is returned in PyG's dtype.
         out_dtype = alpha_src.dtype
-        if out_dtype != x_src.dtype:
+        if alpha_edge is not None:
+            out_dtype = torch.promote_types(out_dtype, alpha_edge.dtype)
+            alpha_edge = alpha_edge.to(x_src.dtype)
+        if alpha_src.dtype != x_src.dtype:
             alpha_src, alpha_dst = alpha_src.to(x_src.dtype), alpha_dst.to(x_src.dtype)
 
         want_alpha = bool(return_attention_weights)
         out = gat_attention(layout, alpha_src, alpha_dst, x_src,
                             negative_slope=self.negative_slope, dropout=self.dropout,
                             training=self.training, return_attention=want_alpha,
-                            strategy=self.strategy)
+                            strategy=self.strategy, edge=alpha_edge, edge_order="csr")
         alpha = None
         if want_alpha:
             out, alpha = out

@@ -10,12 +10,12 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
 from torch_geometric.typing import Adj, OptTensor, PairTensor
-from torch_geometric.utils import is_torch_sparse_tensor
 
 from ..layout_cache import get_layout
 from ..ops import gt_attention
-from ._common import (adjacency_supported, check_strategy, edge_index_size, is_sparse_tensor,
-                      fused_layer, kernels_missing, propagate_is_customised, use_own_propagate)
+from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
+                      is_sparse_tensor, kernels_missing, message_edge_features,
+                      num_adjacency_edges, propagate_is_customised, use_own_propagate)
 from ._projections import joined_gemm, linear_rows, plain_linears
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
@@ -175,38 +175,17 @@ class FusedTransformerConv(TransformerConv):
             query, *x_r = join(x[1], ws[:1] + ws[3:], bs[:1] + bs[3:])
         return query, key, value, (x_r[0] if x_r else None)
 
-    @staticmethod
-    def _edge_features(edge_index, edge_attr: OptTensor) -> OptTensor:
-        r"""The edge features PyG's ``message`` receives (the ``collect`` PyG
-        generates for the layer): ``edge_attr``, else the values of a
-        ``SparseTensor`` or a ``torch.sparse`` matrix where they have a feature
-        dimension (``None`` for plain edge weights, which PyG ignores)."""
-        if edge_attr is not None:
-            return edge_attr
-        if is_sparse_tensor(edge_index):
-            values = edge_index.storage.value()
-        elif is_torch_sparse_tensor(edge_index):
-            values = edge_index.values()
-        else:
-            return None
-        return values if values is not None and values.dim() > 1 else None
-
     def _edge_reason(self, edge_index, edge_attr: OptTensor) -> str:
         r"""Why the edge features of this call send it to PyG's ``forward``
         (``""``: none, or they run fused); the adjacency is one
         :func:`~pyg_dfgnn.nn._common.adjacency_supported` takes."""
-        feats = self._edge_features(edge_index, edge_attr)
+        feats = message_edge_features(edge_index, edge_attr)
         if self.lin_edge is None:
             return ("" if feats is None else
                     "edge features without edge_dim (PyG adds them, unprojected, to the values)")
         if feats is None:
             return "edge_dim set but no edge features given (PyG raises)"
-        if is_sparse_tensor(edge_index):
-            num_edges = edge_index.nnz()
-        elif is_torch_sparse_tensor(edge_index):
-            num_edges = edge_index._nnz()
-        else:
-            num_edges = edge_index.size(1)
+        num_edges = num_adjacency_edges(edge_index)
         if not (isinstance(feats, Tensor) and feats.dim() == 2 and feats.size(0) == num_edges):
             return "edge features that are not [E, edge_dim] (PyG raises or broadcasts them)"
         return ""
@@ -285,7 +264,7 @@ class FusedTransformerConv(TransformerConv):
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
         strategy, edge = self.strategy, None
         if self.lin_edge is not None:  # after the projections: lazy weights in PyG's order
-            edge = self._edge_rows(layout, self._edge_features(edge_index, edge_attr))
+            edge = self._edge_rows(layout, message_edge_features(edge_index, edge_attr))
             if strategy == "pmf":
                 strategy = "smmf"  # the dot_edge score has no PMF path
         want_alpha = isinstance(return_attention_weights, bool)

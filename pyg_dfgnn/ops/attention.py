@@ -80,3 +80,20 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
         # Kernel path: the weights are an output without a gradient; reference path: as PyG.
         return out, layout.to_input_order(attn.to(dtype))
     return out
+
+
+def edge_in_csr_order(layout, edge: Tensor, edge_order: str, who: str) -> Tensor:
+    r"""The per-edge input ``edge`` (one row per edge) in the layout's CSR edge
+    order, as the kernels read it: gathered from the input edge order with
+    :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order` (``edge_order="input"``)
+    or taken as it is (``"csr"``).
+
+    Raises:
+        ValueError: ``edge_order`` is neither (the message starts with ``who``),
+            or as :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`.
+    """
+    if edge_order == "input":
+        return layout.to_csr_order(edge)
+    if edge_order != "csr":
+        raise ValueError(f"{who}: edge_order must be 'input' or 'csr', got {edge_order!r}")
+    return edge

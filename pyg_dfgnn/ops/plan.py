@@ -255,7 +255,8 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
     Args:
         max_in_degree (int): largest in-degree of the graph.
         score (str): a registered score (:mod:`pyg_dfgnn.ops.spec`): ``"dot"``
-            (GT), ``"cosine"`` (AGNN), ``"additive"`` (GAT), ``"gatv2"``, ...
+            (GT), ``"cosine"`` (AGNN), ``"additive"`` (GAT), ``"additive_edge"``
+            (GAT with edge features), ``"gatv2"``, ...
         elem_size (int): bytes per feature element (4 fp32, 2 fp16/bf16).
         strategy (str): ``"auto"``, or ``"smmf"`` / ``"pmf"`` to force one.
         capacity (int, optional): shared memory per block in bytes, for the paper
@@ -374,17 +375,22 @@ class Plan:
         merge = "merge launch: the split rows' partial results, in slot order"
         name = self.score
         if backward:
-            # Per-edge inputs (the dot_edge score's rows) get their gradient in the
-            # CSR walk, one edge at a time.
+            # Per-edge inputs get their gradient in the CSR walk, one edge at a time
+            # (the dot_edge score's rows), or in a kernel of their own (the
+            # additive_edge score's terms).
             edge = bool(_spec.get(name).edge_inputs)
             dq = "dq and the edge rows' gradients" if edge else "dq"
             value = "(v_j + e_ij)" if edge else "v_j"
             res = []
-            if name == "additive":
+            if name in ("additive", "additive_edge"):
                 res.append((f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"))
                 if self.half and self.split_rows:
                     res.append((f"{name}:split_dsum", "split rows' D and d a_dst from their "
                                                       "items' shares, in slot order"))
+                if edge:
+                    res.append((f"{name}:bwd_edge", "edge-parallel d a_edge: dO_i . x_j per "
+                                                    "edge and head, through the softmax "
+                                                    "and LeakyReLU"))
                 res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
                 if self.half:
@@ -404,8 +410,8 @@ class Plan:
                                                 "saves (P', dS) per edge and head"),
                             (f"{name}:dkv_walk", "CSC walk: dk and dv as an SpMM with the saved "
                                                  "weights")]
-            # The additive score's split rows in half precision merge in split_dsum.
-            rows = self.split_rows and not (name == "additive" and self.half)
+            # The additive scores' split rows in half precision merge in split_dsum.
+            rows = self.split_rows and not (name in ("additive", "additive_edge") and self.half)
             if (rows or self.split_cols) and not self.bwd_merge_in_kernel \
                     and not self.mma_backward:
                 res.append(("combine_partials", merge))

@@ -162,15 +162,21 @@ def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, 
 
 def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor, v: Tensor,
                        negative_slope: float = 0.2, dropout: float = 0.0,
-                       training: bool = False) -> Tuple[Tensor, Tensor]:
+                       training: bool = False,
+                       edge: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     r"""Additive attention (GAT, ``GATConv``):
-    :math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})`.
+    :math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})`; with per-edge
+    terms :math:`a_{e,ij}` (``GATConv`` with ``edge_dim``, the
+    ``"additive_edge"`` score), :math:`s_{ij} = \mathrm{LeakyReLU}(a_{dst,i} +
+    a_{src,j} + a_{e,ij})`.
 
     Args:
         a_dst (Tensor): ``[N_dst, H]`` per-destination terms :math:`a_{dst}^\top W x_i`.
         a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
         v (Tensor): ``[N_src, H, C]`` transformed source features :math:`W x_j`.
         negative_slope (float): LeakyReLU slope.
+        edge (Tensor, optional): ``[E, H]`` per-edge terms in CSR order, added to
+            the pre-activation (differentiable).
 
     Returns:
         ``(out [N_dst, H, C], alpha [E, H])``.
@@ -178,7 +184,9 @@ def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor
     dtype = v.dtype
     a_dst, a_src, v = to_float32(a_dst, a_src, v)
     dst = csr_dst(rowptr, col.numel())
-    scores = F.leaky_relu(gather_rows(a_dst, dst) + gather_rows(a_src, col),
-                          negative_slope)
+    pre = gather_rows(a_dst, dst) + gather_rows(a_src, col)
+    if edge is not None:
+        pre = pre + to_float32(edge)[0]
+    scores = F.leaky_relu(pre, negative_slope)
     out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training)
     return out.to(dtype), alpha.to(dtype)

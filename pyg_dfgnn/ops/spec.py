@@ -35,11 +35,12 @@ class ScoreSpec:
             ``size(0)`` is ``N_dst``).
         value_input (int): the ``[N_src, H, C]`` input whose dtype, heads and
             channels are the call's.
-        row_inputs (tuple of int): the inputs read as ``[N, H, C]`` rows (16-byte
-            vector loads: they must be 16-byte aligned).
-        edge_inputs (tuple of int): the inputs with one row per edge, ``[E, H,
-            C]`` in the layout's CSR edge order (also in ``row_inputs``); the CSR
-            walk of the backward writes their gradients.
+        row_inputs (tuple of int): the inputs read as ``[N, H, C]`` or ``[E, H,
+            C]`` rows (16-byte vector loads: they must be 16-byte aligned).
+        edge_inputs (tuple of int): the inputs with one row per edge in the
+            layout's CSR edge order: ``[E, H, C]`` (in ``row_inputs`` too) or
+            ``[E, H]``, one scalar per edge and head; the backward returns their
+            gradients in that order.
         reference (callable): ``(layout, inputs, params, dropout, training) ->
             (out [N_dst, H, C], alpha [E, H])`` in pure PyTorch, CSR edge order:
             the CPU path and the oracle of the tests.

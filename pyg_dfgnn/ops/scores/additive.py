@@ -6,16 +6,22 @@ and its walks (one scalar per edge, the LeakyReLU branch split of the backward)
 ``cuda/kernels/gat_forward.cu`` and ``gat_backward.cu``."""
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import Tensor
 
 from .. import reference
-from ..attention import OpResult, attention
+from .. import spec as _spec
+from ..attention import OpResult, attention, edge_in_csr_order
 from ..spec import ScoreSpec, register
 
 __all__ = ["gat_attention"]
 
 
-def _check(layout, a_dst: Tensor, a_src: Tensor, x: Tensor) -> None:
+def check_terms(layout, a_dst: Tensor, a_src: Tensor, x: Tensor) -> None:
+    """Raises :class:`ValueError` unless ``x`` is ``[N_src, H, C]``, ``a_src``
+    ``[N_src, H]`` and ``a_dst`` ``[N_dst, H]``, of one dtype, on the layout's
+    device."""
     if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
         raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
                          f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "
@@ -38,13 +44,14 @@ def _reference(layout, inputs, params, dropout, training):
 
 SPEC = register(ScoreSpec(
     name="additive", inputs=("a_dst", "a_src", "x"), params=("negative_slope",), dst_input=0,
-    value_input=2, row_inputs=(2,), reference=_reference, check=_check, pmf_rule=False,
+    value_input=2, row_inputs=(2,), reference=_reference, check=check_terms, pmf_rule=False,
     one_launch_backward=False))
 
 
 def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float = 0.2,
                   dropout: float = 0.0, training: bool = True, return_attention: bool = False,
-                  strategy: str = "auto") -> OpResult:
+                  strategy: str = "auto", edge: Optional[Tensor] = None,
+                  edge_order: str = "input") -> OpResult:
     r"""Fused additive attention (GAT, ``GATConv``):
 
     .. math::
@@ -52,9 +59,13 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         \mathrm{LeakyReLU}(a_{dst,i} + a_{src,j})\right) \mathbf{x}_j
 
     per head, with in-kernel attention dropout; the backward returns gradients for
-    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). ``"auto"`` is SMMF (paper §4.2,
-    Fig. 12, and the measurements in ``docs/kernels.md``); ``"smmf"`` /
-    ``"pmf"`` (edge-parallel score kernel, then softmax + SpMM) force one.
+    ``a_src``, ``a_dst`` and ``x`` (paper §4.3). With per-edge terms
+    :math:`a_{e,ij}` (``edge``; ``GATConv`` with ``edge_dim``) the score is
+    :math:`\mathrm{LeakyReLU}(a_{dst,i} + a_{src,j} + a_{e,ij})` (the
+    ``"additive_edge"`` score, :mod:`pyg_dfgnn.ops.scores.additive_edge`).
+    ``"auto"`` is SMMF (paper §4.2, Fig. 12, and the measurements in
+    ``docs/kernels.md``); ``"smmf"`` / ``"pmf"`` (edge-parallel score kernel,
+    then softmax + SpMM) force one.
 
     Args:
         a_src (Tensor): ``[N_src, H]`` per-source terms :math:`a_{src}^\top W x_j`.
@@ -63,15 +74,34 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
         negative_slope (float): LeakyReLU slope.
         dropout (float), training (bool), return_attention (bool), strategy (str):
             as in :func:`~pyg_dfgnn.ops.gt_attention`.
+        edge (Tensor, optional): ``[E, H]`` per-edge terms, the dtype of ``x``,
+            one per edge of the layout and head; differentiable (its gradient
+            comes back in ``edge``'s order).
+        edge_order (str): the order of ``edge``'s rows: ``"input"`` (the edges
+            as the layout was built from them, gathered into CSR order with
+            :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`) or ``"csr"``
+            (the layout's CSR order already). On a layout with added self-loops
+            put the terms in CSR order first with ``to_csr_order(edge,
+            loops_appended=True)`` (``edge`` in the order of the layout's
+            ``edge_index``: input edges without their self-loops, then the
+            added loops, as PyG's ``add_self_loops`` leaves edge features).
 
     Returns:
         ``out`` ``[N_dst, H, C]``, or ``(out, alpha [E, H])`` in input edge order.
 
     Raises:
-        ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside [0, 1).
+        ValueError: mismatched shapes, dtypes or devices; ``dropout`` outside
+            [0, 1); a bad ``edge_order``; ``edge`` in input order on a layout
+            with added self-loops.
     """
-    return attention(SPEC, layout, (a_dst, a_src, x), (float(negative_slope),), dropout,
-                     training, return_attention, strategy)
+    params = (float(negative_slope),)
+    if edge is None:
+        return attention(SPEC, layout, (a_dst, a_src, x), params, dropout, training,
+                         return_attention, strategy)
+    edge = edge_in_csr_order(layout, edge, edge_order, "gat_attention")
+    # The spec by name, not by import: the additive_edge module imports this one.
+    return attention(_spec.get("additive_edge"), layout, (a_dst, a_src, x, edge), params,
+                     dropout, training, return_attention, strategy)
 
 
 SCORE_OP = gat_attention

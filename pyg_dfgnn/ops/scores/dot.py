@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .. import reference
 from .. import spec as _spec
-from ..attention import OpResult, attention
+from ..attention import OpResult, attention, edge_in_csr_order
 from ..spec import ScoreSpec, register
 
 __all__ = ["gt_attention"]
@@ -128,10 +128,7 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     if edge is None:
         return attention(SPEC, layout, (q, k, v), (scale,), dropout, training,
                          return_attention, strategy)
-    if edge_order == "input":
-        edge = layout.to_csr_order(edge)
-    elif edge_order != "csr":
-        raise ValueError(f"gt_attention: edge_order must be 'input' or 'csr', got {edge_order!r}")
+    edge = edge_in_csr_order(layout, edge, edge_order, "gt_attention")
     # The spec by name, not by import: the dot_edge module imports this one (check_qkv).
     return attention(_spec.get("dot_edge"), layout, (q, k, v, edge), (scale,), dropout,
                      training, return_attention, strategy)

@@ -1,0 +1,12 @@
+// The additive score with a per-edge term (GATConv with edge_dim): its
+// registration (host/score_ops.h); the entry points are scores/additive_host.h,
+// shared with additive.
+#include "scores/additive_host.h"
+
+namespace dfgnn {
+using namespace additive_host;
+
+DFGNN_REGISTER_SCORE(additive_edge, ScoreOps{"additive_edge", &check<true>, &forward,
+                                             &backward<true>, false});
+
+}  // namespace dfgnn
