@@ -336,21 +336,8 @@ def gat_edge_layer_case(name, ei, ns, nd, autocast):
                           grad_tol=2e-2)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="skip the >= 2^18-edge graph")
-    ap.add_argument("--no-layers", action="store_true",
-                    help="skip the whole-layer cases with half-precision GEMMs (for "
-                         "initcheck: it does not see the writes of some cuBLAS "
-                         "half-precision GEMMs, so every later read of the layers' "
-                         "projections is reported)")
-    args = ap.parse_args(argv)
-    if not pyg_dfgnn.has_cuda_kernels():
-        print("needs a CUDA GPU and the compiled extension", file=sys.stderr)
-        return 2
-    gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    G = {k: _graph(k, gen) for k in ("small", "super_node", "batch", "bipartite")}
+def _node_cases(G, gen, args) -> None:
+    """The cases of the scores with per-node inputs only."""
     f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
     print("GT")
     for kind in ("small", "super_node", "bipartite"):
@@ -407,6 +394,11 @@ def main(argv=None) -> int:
         gt_case("gt large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
         gat_case("gat large smmf fp32 H1C32", ei, n, n, 1, 32, f32)
         gatv2_case("gatv2 large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
+
+
+def _edge_cases(G, args) -> None:
+    """The cases of the scores with per-edge inputs (dot_edge, additive_edge)."""
+    f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
     # Last, so that the cases above draw the inputs they always drew (one global
     # generator): a case's tolerance holds for its inputs, not for every draw.
     print("GT with edge rows")
@@ -435,6 +427,29 @@ def main(argv=None) -> int:
         for autocast in (False, True)[:1 if args.no_layers else 2]:
             gat_edge_layer_case(f"gat layer {kind} edge_dim 16 "
                                 f"{'bf16' if autocast else 'fp32'}", *G[kind], autocast)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the >= 2^18-edge graph")
+    ap.add_argument("--no-layers", action="store_true",
+                    help="skip the whole-layer cases with half-precision GEMMs (for "
+                         "initcheck: it does not see the writes of some cuBLAS "
+                         "half-precision GEMMs, so every later read of the layers' "
+                         "projections is reported)")
+    ap.add_argument("--edge-only", action="store_true",
+                    help="only the cases with per-edge inputs (a quick check of the edge "
+                         "walks; their inputs then differ from a whole run's)")
+    args = ap.parse_args(argv)
+    if not pyg_dfgnn.has_cuda_kernels():
+        print("needs a CUDA GPU and the compiled extension", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    G = {k: _graph(k, gen) for k in ("small", "super_node", "batch", "bipartite")}
+    if not args.edge_only:
+        _node_cases(G, gen, args)
+    _edge_cases(G, args)
     print(f"{len(FAILURES)} failed")
     for name, err in FAILURES:
         print(f"FAIL {name}: {err:.3e}")

@@ -5,6 +5,8 @@
 # racecheck, initcheck and synccheck. Run from the repository root on a machine
 # with a GPU and the built extension:
 #   bash benchmarks/sanitize.sh [OUTDIR] [TOOLS...]
+# $SANITIZE_ARGS adds options of benchmarks/sanitize.py (--edge-only: the cases
+# with per-edge inputs alone).
 # Writes one log per tool to OUTDIR (default: a temporary directory) and prints a
 # summary line per tool; exits non-zero if any tool reports an error or a result
 # is wrong. $PYTHON (default: python3) is the interpreter with pyg_dfgnn installed.
@@ -34,7 +36,7 @@ for tool in $tools; do
     unset PYTORCH_NO_CUDA_MEMORY_CACHING
   fi
   [ "$tool" = memcheck ] && extra+=(--leak-check no)
-  args=(--quick)
+  args=(--quick ${SANITIZE_ARGS:-})
   # initcheck does not see the writes of some of cuBLAS's half-precision GEMMs: a
   # plain clone() of such a GEMM's output is reported too, with no pyg_dfgnn code
   # involved (docs/design.md, "Sanitizers"). Its op-level cases draw every input

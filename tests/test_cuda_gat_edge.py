@@ -197,9 +197,11 @@ def test_plan_runs_what_the_score_has(plan_override):
     """SMMF or PMF on CUDA cores with the two-launch backward; what the score
     lacks raises before a launch (ValueError from the plan)."""
     lay, leaves = make("small", 2, 64, torch.bfloat16)
+    e_csr = lay.to_csr_order(leaves[3], loops_appended=True)
     for strategy in ("auto", "pmf"):
-        with ops.recording() as records:
-            call(lay, *leaves, strategy=strategy)
+        with ops.recording() as records:  # call() records its own calls: not nested
+            ops.gat_attention(lay, *leaves[:3], negative_slope=SLOPE, edge=e_csr,
+                              edge_order="csr", strategy=strategy)
         p = records[0].plan
         assert (p.method, p.mma, p.two_rows, p.bwd_one_launch, p.mma_backward) == \
             ("smmf" if strategy == "auto" else "pmf", False, False, False, False)

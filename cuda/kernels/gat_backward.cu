@@ -297,6 +297,8 @@ std::vector<at::Tensor> gat_backward_cuda(
   const bool edge = a_edge.defined();
   const char* op = edge ? "dfgnn::attention_bwd (additive_edge)"
                         : "dfgnn::attention_bwd (additive)";
+  TORCH_CHECK(!edge || L.csr_row.defined(), op, ": the edge-parallel d a_edge kernel reads "
+              "csr_row, which the plan object lacks (ScoreSpec.csr_row_backward)");
   TORCH_CHECK(!plan.bwd_one_launch && !plan.mma_backward, op, ": bwd_one_launch and "
               "mma_backward are the dot score's; the additive score's backward has one form");
   check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &out}, {"grad_out", &grad_out}});

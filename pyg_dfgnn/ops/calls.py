@@ -144,17 +144,20 @@ def plan_object(spec: ScoreSpec, layout, plan: _plan.Plan, need_grad: bool):
     without the extension), from :func:`plan_parts`."""
     if not HAS_EXTENSION:
         return None
-    return torch.classes.dfgnn.Plan(spec.name, *plan_parts(layout, plan, need_grad))
+    return torch.classes.dfgnn.Plan(spec.name, *plan_parts(layout, plan, need_grad,
+                                                           spec.csr_row_backward))
 
 
-def plan_parts(layout, plan: _plan.Plan, need_grad: bool) -> tuple:
+def plan_parts(layout, plan: _plan.Plan, need_grad: bool,
+               csr_row_backward: bool = False) -> tuple:
     """``(tensors, ints, floats)``: what the plan object is built from, by name
     (``cuda/glue/call_plan.h``): the layout tensors the kernels read, with the CSC
-    where the call records a backward, the sizes and the plan's decisions."""
+    where the call records a backward (and ``csr_row`` where that backward reads
+    it: ``csr_row_backward``), the sizes and the plan's decisions."""
     rw = layout.work("row", plan.chunk, plan.long_items_first, plan.item_order)
     tensors = {"rowptr": layout.rowptr, "col": layout.col, "row_items": rw.items,
                "row_combine": rw.combine}
-    if plan.pmf:
+    if plan.pmf or (need_grad and csr_row_backward):
         tensors["csr_row"] = layout.csr_row
     if plan.dense_cells > 0:
         tensors["tiles"] = tile_plan(layout)

@@ -56,6 +56,9 @@ class ScoreSpec:
         dense_tiles (bool): the dense-tile forward runs it.
         two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
         one_launch_backward (bool): its backward can run both walks in one launch.
+        csr_row_backward (bool): its backward runs an edge-parallel kernel (the
+            additive_edge score's d a_edge), which reads each CSR edge's
+            destination, ``csr_row``, as the PMF forward does.
         normalize_first (callable, optional): ``(dtype, method) -> bool``: whether
             a call of that dtype and method (``"smmf"`` / ``"pmf"``) normalises its
             rows first and runs the dot score's kernels over them (the plan's
@@ -78,6 +81,7 @@ class ScoreSpec:
     two_rows: bool = True
     one_launch_backward: bool = True
     normalize_first: Optional[Callable] = None
+    csr_row_backward: bool = False
 
 
 _SPECS: Dict[str, ScoreSpec] = {}

@@ -51,7 +51,7 @@ def _reference(layout, inputs, params, dropout, training):
 SPEC = register(ScoreSpec(
     name="additive_edge", inputs=("a_dst", "a_src", "x", "a_edge"), params=("negative_slope",),
     dst_input=0, value_input=2, row_inputs=(2,), edge_inputs=(3,), reference=_reference,
-    check=_check, pmf_rule=False, one_launch_backward=False))
+    check=_check, pmf_rule=False, one_launch_backward=False, csr_row_backward=True))
 
 
 def edge_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, edge: Tensor,
