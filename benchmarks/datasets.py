@@ -42,7 +42,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -680,6 +680,32 @@ def hiv_batches(path: _PathLike, num_molecules: int = 512) -> Data:
                                      1),
                 edge_attr=torch.cat([b["edge_attr"] for b in parts]),
                 num_nodes=int(offsets[-1]), num_graphs=sum(int(b["num_graphs"]) for b in parts))
+
+
+def save_hiv_batches(path: _PathLike, sizes: Sequence[int] = (128, 1024), count: int = 4,
+                     root: Optional[_PathLike] = None) -> None:
+    r"""Writes the file :func:`hiv_batches` reads: for each batch size in
+    ``sizes``, ``count`` batches of consecutive MoleculeNet HIV molecules (from
+    the first), so that a machine without RDKit gets the benchmarks' molecule
+    graphs. Needs RDKit (:func:`moleculenet_hiv`).
+
+    Args:
+        path (str): the file to write.
+        sizes (sequence of int): molecules per batch.
+        count (int): batches of each size.
+        root (str, optional): the data folder (:func:`moleculenet_hiv`).
+    """
+    from torch_geometric.data import Batch
+
+    mols = list(moleculenet_hiv(root, limit=max(sizes) * count))
+    out = {}
+    for size in sizes:
+        out[int(size)] = []
+        for k in range(count):
+            b = Batch.from_data_list(mols[k * size:(k + 1) * size])
+            out[int(size)].append({"x": b.x, "edge_index": b.edge_index,
+                                   "edge_attr": b.edge_attr, "num_graphs": b.num_graphs})
+    torch.save(out, path)
 
 
 def scaffold_split(smiles, frac_train: float = 0.8, frac_val: float = 0.1) -> Dict[str, torch.Tensor]:

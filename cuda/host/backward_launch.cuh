@@ -33,7 +33,8 @@ struct BackwardArgs {
 };
 
 // A backward's results: dq, dk, dv (undefined where the score sums its key
-// rows: dk is the whole gradient of the one gathered row), the score's
+// rows, kEdgeInKeyOnly included: dk is the whole gradient of the one gathered
+// row), the score's
 // parameter gradient [H, C] in fp32 (kParamGrad; undefined otherwise) and its
 // edge rows' gradient [E, H, C] in CSR order (kEdgeRows; undefined otherwise).
 struct RowGrads {
@@ -95,7 +96,7 @@ template <template <class> class Score, typename Make, typename Mma = NoMmaWalks
 RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* dsum,
                       Make&& make, const Mma& mma = Mma{}) {
   using Probe = ScoreProbe<Score>;
-  constexpr bool kTwo = !Probe::kValueIsKey, kParam = Probe::kParamGrad;
+  constexpr bool kTwo = kOwnValueRowOf<Probe>, kParam = Probe::kParamGrad;
   constexpr bool kEdge = kEdgeRowsOf<Probe>;
   const LayoutView& L = a.L;
   const Work &rw = L.rw, &cw = L.cw;

@@ -54,6 +54,14 @@ void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 3, "dfgnn: x must be [N_src, H, C], got shape ", shape(x.sizes()));
 }
 
+void check_head_param(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  check_cuda(t, name, q);
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "dfgnn: ", name, " has dtype ",
+              t.scalar_type(), " but q has ", q.scalar_type());
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == q.size(1) && t.size(1) == q.size(2), "dfgnn: ", name,
+              " must be [H, C] = ", shape(q.sizes().slice(1)), ", got ", shape(t.sizes()));
+}
+
 void check_beta(const at::Tensor& beta, const at::Tensor& x) {
   check_cuda(beta, "beta", x);
   TORCH_CHECK(beta.scalar_type() == at::kFloat && beta.numel() == 1,

@@ -25,6 +25,9 @@ void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 // x [N, H, C], CUDA, float32 / float16 / bfloat16, contiguous.
 void check_x(const at::Tensor& x);
+// A per-head parameter of the score (GATv2's att): [H, C] of q's heads and
+// channels, on q's device, in q's dtype.
+void check_head_param(const at::Tensor& t, const char* name, const at::Tensor& q);
 // beta: a float32 tensor of one element on x's device.
 void check_beta(const at::Tensor& beta, const at::Tensor& x);
 void check_dropout(double dropout, const char* op);

@@ -114,11 +114,12 @@ __device__ __forceinline__ void row_bwd_dq(
           if (gl == u) mine = make_float2(pe * z, ds);
         }
         if constexpr (kEdgeRowsOf<Score>) {
-          // The edge row entered the key and the value: dE = dS ds/dk + P' dO_i,
-          // whole in this item (each edge lies in one item).
+          // The edge row entered the key and the value: dE = dS ds/dk + P' dO_i
+          // (the key alone with kEdgeInKeyOnly: dS ds/dk), whole in this item
+          // (each edge lies in one item).
           float de[NV][VEC];
-          dst.key_grad(ds, de);
-          axpy_frag<VEC, NV>(pe * z, gf, de);
+          dst.key_grad(ds, kf[u], de);
+          if constexpr (!kEdgeInKeyOnlyOf<Score>) axpy_frag<VEC, NV>(pe * z, gf, de);
           store_row<T, VEC, G, NV>(o.e + (int64_t)(e0 + u) * HC + head_off, gl, nvec, de, 1.f);
         }
         dst.grad(ds, kf[u], acc, pg);
@@ -156,7 +157,7 @@ __device__ __forceinline__ void store_src_grads(const GroupItem& g, int H, int C
   using S = typename Score::Shape;
   using T = typename S::T;
   constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
-  constexpr bool kTwo = !Score::kValueIsKey;
+  constexpr bool kTwo = kOwnValueRowOf<Score>;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
   if (g.slot < 0) {
@@ -253,6 +254,26 @@ __device__ __forceinline__ void row_bwd_dkv_recompute(
   store_src_grads<Score>(g, H, C, chunk, colptr, o, dk_acc, dv_acc, mul, counters);
 }
 
+// kEdgeInKeyOnly scores' CSC walk: the edge rows (CSR positions perm[e0 + u])
+// added to the gathered query rows qf, where the source-side gradient reads
+// q_i + e_ij (Src::grad of k_j against it: the score is symmetric in the two).
+template <typename Score, int U>
+__device__ __forceinline__ void add_edge_rows(const typename Score::Params& sp, const int (&i)[U],
+                                              const int* __restrict__ perm, int e0, int64_t HC,
+                                              int64_t head_off, int gl, int nvec,
+                                              PackedOf<typename Score::Shape> (&qf)[U][Score::NV]) {
+  using S = typename Score::Shape;
+  PackedOf<S> ef[U][Score::NV];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (i[u] >= 0)
+      load_packed<typename S::T, S::VEC, S::G, S::NV>(
+          Score::edge_rows(sp) + (int64_t)__ldg(perm + e0 + u) * HC + head_off, gl, nvec, ef[u]);
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (i[u] >= 0) add_packed<typename S::T, S::VEC, S::NV>(qf[u], ef[u]);
+}
+
 // Two-launch backward, CSC walk over sources with the weights the dq kernel saved:
 // dV_j = sum_i P'_ij dO_i and the score's sum_i dS_ij ds_ij/dk_j, an SpMM with two
 // weights per edge (NbrTile: each lane loads its edge's (P', dS) through the CSC
@@ -307,6 +328,8 @@ row_bwd_dkv_kernel(const typename Score::T* __restrict__ dout, const float2* __r
       nt.share(wk, e0, w_k);
       gather_rows<T, VEC, G, NV, U>(i, dout, Score::query_rows(sp), HC, head_off, gl, nvec, gf,
                                     qf);
+      if constexpr (kEdgeInKeyOnlyOf<Score>) add_edge_rows<Score, U>(sp, i, perm, e0, HC,
+                                                                    head_off, gl, nvec, qf);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (i[u] >= 0) {

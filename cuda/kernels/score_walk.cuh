@@ -1,7 +1,8 @@
 // What the walks over a destination row's edges (the SMMF forward, D, the dq
 // walk) gather per edge for a score (scores/score.cuh): its key row, its value
 // row unless the key is the value, its per-source scalar, and its edge row
-// (kEdgeRows), added to both.
+// (kEdgeRows), added to both (to the key alone with kEdgeInKeyOnly, whose value
+// is the key row as loaded).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +31,17 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   // and spilled in three shapes.
   constexpr bool kKnown = FULL && !Score::kSrcScalar;
   constexpr bool kEdge = kEdgeRowsOf<Score>;
+  // kEdgeInKeyOnly: the value is the key row as loaded (copied below).
+  constexpr bool kKeyOnly = kEdgeInKeyOnlyOf<Score>;
+  static_assert(!kKeyOnly || (kEdge && !Score::kValueIsKey),
+                "kEdgeInKeyOnly: a score with edge rows that keeps its value row apart");
   [[maybe_unused]] PackedOf<S> ef[U][Score::NV];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kKnown || j[u] >= 0) {
       const int64_t off = (int64_t)j[u] * HC + head_off;
       load_packed<T, S::VEC, S::G, S::NV>(Score::key_rows(sp) + off, gl, nvec, kf[u]);
-      if constexpr (!Score::kValueIsKey)
+      if constexpr (!Score::kValueIsKey && !kKeyOnly)
         load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, nvec, vf[u]);
       if constexpr (Score::kSrcScalar) sc[u] = Score::src_scalar(sp, j[u], h, H);
       if constexpr (kEdge)
@@ -48,8 +53,13 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || j[u] >= 0) {
+        if constexpr (kKeyOnly) {
+#pragma unroll
+          for (int r = 0; r < Score::NV; ++r) vf[u][r] = kf[u][r];
+        }
         add_packed<T, S::VEC, S::NV>(kf[u], ef[u]);
-        if constexpr (!Score::kValueIsKey) add_packed<T, S::VEC, S::NV>(vf[u], ef[u]);
+        if constexpr (!Score::kValueIsKey && !kKeyOnly)
+          add_packed<T, S::VEC, S::NV>(vf[u], ef[u]);
       }
     }
   }

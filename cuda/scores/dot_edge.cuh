@@ -37,8 +37,10 @@ template <typename S> struct DotEdgeScore : DotScore<S> {
 
   struct Dst : Base::Dst {
     __device__ __forceinline__ Dst(const Params& p, const RowAt& at) : Base::Dst(p, at) {}
-    // ds d s / d k_j = ds scale q_i; the held q_i carries scale log2(e).
-    __device__ __forceinline__ void key_grad(float ds, Frag& out) const {
+    // ds d s / d k_j = ds scale q_i (whatever the key); the held q_i carries
+    // scale log2(e).
+    __device__ __forceinline__ void key_grad(float ds, const typename Base::P (&)[NV],
+                                             Frag& out) const {
       const float a = ds * 0.69314718055994531f;  // ln 2 = 1 / log2(e)
 #pragma unroll
       for (int r = 0; r < NV; ++r)

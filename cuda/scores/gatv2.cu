@@ -23,12 +23,7 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_features(k, "k", q);
   check_rows(kFwd, q, "q", n_dst, "N_dst");
   check_rows(kFwd, k, "k", n_src, "N_src");
-  check_cuda(att, "att", q);
-  TORCH_CHECK(att.scalar_type() == st, "dfgnn: att has dtype ", att.scalar_type(),
-              " but q has ", st);
-  TORCH_CHECK(att.dim() == 2 && att.size(0) == q.size(1) && att.size(1) == q.size(2),
-              "dfgnn: att must be [H, C] = ", shape(q.sizes().slice(1)), ", got ",
-              shape(att.sizes()));
+  check_head_param(att, "att", q);
   check_dropout(c.dropout, kFwd);
   TORCH_CHECK(!c.plan.mma && c.plan.dense_cells <= 0.0 && !c.plan.mma_backward &&
                   !c.L.tiles.defined(),

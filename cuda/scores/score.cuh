@@ -39,8 +39,10 @@
 //                                      // (one edge per prepared row; default Dst)
 //     // Optional, per-edge inputs (kEdgeRows, below):
 //     static constexpr bool kEdgeRows = true;
+//     static constexpr bool kEdgeInKeyOnly = true;  // optional: the key only, not the value
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
-//     // Dst::key_grad(ds, out): out = ds d s / d key_j (natural units), per edge
+//     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
+//     // edge's gathered key row (edge row added), per edge
 //   };
 //
 // A score's Params reach the kernels as separate arguments, its fields in the
@@ -66,6 +68,16 @@
 // the CSC walk is the SpMM with the saved (P', dS), which needs no edge rows,
 // so such a score has no one-launch backward (which recomputes the weights
 // there) and no edge-parallel (PMF) forward.
+//
+// With kEdgeInKeyOnly the edge row enters the score alone: the score sees
+// k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
+// edge_dim: att . LeakyReLU(x_i + x_j + e_ij), summing x_j). Such a score's
+// value row is its key row, kept apart by the walks (kValueIsKey is false for
+// them: the gather copies the row before adding e_ij, no second load), and its
+// one source row's whole gradient is dk (dv is not written). dE_ij is
+// dS_ij ds_ij/dk_j alone, and the CSC walk, whose source-side gradient
+// depends on the edge (Src::grad at the gathered query), adds the edge row at
+// the CSR position perm[e] to each gathered query row.
 #pragma once
 
 #include <cstdint>
@@ -105,5 +117,17 @@ template <typename Score, typename = void> struct EdgeRowsOf : std::false_type {
 template <typename Score>
 struct EdgeRowsOf<Score, std::enable_if_t<Score::kEdgeRows>> : std::true_type {};
 template <typename Score> constexpr bool kEdgeRowsOf = EdgeRowsOf<Score>::value;
+
+// Whether Score's edge rows enter its key row only (kEdgeInKeyOnly; false where
+// it does not say).
+template <typename Score, typename = void> struct EdgeInKeyOnlyOf : std::false_type {};
+template <typename Score>
+struct EdgeInKeyOnlyOf<Score, std::enable_if_t<Score::kEdgeInKeyOnly>> : std::true_type {};
+template <typename Score> constexpr bool kEdgeInKeyOnlyOf = EdgeInKeyOnlyOf<Score>::value;
+
+// Whether the walks write a value gradient dv apart from dk: the score sums a
+// row of its own (not its key row, nor its key row before the edge row).
+template <typename Score>
+constexpr bool kOwnValueRowOf = !Score::kValueIsKey && !kEdgeInKeyOnlyOf<Score>;
 
 }  // namespace dfgnn

@@ -1,0 +1,35 @@
+// The backward of GATv2's score with edge rows (scores/gatv2_edge.cuh): dq, dk,
+// datt and the edge rows' gradient from the two-launch CUDA-core walks, with D
+// in fp32 for half inputs.
+#include "host/backward_launch.cuh"
+#include "host/input_checks.h"
+#include "scores/gatv2_edge.cuh"
+
+namespace dfgnn {
+namespace {
+
+constexpr const char* kBwd = "dfgnn::attention_bwd (gatv2_edge)";
+
+}  // namespace
+
+std::vector<at::Tensor> gatv2_edge_backward(const at::Tensor& grad_out, const at::Tensor& out,
+                                            const at::Tensor& lse2, at::TensorList,
+                                            const AttentionCall& c, at::TensorList) {
+  const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2], &e = c.inputs[3];
+  check_backward_tensors(kBwd, grad_out, out, lse2, q, q.size(0));
+  TORCH_CHECK(!c.plan.mma_backward && !c.plan.bwd_one_launch, kBwd,
+              ": the gatv2_edge score's backward is the two-launch CUDA-core one");
+  check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att}, {"e", &e},
+                                               {"out", &out}, {"grad_out", &grad_out}});
+  const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
+  const auto make = gatv2_edge_params(c);
+  // D_i in fp32 for half inputs (row_dsum.cuh says why).
+  at::Tensor dsum;
+  if (q.scalar_type() != at::kFloat && c.L.rowptr.size(0) > 1)
+    dsum = row_dsum<GATv2EdgeScore>(a, make);
+  const RowGrads r = row_backward<GATv2EdgeScore>(
+      a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr, make);
+  return {r.dq, r.dk, r.param.to(att.scalar_type()), r.de};
+}
+
+}  // namespace dfgnn
