@@ -111,6 +111,40 @@ def test_every_score_spec_has_a_kernel_registration():
         assert obj.score() == spec.name
 
 
+#: ScorePaths field (cuda/host/score_ops.h) -> the plan flags it allows, and the
+#: spec's attribute that declares the same path.
+_PATHS = {"pmf": (("pmf",), "pmf"), "mma": (("mma", "mma_backward"), "mma"),
+          "two_rows": (("two_rows",), "two_rows"),
+          "one_launch_backward": (("bwd_one_launch",), "one_launch_backward")}
+
+
+def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
+    r"""A plan object (``torch.classes.dfgnn.Plan``) that asks a score for a path
+    raises exactly where the score's ScoreSpec says it has none: the C++
+    registration's ScorePaths and the spec are one table, checked here."""
+    import torch
+
+    if not pyg_dfgnn.HAS_EXTENSION:
+        pytest.skip("needs the compiled extension pyg_dfgnn._C")
+    from pyg_dfgnn.layout import GraphLayout
+    from pyg_dfgnn.ops import calls, plan
+    lay = GraphLayout.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), (3, 3))
+    for spec in pyg_dfgnn.ops.spec.specs():
+        tensors, ints, floats = calls.plan_parts(
+            lay, plan.plan_for(lay, torch.float32, 8, spec.name), True, True)
+        base = {**ints, "pmf": 0, "mma": 0, "mma_backward": 0, "two_rows": 0,
+                "bwd_one_launch": 0, "normalize_first": 0}
+        for flags, attr in _PATHS.values():
+            for flag in flags:
+                make = lambda: torch.classes.dfgnn.Plan(spec.name, tensors, {**base, flag: 1},
+                                                        floats)
+                if getattr(spec, attr):
+                    make()
+                else:
+                    with pytest.raises(RuntimeError, match="has no such path"):
+                        make()
+
+
 # ----------------------------------------------- what the docs and comments name
 #: A path the prose names: from a top-level folder of the repository, or from
 #: cuda/ (``scores/dot.cuh``) or pyg_dfgnn/ (``ops/plan.py``).

@@ -3,6 +3,7 @@
 #include "glue/call_plan.h"
 
 #include <initializer_list>
+#include <tuple>
 #include <string>
 
 #include "host/input_checks.h"
@@ -141,6 +142,17 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
   TORCH_CHECK(!p.mma || !p.pmf, "dfgnn.Plan: mma (the tensor-core forward) needs SMMF (pmf=0)");
   TORCH_CHECK(!p.normalize_first || score->normalizes, "dfgnn.Plan: normalize_first=1, but the ",
               score_name, " score has no normalised form");
+  // The paths the score has (ScorePaths, host/score_ops.h): the one place that
+  // holds a plan to them.
+  const ScorePaths& has = score->paths;
+  for (auto [asked, there, what] :
+       {std::make_tuple(p.pmf, has.pmf, "pmf"), std::make_tuple(p.mma, has.mma, "mma"),
+        std::make_tuple(p.mma_backward, has.mma, "mma_backward"),
+        std::make_tuple(p.dense_cells > 0.0, has.dense_tiles, "dense_cells"),
+        std::make_tuple(p.two_rows, has.two_rows, "two_rows"),
+        std::make_tuple(p.bwd_one_launch, has.one_launch_backward, "bwd_one_launch")})
+    TORCH_CHECK(!asked || there, "dfgnn.Plan: ", what, " is set, but the ", score_name,
+                " score has no such path (ScoreSpec and its registration)");
   TORCH_CHECK(!p.mma_backward || !p.bwd_one_launch, "dfgnn.Plan: mma_backward needs two "
               "backward launches (bwd_one_launch=0): its CSC walk reads the CSR walk's weights");
   TORCH_CHECK((p.dense_cells > 0.0) == L.tiles.defined(), "dfgnn.Plan: dense tiles need both a "

@@ -46,6 +46,19 @@ using ScoreBackward = std::vector<at::Tensor> (*)(const at::Tensor& grad_out, co
 // number of parameters, against the layout's sizes.
 using ScoreCheck = void (*)(const AttentionCall& call, int64_t n_dst, int64_t n_src);
 
+// The kernel paths a score has, as its Python spec declares them (ScoreSpec's
+// pmf, mma, dense_tiles, two_rows, one_launch_backward; tests/test_structure.py
+// holds the two to each other): a plan object that asks a score for a path it
+// lacks raises when it is built (glue/call_plan.cpp), so no score's own file
+// checks the plan's flags of other scores. mma covers mma_backward.
+struct ScorePaths {
+  bool pmf = true;                  // the edge-parallel SDDMM + softmax_spmm forward
+  bool mma = false;                 // the tensor-core forward and backward walks
+  bool dense_tiles = false;         // the dense-tile forward
+  bool two_rows = true;             // the fp32 two-rows-per-warp SMMF shapes
+  bool one_launch_backward = true;  // both backward walks in one launch
+};
+
 struct ScoreOps {
   const char* name = nullptr;  // the spec's name (pyg_dfgnn/ops/scores)
   ScoreCheck check = nullptr;
@@ -53,6 +66,7 @@ struct ScoreOps {
   ScoreBackward backward = nullptr;
   bool writes_into = false;    // the backward takes `into`
   bool normalizes = false;     // the plan's normalize_first may be set (ScoreSpec.normalize_first)
+  ScorePaths paths = {};
 };
 
 // The registered score of `name`; raises for an unknown one.

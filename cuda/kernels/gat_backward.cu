@@ -299,8 +299,6 @@ std::vector<at::Tensor> gat_backward_cuda(
                         : "dfgnn::attention_bwd (additive)";
   TORCH_CHECK(!edge || L.csr_row.defined(), op, ": the edge-parallel d a_edge kernel reads "
               "csr_row, which the plan object lacks (ScoreSpec.csr_row_backward)");
-  TORCH_CHECK(!plan.bwd_one_launch && !plan.mma_backward, op, ": bwd_one_launch and "
-              "mma_backward are the dot score's; the additive score's backward has one form");
   check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &out}, {"grad_out", &grad_out}});
   const at::Tensor &rowptr = L.rowptr, &col = L.col, &colptr = L.colptr, &row = L.row,
                    &perm = L.perm;

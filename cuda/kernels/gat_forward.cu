@@ -111,8 +111,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2), E = col.size(0);
-  TORCH_CHECK(!plan.mma && plan.dense_cells <= 0.0, op, ": mma and dense_cells are the dot "
-              "score's (tensor-core and dense-tile forwards); the additive score has neither");
   ForwardCall fc(x, a_dst.size(0), L, plan.pmf, need_attn);
   check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &fc.out}});
   check_two_rows(op, plan, L, x.scalar_type(), C);

@@ -5,7 +5,10 @@
 namespace dfgnn {
 using namespace additive_host;
 
-DFGNN_REGISTER_SCORE(additive, ScoreOps{"additive", &check<false>, &forward, &backward<false>,
-                                        false});
+// One backward form (no one-launch variant); no tensor-core or dense-tile paths.
+DFGNN_REGISTER_SCORE(additive,
+                     ScoreOps{"additive", &check<false>, &forward, &backward<false>, false, false,
+                              ScorePaths{/*pmf=*/true, /*mma=*/false, /*dense_tiles=*/false,
+                                         /*two_rows=*/true, /*one_launch_backward=*/false}});
 
 }  // namespace dfgnn

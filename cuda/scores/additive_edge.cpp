@@ -6,7 +6,11 @@
 namespace dfgnn {
 using namespace additive_host;
 
-DFGNN_REGISTER_SCORE(additive_edge, ScoreOps{"additive_edge", &check<true>, &forward,
-                                             &backward<true>, false});
+// One backward form (no one-launch variant); no tensor-core or dense-tile paths.
+DFGNN_REGISTER_SCORE(additive_edge,
+                     ScoreOps{"additive_edge", &check<true>, &forward, &backward<true>, false,
+                              false,
+                              ScorePaths{/*pmf=*/true, /*mma=*/false, /*dense_tiles=*/false,
+                                         /*two_rows=*/true, /*one_launch_backward=*/false}});
 
 }  // namespace dfgnn

@@ -51,8 +51,6 @@ template <bool EDGE> void check(const AttentionCall& c, int64_t n_dst, int64_t n
                 " must be [", num(n), ", ", num(x.size(1)), "], got ", shape(t->sizes()));
   }
   check_dropout(c.dropout, N::fwd);
-  TORCH_CHECK(!c.plan.mma && !c.L.tiles.defined(), N::fwd, ": the tensor-core and dense-tile "
-              "forwards are GT's: mma must be 0 and tiles None");
 }
 
 inline at::Tensor edge_term(const AttentionCall& c) {

@@ -103,6 +103,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
 }  // namespace
 
 DFGNN_REGISTER_SCORE(cosine, ScoreOps{"cosine", &check, &forward, &backward, false,
-                                       /*normalizes=*/true});
+                                       /*normalizes=*/true, ScorePaths{/*pmf=*/true,
+                                                                       /*mma=*/true}});
 
 }  // namespace dfgnn

@@ -62,6 +62,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
 
 }  // namespace
 
-DFGNN_REGISTER_SCORE(dot, ScoreOps{"dot", &check, &forward, &backward, true});
+DFGNN_REGISTER_SCORE(dot, ScoreOps{"dot", &check, &forward, &backward, true, false,
+                                   ScorePaths{/*pmf=*/true, /*mma=*/true, /*dense_tiles=*/true}});
 
 }  // namespace dfgnn

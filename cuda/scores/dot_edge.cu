@@ -23,12 +23,6 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_features(e, "e", q);
   check_rows(kFwd, e, "e", c.L.col.numel(), "E");
   check_dropout(c.dropout, kFwd);
-  const KernelPlan& p = c.plan;
-  TORCH_CHECK(!p.pmf && !p.mma && p.dense_cells <= 0.0 && !p.mma_backward &&
-                  !p.bwd_one_launch && !c.L.tiles.defined(),
-              kFwd, ": the dot_edge score runs the CUDA-core SMMF forward and the two-launch "
-              "CUDA-core backward; pmf, mma, dense_cells, mma_backward, bwd_one_launch and "
-              "the tile plan raise");
 }
 
 ForwardOut forward(const AttentionCall& c) {
@@ -43,7 +37,10 @@ ForwardOut forward(const AttentionCall& c) {
 
 }  // namespace
 
+// SMMF and the two-launch CUDA-core backward only (scores/score.cuh, kEdgeRows).
 DFGNN_REGISTER_SCORE(dot_edge,
-                     ScoreOps{"dot_edge", &check, &forward, &dot_edge_backward, false});
+                     ScoreOps{"dot_edge", &check, &forward, &dot_edge_backward, false, false,
+                              ScorePaths{/*pmf=*/false, /*mma=*/false, /*dense_tiles=*/false,
+                                         /*two_rows=*/false, /*one_launch_backward=*/false}});
 
 }  // namespace dfgnn

@@ -25,10 +25,6 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_rows(kFwd, k, "k", n_src, "N_src");
   check_head_param(att, "att", q);
   check_dropout(c.dropout, kFwd);
-  TORCH_CHECK(!c.plan.mma && c.plan.dense_cells <= 0.0 && !c.plan.mma_backward &&
-                  !c.L.tiles.defined(),
-              kFwd, ": mma, dense_cells, mma_backward and the tile plan are the dot score's; "
-              "the gatv2 score runs the CUDA-core walks only");
 }
 
 ForwardOut forward(const AttentionCall& c) {

@@ -16,7 +16,6 @@ std::vector<at::Tensor> gatv2_backward(const at::Tensor& grad_out, const at::Ten
                                        const AttentionCall& c, at::TensorList) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2];
   check_backward_tensors(kBwd, grad_out, out, lse2, q, q.size(0));
-  TORCH_CHECK(!c.plan.mma_backward, kBwd, ": mma_backward is the dot score's");
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};

@@ -28,12 +28,6 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
   check_rows(kFwd, e, "e", c.L.col.numel(), "E");
   check_head_param(att, "att", q);
   check_dropout(c.dropout, kFwd);
-  const KernelPlan& p = c.plan;
-  TORCH_CHECK(!p.pmf && !p.mma && p.dense_cells <= 0.0 && !p.mma_backward &&
-                  !p.bwd_one_launch && !c.L.tiles.defined(),
-              kFwd, ": the gatv2_edge score runs the CUDA-core SMMF forward and the two-launch "
-              "CUDA-core backward; pmf, mma, dense_cells, mma_backward, bwd_one_launch and "
-              "the tile plan raise");
 }
 
 ForwardOut forward(const AttentionCall& c) {
@@ -48,7 +42,10 @@ ForwardOut forward(const AttentionCall& c) {
 
 }  // namespace
 
+// SMMF and the two-launch CUDA-core backward only (scores/score.cuh, kEdgeRows).
 DFGNN_REGISTER_SCORE(gatv2_edge,
-                     ScoreOps{"gatv2_edge", &check, &forward, &gatv2_edge_backward, false});
+                     ScoreOps{"gatv2_edge", &check, &forward, &gatv2_edge_backward, false, false,
+                              ScorePaths{/*pmf=*/false, /*mma=*/false, /*dense_tiles=*/false,
+                                         /*two_rows=*/false, /*one_launch_backward=*/false}});
 
 }  // namespace dfgnn
