@@ -47,12 +47,14 @@ from typing import Callable, Dict, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 from torch_geometric.data import Data
+from torch_geometric.transforms import BaseTransform
 
 __all__ = ["data_dir", "cache_dir", "planetoid", "pubmed_graph", "tu_dataset", "musae",
            "musae_github", "ogbn_arxiv", "actor", "webkb", "load", "available",
-           "moleculenet_hiv", "hiv_batch", "hiv_batches", "scaffold_split", "random_split",
-           "require_rdkit", "DataUnavailable", "add_data_argument", "exit_on_missing_data",
-           "dataset_folder"]
+           "moleculenet_hiv", "hiv_processed", "process_hiv", "MoleculeStorage",
+           "MoleculeFeatures", "murcko_scaffold", "hiv_batch", "hiv_batches", "scaffold_split",
+           "random_split", "require_rdkit", "DataUnavailable", "add_data_argument",
+           "exit_on_missing_data", "dataset_folder"]
 
 #: Environment variable naming the data folder when no ``root`` is given.
 ENV_DATA = "PYG_DFGNN_DATA"
@@ -575,6 +577,89 @@ def _first_molecules(src: Path, dst: Path, limit: int) -> None:
     dst.write_text("\n".join([header, *kept, ""]))
 
 
+def murcko_scaffold(smiles: str) -> str:
+    r"""The Bemis-Murcko scaffold of a molecule as SMILES (RDKit, chirality
+    included): the key :func:`scaffold_split` groups molecules by, as OGB's
+    ``scaffold_split`` does. ``""`` for an acyclic molecule."""
+    require_rdkit("the scaffold split")
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+
+    RDLogger.DisableLog("rdApp.*")
+    return MurckoScaffold.MurckoScaffoldSmiles(mol=Chem.MolFromSmiles(smiles),
+                                               includeChirality=True)
+
+
+class MoleculeStorage(BaseTransform):
+    r"""The ``pre_transform`` of :func:`moleculenet_hiv`, what PyG's
+    ``MoleculeNet`` stores of each molecule: ``x``, ``edge_index`` and
+    ``edge_attr`` as uint8, and the molecule's scaffold
+    (:func:`murcko_scaffold`) as ``scaffold``.
+
+    The features are indices into :data:`torch_geometric.utils.smiles.x_map` /
+    ``e_map`` (at most 118), and PyG stores each molecule's ``edge_index`` with
+    the molecule's own atom numbers (HIV's largest molecule has 222 atoms), so
+    uint8 holds them: the processed HIV takes 25.5 MiB instead of 162 MiB, which
+    makes a processed copy small enough to carry to a machine without RDKit
+    (:func:`process_hiv`). The stored scaffold lets :func:`scaffold_split` run
+    there too. :class:`MoleculeFeatures` widens the integers on each access.
+
+    Raises:
+        ValueError: a molecule with more than 256 atoms.
+    """
+
+    KEYS = ("x", "edge_index", "edge_attr")
+
+    def forward(self, data: Data) -> Data:
+        if data.num_nodes > 256:
+            raise ValueError(f"{data.smiles}: {data.num_nodes} atoms, more than uint8 atom "
+                             "numbers hold")
+        for key in self.KEYS:
+            data[key] = data[key].to(torch.uint8)
+        data.scaffold = murcko_scaffold(data.smiles)
+        return data
+
+
+class MoleculeFeatures(BaseTransform):
+    r"""The ``transform`` of :func:`moleculenet_hiv`: the integers
+    :class:`MoleculeStorage` stores as uint8 back to int64, as
+    :func:`~torch_geometric.utils.from_smiles` makes them. Message passing and
+    :class:`~torch.nn.Embedding` index with int64, and batching adds each
+    molecule's atom offset to ``edge_index``, which uint8 would overflow."""
+
+    def forward(self, data: Data) -> Data:
+        for key in MoleculeStorage.KEYS:
+            data[key] = data[key].long()
+        return data
+
+
+def _hiv(folder: _PathLike, transform: Optional[Callable] = None, **kwargs):
+    r"""PyG's ``MoleculeNet(folder, "HIV")`` with :class:`MoleculeStorage` and
+    :class:`MoleculeFeatures` (then ``transform``)."""
+    from torch_geometric.datasets import MoleculeNet
+    from torch_geometric.transforms import Compose
+
+    widen = MoleculeFeatures() if transform is None else Compose([MoleculeFeatures(), transform])
+    return MoleculeNet(str(folder), "HIV", transform=widen, pre_transform=MoleculeStorage(),
+                       **kwargs)
+
+
+def _first(dataset, limit: Optional[int]):
+    # A copy, not a view (dataset[:limit]): a view's dataset.smiles and
+    # dataset.scaffold collate every molecule anew on each access.
+    return dataset if limit is None else dataset.copy(slice(0, limit))
+
+
+def hiv_processed(root: Optional[_PathLike] = None) -> Optional[Path]:
+    r"""The processed HIV of the data folder, ``MoleculeNet/hiv/processed/data.pt``
+    (made by :func:`process_hiv`), or ``None`` where the data folder has none or
+    there is no data folder. Where it is, :func:`moleculenet_hiv` needs no
+    RDKit."""
+    base = data_dir(root)
+    path = None if base is None else base / "MoleculeNet" / "hiv" / "processed" / "data.pt"
+    return path if path is not None and path.is_file() else None
+
+
 def moleculenet_hiv(root: Optional[_PathLike] = None, limit: Optional[int] = None, **kwargs):
     r"""MoleculeNet HIV: 41,127 SMILES with a binary HIV-activity label, the set
     OGB's ogbg-molhiv is built from, as graphs with integer atom and bond
@@ -582,7 +667,10 @@ def moleculenet_hiv(root: Optional[_PathLike] = None, limit: Optional[int] = Non
 
     Source: ``MoleculeNet/hiv/raw/HIV.csv``, loaded by
     :class:`torch_geometric.datasets.MoleculeNet` from a private copy; without a
-    data folder, PyG downloads and processes it once into the cache.
+    data folder, PyG downloads and processes it once into the cache. A data
+    folder that holds ``MoleculeNet/hiv/processed/`` too (:func:`process_hiv`)
+    is read without RDKit: PyG skips processing where its processed files
+    exist.
 
     Args:
         root (str, optional): the data folder (see :func:`data_dir`).
@@ -597,31 +685,86 @@ def moleculenet_hiv(root: Optional[_PathLike] = None, limit: Optional[int] = Non
         skips the 7 SMILES RDKit gives no atom for), each with ``x`` ``[N_i, 9]``
         and ``edge_attr`` ``[E_i, 3]`` int64 (the columns of
         :data:`torch_geometric.utils.smiles.x_map` / ``e_map``), ``edge_index``
-        (each bond in both directions), ``y`` ``[1, 1]`` float and ``smiles``.
-        About 25.5 atoms and 55 directed edges per molecule.
+        (each bond in both directions), ``y`` ``[1, 1]`` float, ``smiles`` and
+        ``scaffold`` (:class:`MoleculeStorage`, which stores the integers as
+        uint8; :class:`MoleculeFeatures` widens them on access). About 25.5
+        atoms and 55 directed edges per molecule.
 
     Raises:
-        ModuleNotFoundError: RDKit is not installed (one line: what to install).
-        DataUnavailable: the data folder lacks ``MoleculeNet/hiv/``, or the
-            download failed.
+        ModuleNotFoundError: RDKit is not installed and the molecules need
+            processing (one line: what to install).
+        DataUnavailable: the data folder lacks ``MoleculeNet/hiv/``, its
+            processed HIV holds fewer than ``limit`` molecules, or the download
+            failed.
     """
-    from torch_geometric.datasets import MoleculeNet
-
-    require_rdkit()
     raw = dataset_folder(root, "MoleculeNet", "hiv", "raw")
+    processed = hiv_processed(root)
+    if processed is not None:
+        # PyG skips process() where its processed files exist: no RDKit here
+        ds = _hiv(_private_copy(root, "MoleculeNet", "hiv").parent, **kwargs)
+        if limit is not None and limit > len(ds):
+            raise DataUnavailable(
+                f"the processed HIV in {processed.parent} holds {len(ds):,} molecules, "
+                f"fewer than the {limit:,} asked for.\n"
+                f"Ask for {len(ds):,} or fewer, or pass a data folder with more molecules.")
+        return _first(ds, limit)
+    require_rdkit()
     if raw is None:
         path = cache_dir() / "MoleculeNet"
         with _download("MoleculeNet HIV", path / "hiv", "MoleculeNet/hiv/raw/HIV.csv"):
-            ds = MoleculeNet(str(path), "HIV", **kwargs)
-        return ds if limit is None else ds[:limit]
+            return _first(_hiv(path, **kwargs), limit)
     if limit is None:
-        return MoleculeNet(str(_private_copy(root, "MoleculeNet", "hiv").parent), "HIV",
-                           **kwargs)
+        return _hiv(_private_copy(root, "MoleculeNet", "hiv").parent, **kwargs)
     key = (raw, limit)
     if key not in _COPIES:
         _COPIES[key] = _tmp_root() / f"hiv-first-{limit}-{len(_COPIES)}"
         _first_molecules(raw / "HIV.csv", _COPIES[key] / "hiv" / "raw" / "HIV.csv", limit)
-    return MoleculeNet(str(_COPIES[key]), "HIV", **kwargs)
+    return _hiv(_COPIES[key], **kwargs)
+
+
+def process_hiv(dest: _PathLike, root: Optional[_PathLike] = None,
+                limit: Optional[int] = None):
+    r"""Makes ``dest`` a data folder holding a processed MoleculeNet HIV, for
+    :func:`moleculenet_hiv` on a machine without RDKit: PyG's ``MoleculeNet``
+    processes ``dest/MoleculeNet/hiv/raw/HIV.csv`` (all the molecules of the data
+    folder's, or the first ``limit``) into ``dest/MoleculeNet/hiv/processed/``,
+    PyG's own files, with :class:`MoleculeStorage`. PyG needs the raw file
+    beside the processed ones (without it, it downloads), so both are written.
+    Size: about 0.66 KiB per molecule, the CSV included (12.9 MiB for 20,000,
+    27.6 MiB for all 41,120).
+
+    Args:
+        dest (str): the new data folder; its ``MoleculeNet/hiv`` must not exist.
+        root (str, optional): the data folder the SMILES come from (see
+            :func:`data_dir`); without one, PyG downloads ``HIV.csv``.
+        limit (int, optional): the first ``limit`` molecules only.
+
+    Returns:
+        the processed dataset (:func:`moleculenet_hiv`'s, read from ``dest``).
+
+    Raises:
+        FileExistsError: ``dest/MoleculeNet/hiv`` exists.
+        ModuleNotFoundError: RDKit is not installed.
+    """
+    require_rdkit()
+    folder = Path(dest).expanduser().resolve() / "MoleculeNet"
+    if (folder / "hiv").exists():
+        raise FileExistsError(f"{folder / 'hiv'} exists: remove it, or name another folder")
+    raw = dataset_folder(root, "MoleculeNet", "hiv", "raw")
+    if raw is None:
+        from torch_geometric.data import download_url
+        from torch_geometric.datasets import MoleculeNet
+
+        raw = _tmp_root() / "hiv-download"
+        with _download("MoleculeNet HIV", raw, "MoleculeNet/hiv/raw/HIV.csv"):
+            download_url(MoleculeNet.url.format("HIV.csv"), str(raw), log=False)
+    csv_path = folder / "hiv" / "raw" / "HIV.csv"
+    if limit is None:
+        csv_path.parent.mkdir(parents=True)
+        shutil.copyfile(raw / "HIV.csv", csv_path)
+    else:
+        _first_molecules(raw / "HIV.csv", csv_path, limit)
+    return _hiv(folder)
 
 
 def hiv_batch(num_molecules: int = 1024, root: Optional[_PathLike] = None):
@@ -708,7 +851,8 @@ def save_hiv_batches(path: _PathLike, sizes: Sequence[int] = (128, 1024), count:
     torch.save(out, path)
 
 
-def scaffold_split(smiles, frac_train: float = 0.8, frac_val: float = 0.1) -> Dict[str, torch.Tensor]:
+def scaffold_split(smiles, frac_train: float = 0.8, frac_val: float = 0.1,
+                   scaffolds=None) -> Dict[str, torch.Tensor]:
     r"""The scaffold split OGB made ogbg-molhiv's split with (``scaffold_split`` of
     the pretrain-gnns code): molecules grouped by their Bemis-Murcko scaffold
     (RDKit, chirality included), groups sorted by size, largest first (ties:
@@ -718,25 +862,24 @@ def scaffold_split(smiles, frac_train: float = 0.8, frac_val: float = 0.1) -> Di
     split. Deterministic: no seed.
 
     Args:
-        smiles (list of str): one SMILES per molecule.
+        smiles (list of str): one SMILES per molecule; unread where
+            ``scaffolds`` is given (``None`` then).
         frac_train (float), frac_val (float): target fractions (test: the rest).
+        scaffolds (list of str, optional): each molecule's scaffold
+            (:func:`murcko_scaffold`), as a processed HIV stores them
+            (``dataset.scaffold``, :class:`MoleculeStorage`): no RDKit needed.
 
     Returns:
         ``{"train": idx, "val": idx, "test": idx}``, int64 index tensors that are
-        disjoint and together cover ``range(len(smiles))``.
+        disjoint and together cover ``range(len(scaffolds))``.
     """
-    require_rdkit("the scaffold split")
-    from rdkit import Chem, RDLogger
-    from rdkit.Chem.Scaffolds import MurckoScaffold
-
-    RDLogger.DisableLog("rdApp.*")
+    if scaffolds is None:
+        scaffolds = [murcko_scaffold(m) for m in smiles]
     groups: Dict[str, list] = {}
-    for i, s in enumerate(smiles):
-        scaffold = MurckoScaffold.MurckoScaffoldSmiles(mol=Chem.MolFromSmiles(s),
-                                                       includeChirality=True)
+    for i, scaffold in enumerate(scaffolds):
         groups.setdefault(scaffold, []).append(i)
     ordered = sorted(groups.values(), key=lambda g: (len(g), g[0]), reverse=True)
-    n = len(smiles)
+    n = len(scaffolds)
     parts: Dict[str, list] = {"train": [], "val": [], "test": []}
     for group in ordered:
         if len(parts["train"]) + len(group) <= frac_train * n:

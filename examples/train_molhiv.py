@@ -1,9 +1,12 @@
 r"""Trains an attention GNN with bond features on MoleculeNet HIV (the molecules of
 OGB's ogbg-molhiv), with PyG's convs and with their ``fuse()``d copy, and
-reports test ROC-AUC and the time of a training step.
+reports test ROC-AUC, the time of a training step and of an epoch, and with
+``--sweep-batch-sizes`` the step time by batch size.
 
     python examples/train_molhiv.py --data DIR               # DIR/MoleculeNet/hiv/raw/HIV.csv
     python examples/train_molhiv.py --conv gat --subset 2000 --epochs 3
+    python examples/train_molhiv.py --data DIR --subset 20000 --save-processed OUT  # RDKit
+    python examples/train_molhiv.py --data OUT --sweep-batch-sizes 32,128,512,1024  # no RDKit
     python examples/train_molhiv.py --help
 
 The model, as molecule models with attention layers are built (GraphGPS's local
@@ -35,10 +38,27 @@ scaffolds, deterministic; :func:`benchmarks.datasets.scaffold_split`), or
 ``--split random`` (seeded). ROC-AUC as OGB's evaluator computes it; the test
 ROC-AUC is the one at the epoch with the best validation ROC-AUC. A step is
 forward, backward and Adam on one batch already on the device (synchronised on a
-GPU); evaluation is not timed. PyG turns the SMILES into graphs with RDKit
-(``pip install rdkit``): 40-50 s for the 41,127 SMILES on 2 cores, in every run
-that reads a data folder (PyG processes a private copy; a download is processed
-once, in the cache). ``--subset N`` parses the first N molecules only.
+GPU); an epoch is the pass over the training batches, their batching and copies
+to the device included; evaluation is not timed. PyG turns the SMILES into
+graphs with RDKit (``pip install rdkit``), and RDKit finds their scaffolds:
+about 70 s for the 41,127 SMILES on 2 cores, in every run that reads a data
+folder (PyG processes a private copy; a download is processed once, in the
+cache). ``--subset N`` parses the first N molecules only.
+
+Without RDKit: ``--save-processed DIR``, run once where RDKit is, lets PyG's
+``MoleculeNet`` process the molecules (all, or ``--subset N``) into
+``DIR/MoleculeNet/hiv/`` (the CSV in ``raw/``, PyG's ``processed/`` files);
+``--data DIR`` then reads them with no RDKit, since PyG skips processing where
+its processed files exist. PyG stores the integer features as uint8 and each
+molecule's Murcko scaffold (:class:`benchmarks.datasets.MoleculeStorage`), so
+20,000 molecules take 13 MiB and the scaffold split needs no RDKit either;
+``--subset N`` takes the first N of them.
+
+``--sweep-batch-sizes 32,128,512,1024`` times ``--sweep-steps`` steps per batch
+size after training, native and fused on the same batches
+(:func:`sweep`): the step's wall time and, on a GPU, the time of its kernels
+and copies (torch.profiler), so the host's share of each step shows: where the
+host dominates, the wall time is far above the GPU time.
 """
 from __future__ import annotations
 
@@ -65,7 +85,7 @@ from benchmarks import cli  # noqa: E402  (before torch_geometric: quiets its im
 from torch_geometric.utils.smiles import e_map, x_map  # noqa: E402
 
 __all__ = ["CONVS", "IMPLS", "AtomEncoder", "BondEncoder", "MoleculeModel", "roc_auc",
-           "make_loaders", "train_one", "parse_args", "main"]
+           "make_loaders", "train_one", "sweep", "sweep_table", "parse_args", "main"]
 
 CONVS = ("gat", "gatv2", "transformer")
 IMPLS = ("native", "fused")
@@ -171,17 +191,19 @@ def roc_auc(y_true: Tensor, y_score: Tensor) -> float:
 
 
 # -------------------------------------------------------------- training
-def make_loaders(dataset, split: Dict[str, Tensor], batch_size: int, seed: int):
+def make_loaders(dataset, split: Dict[str, Tensor], batch_size: int, seed: int,
+                 drop_last: bool = False):
     r"""PyG ``DataLoader``\ s over the molecules ``split[part]`` of ``dataset`` (a
     PyG dataset or a list of graphs): the training one shuffles with its own
     generator seeded with ``seed``, so every model that calls this with the same
-    seed trains on the same batches."""
+    seed trains on the same batches, and with ``drop_last`` leaves out a last
+    batch smaller than ``batch_size``."""
     from torch.utils.data import Subset
     from torch_geometric.loader import DataLoader
 
     gen = torch.Generator().manual_seed(seed)
     return {part: DataLoader(Subset(dataset, idx.tolist()), batch_size=batch_size,
-                             shuffle=part == "train",
+                             shuffle=part == "train", drop_last=drop_last and part == "train",
                              generator=gen if part == "train" else None)
             for part, idx in split.items()}
 
@@ -191,8 +213,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _loss(model: nn.Module, batch) -> Tensor:
-    out = model(batch.x, batch.edge_index, batch.edge_attr, batch.batch)
+def _loss(model: nn.Module, batch, edge_index: Optional[Tensor] = None) -> Tensor:
+    edge_index = batch.edge_index if edge_index is None else edge_index
+    out = model(batch.x, edge_index, batch.edge_attr, batch.batch)
     labelled = ~torch.isnan(batch.y)  # HIV labels every molecule; MoleculeNet may not
     return F.binary_cross_entropy_with_logits(out[labelled], batch.y[labelled])
 
@@ -217,7 +240,9 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
     Returns:
         dict with ``test_rocauc`` and ``val_rocauc`` at the best validation
         ROC-AUC, ``best_epoch`` (1-based), ``median_step_ms``,
-        ``mean_step_ms``, the per-step ``losses``, and per epoch
+        ``mean_step_ms``, ``median_epoch_s``, the per-step ``losses``, and per
+        epoch ``epoch_s`` (the pass over ``loaders["train"]``: batching, the
+        copies to the device and the steps; evaluation left out),
         ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``.
     """
     torch.manual_seed(seed)  # the same dropout masks for every implementation
@@ -225,12 +250,14 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
     losses: List[float] = []
     times: List[float] = []
     epoch_loss: List[float] = []
+    epoch_s: List[float] = []
     curves: Dict[str, List[float]] = {"val": [], "test": []}
     best = {"val": -math.inf, "test": math.nan, "epoch": 0}
     bar = cli.progress(total=epochs * len(loaders["train"]), show=progress, desc=desc)
     for epoch in range(1, epochs + 1):
         model.train()
         first = len(losses)
+        t_epoch = time.perf_counter()
         for batch in loaders["train"]:
             batch = batch.to(device)
             _sync(device)
@@ -243,6 +270,7 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
             times.append((time.perf_counter() - t0) * 1e3)
             losses.append(loss.item())
             bar.update(1)
+        epoch_s.append(time.perf_counter() - t_epoch)
         epoch_loss.append(statistics.fmean(losses[first:]))
         for part in curves:
             curves[part].append(evaluate(model, loaders[part], device))
@@ -258,11 +286,122 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         "best_epoch": best["epoch"],
         "median_step_ms": statistics.median(times),
         "mean_step_ms": statistics.fmean(times),
+        "median_epoch_s": statistics.median(epoch_s),
+        "epoch_s": epoch_s,
         "losses": losses,
         "epoch_loss": epoch_loss,
         "val_rocaucs": curves["val"],
         "test_rocaucs": curves["test"],
     }
+
+
+def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int],
+          impls: Sequence[str], steps: int, lr: float, seed: int, device: torch.device,
+          warmup: int = 5) -> List[Dict[str, object]]:
+    r"""Times ``steps`` training steps (after ``warmup`` untimed ones) per batch
+    size and implementation, on the same batches of the molecules ``train_idx``,
+    each already on the device, from copies of ``base`` (the native model;
+    ``fuse()`` makes the fused one): how the step time follows the batch size,
+    and where it is the host's rather than the GPU's.
+
+    Every step reads a new ``edge_index`` (a copy made before the timing), so the
+    fused step builds its layout in each, as in training, where every batch is
+    new. Each batch holds ``batch_size`` molecules; where ``train_idx`` holds
+    fewer than ``warmup + steps`` batches, they repeat.
+
+    Returns:
+        one row per batch size and implementation: ``batch_size``, ``impl``,
+        ``steps``, the mean ``molecules``, ``nodes`` and ``edges`` of a step,
+        ``wall_ms`` (median time of a step, synchronised, as
+        :func:`train_one` times it), and on a GPU ``event_ms`` (median time
+        between CUDA events around the step: everything the host issues in it,
+        host gaps included), ``gpu_ms`` (the time the GPU spends in the step's
+        kernels and copies, torch.profiler, over a second pass of the same
+        steps: the step's time were it not waiting for the host), ``host_ms``
+        (``wall_ms - gpu_ms``) and ``host_share`` (``host_ms / wall_ms``); on the
+        CPU those are ``None``.
+    """
+    import itertools
+
+    from benchmarks.minibatch import Timer, kernel_categories
+    from pyg_dfgnn.nn import fuse
+
+    cuda = device.type == "cuda"
+    rows: List[Dict[str, object]] = []
+    for bs in batch_sizes:
+        loader = make_loaders(dataset, {"train": train_idx}, bs, seed, drop_last=True)["train"]
+        batches = [b.to(device) for b in itertools.islice(itertools.cycle(loader),
+                                                          warmup + steps)]
+        timed = range(warmup, warmup + steps)
+        for impl in impls:
+            model = copy.deepcopy(base)
+            if impl == "fused":
+                fuse(model)
+            model.train()
+            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            torch.manual_seed(seed)
+            edges = [b.edge_index.clone() for b in batches]
+
+            def step(i: int) -> None:
+                opt.zero_grad(set_to_none=True)
+                _loss(model, batches[i], edges[i]).backward()
+                opt.step()
+
+            for i in range(warmup):
+                step(i)
+            wall, span = [], []
+            for i in timed:
+                _sync(device)
+                t0 = time.perf_counter()
+                with Timer(device) as t:
+                    step(i)
+                _sync(device)
+                wall.append((time.perf_counter() - t0) * 1e3)
+                span.append(t.elapsed())
+            gpu = None
+            if cuda:
+                edges = [b.edge_index.clone() for b in batches]  # new layouts again
+                gpu = kernel_categories(step, timed)["gpu_ms"]
+            row = {"batch_size": bs, "impl": impl, "steps": steps,
+                   "molecules": statistics.fmean(batches[i].num_graphs for i in timed),
+                   "nodes": statistics.fmean(batches[i].num_nodes for i in timed),
+                   "edges": statistics.fmean(batches[i].edge_index.size(1) for i in timed),
+                   "wall_ms": statistics.median(wall),
+                   "event_ms": statistics.median(span) if cuda else None,
+                   "gpu_ms": gpu, "host_ms": None, "host_share": None}
+            if gpu is not None:
+                row["host_ms"] = row["wall_ms"] - gpu
+                row["host_share"] = row["host_ms"] / row["wall_ms"]
+            rows.append(row)
+    return rows
+
+
+def sweep_table(rows: Sequence[Dict[str, object]]) -> str:
+    r"""The rows of :func:`sweep` as a table: per batch size, each
+    implementation's step (wall) time with its GPU time, the ratio, and on a
+    GPU the host's share of each step."""
+    def ms(r):
+        return f"{r['wall_ms']:.2f}" + (f" ({r['gpu_ms']:.2f})" if r["gpu_ms"] is not None
+                                         else "")
+
+    by = {(r["batch_size"], r["impl"]): r for r in rows}
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    head = ["batch", "molecules"] + [f"{i} step ms (GPU ms)" for i in impls]
+    if len(impls) == 2:
+        head.append("native/fused")
+    gpu = rows[0]["gpu_ms"] is not None
+    if gpu:
+        head.append("host share " + " / ".join(impls))
+    out = [head]
+    for bs in dict.fromkeys(r["batch_size"] for r in rows):
+        rs = [by[bs, i] for i in impls]
+        line = [str(bs), f"{rs[0]['molecules']:.0f}"] + [ms(r) for r in rs]
+        if len(impls) == 2:
+            line.append(f"{rs[0]['wall_ms'] / rs[1]['wall_ms']:.2f}x")
+        if gpu:
+            line.append(" / ".join(f"{r['host_share']:.0%}" for r in rs))
+        out.append(line)
+    return cli.table(out)
 
 
 # ------------------------------------------------------------------- CLI
@@ -280,8 +419,11 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                "  %(prog)s --data DIR              # DIR/MoleculeNet/hiv/raw/HIV.csv\n"
                "  %(prog)s --conv transformer --subset 2000 --epochs 3 --device cpu\n"
                "  %(prog)s --impl fused --json out/molhiv.json\n"
-               "\nNeeds RDKit (pip install rdkit). Without --data or $PYG_DFGNN_DATA, PyG "
-               "downloads the dataset into ~/.cache/pyg_dfgnn.",
+               "  %(prog)s --data DIR --subset 20000 --save-processed OUT   # with RDKit\n"
+               "  %(prog)s --data OUT --sweep-batch-sizes 32,128,512,1024   # without\n"
+               "\nNeeds RDKit (pip install rdkit), except with a --data folder that "
+               "--save-processed made. Without --data or $PYG_DFGNN_DATA, PyG downloads the "
+               "dataset into ~/.cache/pyg_dfgnn.",
         formatter_class=cli.HelpFormatter)
     p.add_argument("--conv", choices=CONVS, default="transformer",
                    help="attention layer: GATConv, GATv2Conv or TransformerConv, each with "
@@ -305,12 +447,31 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the parameters, the batch order, dropout and --split random")
-    cli.add_run_arguments(p, "config, fuse() report, per-impl metrics and curves")
+    p.add_argument("--sweep-batch-sizes", metavar="LIST", default=None,
+                   help="after training, time --sweep-steps training steps at each of these "
+                        "batch sizes (comma-separated, e.g. 32,128,512,1024), each impl on the "
+                        "same batches: step time and, on a GPU, the GPU's time in it (default: "
+                        "no sweep)")
+    p.add_argument("--sweep-steps", type=int, default=20,
+                   help="timed steps per batch size and impl in the sweep, after 5 warm-up "
+                        "steps")
+    p.add_argument("--save-processed", metavar="DIR", default=None,
+                   help="instead of training: process the molecules (all, or --subset N) "
+                        "with RDKit into DIR/MoleculeNet/hiv/ (PyG's processed files, about "
+                        "0.66 KiB per molecule), which --data DIR then reads without RDKit; "
+                        "DIR/MoleculeNet/hiv must not exist (default: none, train)")
+    cli.add_run_arguments(p, "config, fuse() report, per-impl metrics and curves, sweep rows")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "hidden", "heads", "layers", "subset"):
+    for name in ("epochs", "batch_size", "hidden", "heads", "layers", "subset", "sweep_steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.sweep_batch_sizes is not None:
+        values = args.sweep_batch_sizes.split(",")
+        if not all(v.strip().isdigit() and int(v) > 0 for v in values):
+            p.error(f"--sweep-batch-sizes {args.sweep_batch_sizes}: positive integers separated "
+                    "by commas, e.g. 32,128,512,1024")
+        args.sweep_batch_sizes = [int(v) for v in values]
     if args.hidden % args.heads:
         p.error(f"--hidden ({args.hidden}) must be a multiple of --heads ({args.heads})")
     args.device = cli.parse_device(p, args.device)
@@ -326,7 +487,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     from benchmarks import datasets
     from pyg_dfgnn.nn import fuse
 
-    datasets.require_rdkit("examples/train_molhiv.py")
+    if args.save_processed:
+        return save_processed(args)
+    if datasets.hiv_processed(args.data) is None:  # else PyG reads what RDKit made before
+        datasets.require_rdkit("examples/train_molhiv.py")
     device = args.device
     impls = list(IMPLS) if args.impl == "both" else [args.impl]
 
@@ -342,10 +506,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
               "the native model's code, so the two train alike and their step times compare "
               "PyG with itself.")
     models = {"native": native, "fused": report.model}
+    # The sweep's models start from the parameters training starts from.
+    sweep_base = copy.deepcopy(native) if args.sweep_batch_sizes else None
 
     dataset = datasets.moleculenet_hiv(args.data, limit=args.subset)
-    split = (datasets.scaffold_split(dataset.smiles) if args.split == "scaffold"
-             else datasets.random_split(len(dataset), seed=args.seed))
+    # A processed HIV holds each molecule's scaffold (datasets.MoleculeStorage), so
+    # the scaffold split needs no RDKit there.
+    split = (datasets.scaffold_split(dataset.smiles, scaffolds=getattr(dataset, "scaffold", None))
+             if args.split == "scaffold" else datasets.random_split(len(dataset), seed=args.seed))
+    sizes = {part: len(idx) for part, idx in split.items()}
+    if args.sweep_batch_sizes and max(args.sweep_batch_sizes) > sizes["train"]:
+        raise SystemExit(f"--sweep-batch-sizes: {max(args.sweep_batch_sizes):,} molecules per "
+                         f"batch, but the training split holds {sizes['train']:,}")
 
     results: Dict[str, Dict[str, object]] = {}
     for impl in impls:
@@ -353,6 +525,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
         results[impl] = train_one(models[impl], loaders, args.epochs, args.lr, args.seed,
                                   device, desc=f"{args.conv}/{impl}",
                                   progress=not args.no_progress)
+    rows = None
+    if args.sweep_batch_sizes:
+        rows = sweep(sweep_base, dataset, split["train"], args.sweep_batch_sizes, impls,
+                     args.sweep_steps, args.lr, args.seed, device)
     speedup = None
     if len(results) == 2 and report.num_fused:
         speedup = results["native"]["median_step_ms"] / results["fused"]["median_step_ms"]
@@ -360,7 +536,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     kernels = pyg_dfgnn.has_cuda_kernels() and device.type == "cuda"
     dev_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
                 else platform.processor() or platform.machine() or "cpu")
-    sizes = {part: len(idx) for part, idx in split.items()}
     out = {
         "device": str(device),
         "device_name": dev_name,
@@ -373,10 +548,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
         "split": args.split,
         "split_sizes": sizes,
         "config": {k: getattr(args, k) for k in ("epochs", "batch_size", "hidden", "heads",
-                                                 "layers", "dropout", "lr", "seed", "subset")},
+                                                 "layers", "dropout", "lr", "seed", "subset",
+                                                 "sweep_batch_sizes", "sweep_steps")},
         "fuse_report": [layer._asdict() for layer in report],
         "results": results,
         "speedup": speedup,
+        "sweep": rows,
     }
 
     print(f"\n{args.conv} on MoleculeNet HIV ({args.split} split, train / val / test "
@@ -387,19 +564,40 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     if "fused" in results and report.num_fused and device.type == "cpu":
         print("fused layers: pure-PyTorch reference path on the CPU (times say nothing "
               "about the kernels)")
-    rows = [["impl", "test ROC-AUC", "best val ROC-AUC (epoch)", "median step ms",
-             "speedup (native/fused)"]]
+    table = [["impl", "test ROC-AUC", "best val ROC-AUC (epoch)", "median step ms",
+              "median epoch s", "speedup (native/fused)"]]
     for impl, r in results.items():
         sp = f"{speedup:.2f}x" if impl == "fused" and speedup is not None else ""
-        rows.append([impl, f"{r['test_rocauc']:.4f}",
-                     f"{r['val_rocauc']:.4f} ({r['best_epoch']})",
-                     f"{r['median_step_ms']:.2f}", sp])
-    print(cli.table(rows))
+        table.append([impl, f"{r['test_rocauc']:.4f}",
+                      f"{r['val_rocauc']:.4f} ({r['best_epoch']})",
+                      f"{r['median_step_ms']:.2f}", f"{r['median_epoch_s']:.2f}", sp])
+    print(cli.table(table))
+    if rows:
+        gpu = " (GPU ms: its kernels and copies, torch.profiler)" if device.type == "cuda" else ""
+        print(f"\nstep time by batch size, median of {args.sweep_steps} steps{gpu}:")
+        print(sweep_table(rows))
     if args.json:
         path = cli.out_file(args.json)
         path.write_text(json.dumps(out, indent=2))
         print(f"results written to {path}")
     return out
+
+
+def save_processed(args: argparse.Namespace) -> Dict[str, object]:
+    r"""``--save-processed DIR``: PyG's processed HIV (the molecules ``--data``
+    and ``--subset`` select) written into ``DIR/MoleculeNet/hiv``
+    (:func:`benchmarks.datasets.process_hiv`), with the size of each file."""
+    from benchmarks import datasets
+
+    datasets.require_rdkit("examples/train_molhiv.py --save-processed")
+    dataset = datasets.process_hiv(args.save_processed, root=args.data, limit=args.subset)
+    root = Path(args.save_processed).expanduser().resolve()
+    files = {str(f.relative_to(root)): f.stat().st_size
+             for f in sorted((root / "MoleculeNet" / "hiv").rglob("*")) if f.is_file()}
+    print(cli.table([["file", "MiB"]] + [[f, f"{n / 2**20:.2f}"] for f, n in files.items()]))
+    print(f"{len(dataset):,} molecules, {sum(files.values()) / 2**20:.2f} MiB in {root}: "
+          f"--data {root} reads them without RDKit")
+    return {"data": str(root), "molecules": len(dataset), "files": files}
 
 
 def run(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

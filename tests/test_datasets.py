@@ -290,10 +290,15 @@ def test_hiv_failed_download_is_two_lines(monkeypatch, tmp_path):
     assert not (tmp_path / "MoleculeNet").exists()
 
 
-def test_hiv_without_rdkit_says_what_to_install(monkeypatch):
+def test_hiv_without_rdkit_says_what_to_install(monkeypatch, tmp_path):
+    """SMILES without a processed copy need RDKit (a data folder with the raw file
+    only: one with processed files is read without RDKit)."""
+    raw = tmp_path / "MoleculeNet" / "hiv" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "HIV.csv").write_text("smiles,activity,HIV_active\nCCO,CI,0\n")
     monkeypatch.setitem(sys.modules, "rdkit", None)  # import rdkit raises ImportError
     with pytest.raises(ModuleNotFoundError) as e:
-        datasets.moleculenet_hiv()
+        datasets.moleculenet_hiv(tmp_path)
     assert "pip install rdkit" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ModuleNotFoundError, match="pip install rdkit"):
         datasets.scaffold_split(["CCO"])

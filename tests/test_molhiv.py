@@ -104,16 +104,24 @@ def test_fused_and_native_train_alike(mh, conv):
     assert 0.0 <= b["test_rocauc"] <= 1.0 and b["median_step_ms"] > 0
 
 
-def test_without_rdkit_one_line(mh, monkeypatch):
+def test_without_rdkit_one_line(mh, monkeypatch, tmp_path):
+    """A data folder with the SMILES only: they need RDKit, which the run says in
+    one line before any work."""
+    raw = tmp_path / "MoleculeNet" / "hiv" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "HIV.csv").write_text("smiles,activity,HIV_active\nCCO,CI,0\n")
     monkeypatch.setitem(sys.modules, "rdkit", None)  # import rdkit raises ImportError
     with pytest.raises(SystemExit) as e:
-        mh.run(["--device", "cpu", "--no-progress"])
+        mh.run(["--data", str(tmp_path), "--device", "cpu", "--no-progress"])
     msg = str(e.value.code)
     assert "pip install rdkit" in msg and "\n" not in msg and "train_molhiv.py" in msg
 
 
 @pytest.mark.parametrize("argv,error", [(["--hidden", "30", "--heads", "4"], "multiple"),
-                                        (["--subset", "0"], "--subset must be >= 1")])
+                                        (["--subset", "0"], "--subset must be >= 1"),
+                                        (["--sweep-batch-sizes", "32,x"], "--sweep-batch-sizes"),
+                                        (["--sweep-batch-sizes", "0,32"], "--sweep-batch-sizes"),
+                                        (["--sweep-steps", "0"], "--sweep-steps must be")])
 def test_bad_options_fail_before_work(mh, argv, error, capsys):
     with pytest.raises(SystemExit) as e:
         mh.parse_args(argv + ["--device", "cpu"])
@@ -141,3 +149,118 @@ def test_main_on_the_first_hiv_molecules(mh, tmp_path, capsys):
     # TransformerConv's edge features run fused (the dot_edge score): a speed-up is shown
     assert [layer["fused"] for layer in saved["fuse_report"]] == [True, True]
     assert "No conv runs fused" not in printed and saved["speedup"] is not None
+
+
+def test_sweep_rows(mh):
+    """One row per batch size and impl, each over batches of that many molecules,
+    from copies of the model it is given; on the CPU no GPU columns."""
+    mols = _molecules()
+    torch.manual_seed(0)
+    base = mh.MoleculeModel("transformer", hidden=16, heads=2, layers=2, dropout=0.1)
+    before = [p.clone() for p in base.parameters()]
+    rows = mh.sweep(base, mols, torch.arange(16), [4, 8], ["native", "fused"], steps=3,
+                    lr=1e-2, seed=0, device=torch.device("cpu"), warmup=1)
+    assert [(r["batch_size"], r["impl"]) for r in rows] == [
+        (4, "native"), (4, "fused"), (8, "native"), (8, "fused")]
+    for r in rows:
+        assert set(r) == {"batch_size", "impl", "steps", "molecules", "nodes", "edges",
+                          "wall_ms", "event_ms", "gpu_ms", "host_ms", "host_share"}
+        assert r["steps"] == 3 and r["molecules"] == r["batch_size"] and r["wall_ms"] > 0
+        assert r["nodes"] > r["molecules"] and r["edges"] > 0
+        assert r["event_ms"] is r["gpu_ms"] is r["host_ms"] is r["host_share"] is None
+    assert all(torch.equal(p, q) for p, q in zip(base.parameters(), before))
+    table = mh.sweep_table(rows).splitlines()
+    assert table[0].split(" | ")[0].strip() == "batch" and len(table) == 2 + 2
+    assert "native/fused" in table[0] and "host share" not in table[0]
+
+
+# ------------------------------------------------ a processed HIV, without RDKit
+N_PROCESSED = 200
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory):
+    """A data folder holding a processed HIV: the data folder's first 200
+    molecules processed here where RDKit is installed, else the data folder
+    itself where it holds one (as the processed copy carried to a machine
+    without RDKit does)."""
+    try:
+        import rdkit  # noqa: F401
+    except ImportError:
+        if datasets.hiv_processed() is None:
+            pytest.skip(f"needs RDKit ({datasets.RDKIT_HINT}) or a processed HIV in the data "
+                        "folder")
+        return datasets.data_dir()
+    if datasets.data_dir() is None or not datasets.data_dir().is_dir():
+        pytest.skip("no data folder ($PYG_DFGNN_DATA; make test sets it)")
+    dest = tmp_path_factory.mktemp("processed")
+    datasets.process_hiv(dest, limit=N_PROCESSED)
+    return dest
+
+
+def _files(folder):
+    return {f: (f.stat().st_size, f.stat().st_mtime_ns)
+            for f in (folder / "MoleculeNet" / "hiv").rglob("*") if f.is_file()}
+
+
+def test_processed_hiv_trains_without_rdkit(mh, processed, monkeypatch, tmp_path, capsys):
+    """--data on a processed HIV: PyG reads the processed files, the scaffold
+    split reads the stored scaffolds, and nothing imports RDKit; the sweep
+    writes its rows into the JSON; the data folder is left as it was."""
+    before = _files(processed)
+    monkeypatch.setitem(sys.modules, "rdkit", None)  # import rdkit raises ImportError
+    out = tmp_path / "molhiv.json"
+    mh.main(["--data", str(processed), "--subset", "200", "--epochs", "1", "--conv", "gat",
+             "--hidden", "16", "--heads", "2", "--layers", "2", "--device", "cpu",
+             "--no-progress", "--sweep-batch-sizes", "16,64", "--sweep-steps", "2",
+             "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert sum(saved["split_sizes"].values()) == 200 and saved["split"] == "scaffold"
+    native, fused = saved["results"]["native"], saved["results"]["fused"]
+    assert len(native["epoch_s"]) == 1 and native["median_epoch_s"] > 0
+    torch.testing.assert_close(torch.tensor(fused["losses"]), torch.tensor(native["losses"]),
+                               rtol=1e-5, atol=1e-6)
+    rows = saved["sweep"]
+    assert [(r["batch_size"], r["impl"]) for r in rows] == [
+        (16, "native"), (16, "fused"), (64, "native"), (64, "fused")]
+    assert all(r["molecules"] == r["batch_size"] and r["steps"] == 2 for r in rows)
+    assert saved["config"]["sweep_batch_sizes"] == [16, 64]
+    printed = capsys.readouterr().out
+    assert "median epoch s" in printed and "step time by batch size" in printed
+    assert _files(processed) == before
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--subset", "100000"], "fewer than the 100,000 asked for"),
+    (["--subset", "200", "--sweep-batch-sizes", "32,1024"], "but the training split holds")])
+def test_processed_hiv_refusals(mh, processed, monkeypatch, argv, error):
+    """More molecules than the processed copy holds (two lines: what, what to
+    do) and a sweep batch beyond the training split end the run before training."""
+    monkeypatch.setitem(sys.modules, "rdkit", None)
+    with pytest.raises(SystemExit) as e:
+        mh.run(["--data", str(processed), "--device", "cpu", "--no-progress"] + argv)
+    assert error in str(e.value.code)
+
+
+def test_processed_hiv_is_what_rdkit_parses(processed):
+    """The processed copy holds PyG's from_smiles graphs, stored as uint8 and
+    read back as int64, and each molecule's scaffold: its scaffold split is the
+    one RDKit computes from the SMILES. Under 1 KiB per molecule."""
+    pytest.importorskip("rdkit", reason=f"needs RDKit ({datasets.RDKIT_HINT})")
+    from torch_geometric.utils import from_smiles
+
+    ds = datasets.moleculenet_hiv(processed, limit=N_PROCESSED)
+    assert len(ds) == N_PROCESSED
+    for i in range(0, N_PROCESSED, 7):
+        g, want = ds[i], from_smiles(ds[i].smiles)
+        for key in ("x", "edge_index", "edge_attr"):
+            assert g[key].dtype == torch.long and torch.equal(g[key], want[key]), (i, key)
+            assert ds.get(i)[key].dtype == torch.uint8  # as stored
+        assert g.scaffold == datasets.murcko_scaffold(g.smiles)
+    stored = datasets.scaffold_split(None, scaffolds=ds.scaffold)
+    computed = datasets.scaffold_split(ds.smiles)
+    assert all(torch.equal(stored[k], computed[k]) for k in computed)
+    size = datasets.hiv_processed(processed).stat().st_size
+    assert size < 1024 * len(datasets.moleculenet_hiv(processed))
+    with pytest.raises(FileExistsError):
+        datasets.process_hiv(processed, limit=10)
