@@ -5,7 +5,8 @@ For each graph, model and dtype, one layer is built from a seed --
 ``TransformerConv`` (``gt``), ``TransformerConv`` with ``edge_dim=16`` (``gt_edge``:
 :data:`EDGE_DIM` features per edge, the ``dot_edge`` score), ``GATConv`` (``gat``),
 ``GATConv`` with ``edge_dim=16`` (``gat_edge``, the ``additive_edge`` score),
-``GATv2Conv`` (``gatv2``) or ``AGNNConv`` (``agnn``) of
+``GATv2Conv`` (``gatv2``), ``GATv2Conv`` with ``edge_dim=16`` (``gatv2_edge``, the
+``gatv2_edge`` score) or ``AGNNConv`` (``agnn``) of
 :mod:`torch_geometric.nn`, ``--in-channels`` (128) input features, ``--heads-channels``
 (1x128) -- and its fused copy with the same state (:func:`pyg_dfgnn.nn.fuse` of a deep
 copy). ``AGNNConv`` has no projection and keeps its 128 channels whatever the heads.
@@ -41,9 +42,10 @@ runs under the same matmul precision (TF32 off unless ``--tf32``).
 (``--self-loops graph``, the default: both layers built with ``add_self_loops=False``;
 native PyG then skips its per-call ``remove_self_loops`` / ``add_self_loops``, whose
 boolean mask has a data-dependent size) or add them themselves
-(``--self-loops layer``: the convs' default). ``gat_edge`` on a graph with its
-self-loops gets their features from PyG's ``add_self_loops(fill_value="mean")``,
-once, as ``GATConv`` computes them in every call otherwise.
+(``--self-loops layer``: the convs' default). ``gat_edge`` and ``gatv2_edge`` on
+a graph with its self-loops get their features from PyG's
+``add_self_loops(fill_value="mean")``, once, as ``GATConv`` and ``GATv2Conv``
+compute them in every call otherwise.
 
 Graphs: PATTERN and CLUSTER (batches of 1024 generated graphs,
 :func:`benchmarks.generators.sbm_batch`), MUSAE GitHub, ogbn-arxiv (the full graph,
@@ -54,8 +56,8 @@ web-NotreDame-like power-law graph (:data:`EDGE_GRAPHS`) and ``HIV``, a batch of
 ``--hiv-molecules`` (512) MoleculeNet HIV molecules read from ``--hiv-batches FILE``
 (:func:`benchmarks.datasets.hiv_batches`: pre-batched molecules, for machines
 without RDKit) with its bond features embedded (:func:`embed_bonds`). The edge
-models ``gt_edge`` and ``gat_edge`` run on PATTERN, web-NotreDame-like and HIV
-only, and the last two run the edge models only (:data:`MODEL_GRAPHS`; HIV only
+models ``gt_edge``, ``gat_edge`` and ``gatv2_edge`` run on PATTERN,
+web-NotreDame-like and HIV only, and the last two run the edge models only (:data:`MODEL_GRAPHS`; HIV only
 with ``--hiv-batches``). Needs a CUDA
 GPU and the compiled extension, except with ``--quick``: 8-graph batches and
 300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
@@ -70,18 +72,18 @@ method; ``--resume`` keeps what ``--out`` holds and runs the rest, and a method 
 leaves the CUDA context unusable (a fault in generated code) is recorded and the run
 restarts itself with ``--resume``.
 
-Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge`` and
-``gat_edge`` on 2 graphs (3 with ``--hiv-batches``) x 2 dtypes, x 4 methods; the 30
-cases of 3 models took 7 minutes on an H100
-in one process, most of it compiling (5-26 s per compiled native layer, 1-4 s per
-compiled fused layer). Autocast leaves ``AGNNConv``
-in fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
+Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge``,
+``gat_edge`` and ``gatv2_edge`` on 2 graphs (3 with ``--hiv-batches``) x 2 dtypes,
+x 4 methods; the 30 cases of 3 models took 7 minutes on an H100 in one process,
+most of it compiling (5-26 s per compiled native layer, 1-4 s per compiled fused
+layer). Autocast leaves ``AGNNConv`` in fp32 (it has no matmul), so its bf16 rows
+repeat the fp32 computation;
 ``--bf16-models`` narrows the bf16 cases to some models.
 
 Usage, from the repository root::
 
     python -m benchmarks.layers --out out/layers.json
-    python -m benchmarks.layers --models gt_edge,gat_edge --graphs HIV \
+    python -m benchmarks.layers --models gt_edge,gat_edge,gatv2_edge --graphs HIV \
         --hiv-batches hiv_batches.pt --out out/hiv.json
     python -m benchmarks.layers --quick --out q.json      # no GPU: the CPU, eager methods
     python -m benchmarks.layers --quick --device cpu --methods pyg,pyg-compile \
@@ -112,9 +114,9 @@ HIV = "HIV"
 #: Molecules in the HIV batch (``--hiv-molecules``).
 HIV_MOLECULES = 512
 GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS + tuple(EDGE_GRAPHS) + (HIV,)
-MODELS = ("gt", "gt_edge", "gat", "gat_edge", "gatv2", "agnn")
+MODELS = ("gt", "gt_edge", "gat", "gat_edge", "gatv2", "gatv2_edge", "agnn")
 #: The models with edge features (``edge_dim=EDGE_DIM``).
-EDGE_MODELS = ("gt_edge", "gat_edge")
+EDGE_MODELS = ("gt_edge", "gat_edge", "gatv2_edge")
 #: Features per edge of the edge models.
 EDGE_DIM = 16
 #: The graphs only the edge models run on.
@@ -220,6 +222,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
         native = GATConv(in_channels, C, heads=H, add_self_loops=loops, edge_dim=EDGE_DIM)
     elif model == "gatv2":
         native = GATv2Conv(in_channels, C, heads=H, add_self_loops=loops)
+    elif model == "gatv2_edge":
+        native = GATv2Conv(in_channels, C, heads=H, add_self_loops=loops, edge_dim=EDGE_DIM)
     elif model == "agnn":
         native = AGNNConv(add_self_loops=loops)
     else:

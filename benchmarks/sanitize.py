@@ -3,7 +3,8 @@
 Runs every kernel family once per path on small graphs, forward and backward,
 and checks each result against the float64 reference, so that a sanitizer run
 covers: GT (with and without edge rows) / GAT (with and without edge terms) /
-GATv2 / AGNN scores; fp32, fp16 and bf16; SMMF and PMF; split rows
+GATv2 (with and without edge rows) / AGNN scores; fp32, fp16 and bf16; SMMF and
+PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``); attention
@@ -199,17 +200,32 @@ def gat_cases(prefix, G, **kw):
         gat_case(f"{prefix} {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4, **kw)
 
 
-def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None):
+def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None,
+               edge=False, chunk=None):
+    """The GATv2 score on a layout with self-loops where the graph is square;
+    ``bwd``: the backward's launches; ``edge``: with per-edge rows ``e`` ``[E, H,
+    C]`` in CSR order inside the LeakyReLU (the gatv2_edge score); ``chunk``:
+    edges per work item (a small one splits every row)."""
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
     x_l = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
     x_r = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
     att = (torch.randn(H, C, device=DEV) / C ** 0.5).to(dtype).requires_grad_()
+    inputs, names = (x_r, x_l, att), ("x_r", "x_l", "att")
+    if edge:
+        e = torch.randn(lay.num_edges, H, C, device=DEV, dtype=dtype)
+        # Off the LeakyReLU's kink by 1e-3, where rounding cannot pick the other
+        # branch, whose gradient differs (tests/test_cuda_gatv2_edge.py, KINK_MARGIN).
+        pre = x_r[lay.csr_row.long()] + x_l[lay.col.long()] + e
+        away = torch.where(pre < 0, -2e-3, 2e-3).to(dtype)
+        e = torch.where(pre.abs() < 1e-3, e + away, e).detach().requires_grad_()
+        inputs, names = inputs + (e,), names + ("e",)
     g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
-    with _path(bwd_launches=bwd):
+    with _path(bwd_launches=bwd), ops.plan.override(chunk=chunk):
         out = ops.gatv2_attention(lay, x_l, x_r, att, dropout=dropout, training=dropout > 0,
-                                  strategy=strategy)
+                                  strategy=strategy, edge=inputs[3] if edge else None,
+                                  edge_order="csr")
         out.backward(g)
-    _check_score(name, "gatv2", lay, (x_r, x_l, att), ("x_r", "x_l", "att"), (0.2,), out, g,
+    _check_score(name, "gatv2_edge" if edge else "gatv2", lay, inputs, names, (0.2,), out, g,
                  dropout)
 
 
@@ -319,21 +335,22 @@ def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=N
                           _path(bwd_launches=bwd, mma_bwd=mma_bwd))
 
 
-def gat_edge_layer_case(name, ei, ns, nd, autocast):
-    """FusedGATConv with edge features (``edge_dim=16``, self-loops with
-    ``fill_value="mean"``: the additive_edge score) forward and backward against
-    native PyG in float64 (bf16 gradients within 2e-2: the attention vectors'
-    gradients sum terms that nearly cancel)."""
-    from torch_geometric.nn import GATConv
+def gat_edge_layer_case(name, ei, ns, nd, autocast, v2=False):
+    """FusedGATConv (``v2``: FusedGATv2Conv) with edge features (``edge_dim=16``,
+    self-loops with ``fill_value="mean"``: the additive_edge or gatv2_edge score)
+    forward and backward against native PyG in float64 (bf16 gradients within
+    2e-2: the attention vectors' gradients sum terms that nearly cancel)."""
+    from torch_geometric.nn import GATConv, GATv2Conv
 
-    from pyg_dfgnn.nn import FusedGATConv
+    from pyg_dfgnn.nn import FusedGATConv, FusedGATv2Conv
     torch.manual_seed(4)
     in_ch = (48, 40) if ns != nd else 48
-    native = GATConv(in_ch, 32, heads=2, edge_dim=16)
-    conv = FusedGATConv(in_ch, 32, heads=2, edge_dim=16)
+    native_cls, fused_cls = (GATv2Conv, FusedGATv2Conv) if v2 else (GATConv, FusedGATConv)
+    native = native_cls(in_ch, 32, heads=2, edge_dim=16)
+    conv = fused_cls(in_ch, 32, heads=2, edge_dim=16)
+    att = "att" if v2 else "att_edge"
     _layer_against_native(name, native, conv, ei, ns, nd, autocast, 16,
-                          {"W_edge": "lin_edge.weight", "att_edge": "att_edge"},
-                          grad_tol=2e-2)
+                          {"W_edge": "lin_edge.weight", att: att}, grad_tol=2e-2)
 
 
 def _node_cases(G, gen, args) -> None:
@@ -397,7 +414,8 @@ def _node_cases(G, gen, args) -> None:
 
 
 def _edge_cases(G, args) -> None:
-    """The cases of the scores with per-edge inputs (dot_edge, additive_edge)."""
+    """The cases of the scores with per-edge inputs (dot_edge, additive_edge,
+    gatv2_edge)."""
     f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
     # Last, so that the cases above draw the inputs they always drew (one global
     # generator): a case's tolerance holds for its inputs, not for every draw.
@@ -427,6 +445,23 @@ def _edge_cases(G, args) -> None:
         for autocast in (False, True)[:1 if args.no_layers else 2]:
             gat_edge_layer_case(f"gat layer {kind} edge_dim 16 "
                                 f"{'bf16' if autocast else 'fp32'}", *G[kind], autocast)
+    print("GATv2 with edge rows")
+    for kind in ("small", "super_node", "bipartite", "batch"):
+        gatv2_case(f"gatv2_edge {kind} smmf fp32 H2C32", *G[kind], 2, 32, f32, edge=True)
+        gatv2_case(f"gatv2_edge {kind} smmf fp32 H1C7 scalar", *G[kind], 1, 7, f32, edge=True)
+        gatv2_case(f"gatv2_edge {kind} smmf bf16 H2C64", *G[kind], 2, 64, b16, edge=True)
+        gatv2_case(f"gatv2_edge {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16, edge=True)
+        gatv2_case(f"gatv2_edge {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4,
+                   edge=True)
+    for dt in (f32, b16):
+        gatv2_case(f"gatv2_edge small {dt} split rows chunk 4", *G["small"], 2, 32, dt,
+                   edge=True, chunk=4)
+        gatv2_case(f"gatv2_edge small {dt} split rows chunk 4 dropout", *G["small"], 2, 32, dt,
+                   dropout=0.3, edge=True, chunk=4)
+    for kind in ("small", "bipartite"):
+        for autocast in (False, True)[:1 if args.no_layers else 2]:
+            gat_edge_layer_case(f"gatv2 layer {kind} edge_dim 16 "
+                                f"{'bf16' if autocast else 'fp32'}", *G[kind], autocast, v2=True)
 
 
 def main(argv=None) -> int:

@@ -25,13 +25,11 @@ GAT layer, OGB's molecule examples):
 
 The fused model is :func:`pyg_dfgnn.nn.fuse` applied to a copy of the native one:
 same parameters, same function, on the same batches from the same seed. With
-``--conv transformer`` or ``gat`` every conv runs fused, bond features included
-(the ``dot_edge`` and ``additive_edge`` scores; ``GATConv`` takes its
-self-loops' bond features from ``fill_value="mean"``, as PyG does).
-``GATv2Conv`` with edge features runs PyG's own forward in the fused model too,
-so with ``--conv gatv2`` the two models run the same code and no speed-up is
-shown. The run says which before it loads the data: ``fuse()``'s report lists
-each conv and why it is not fused.
+every ``--conv`` every conv runs fused, bond features included (the
+``dot_edge``, ``additive_edge`` and ``gatv2_edge`` scores; ``GATConv`` and
+``GATv2Conv`` take their self-loops' bond features from ``fill_value="mean"``,
+as PyG does). The run says so before it loads the data: ``fuse()``'s report
+lists each conv and why it is not fused.
 
 Split: the scaffold split OGB made ogbg-molhiv's split with (RDKit Murcko
 scaffolds, deterministic; :func:`benchmarks.datasets.scaffold_split`), or

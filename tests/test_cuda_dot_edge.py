@@ -6,8 +6,8 @@ error ||got - ref|| / ||ref|| < 1e-5 (outputs, attention weights) and < 1e-4
 (gradients, the edge rows' included) in fp32, < 1e-2 in fp16 / bf16; split rows
 (a super node, and a tiny chunk), the kernels' dropout mask recomputed on the
 host, determinism, and the layer against native ``TransformerConv``. The tests
-of the edge inputs' order and of the peak memory run the ``additive_edge`` score
-too."""
+of the edge inputs' order and of the peak memory run the ``additive_edge`` and
+``gatv2_edge`` scores too."""
 import math
 
 import pytest
@@ -151,14 +151,25 @@ def test_dropout_is_the_kernels_mask_forward_and_backward(graph, dtype, monkeypa
         < tol[0]
 
 
+@pytest.mark.parametrize("score", ["dot_edge", "gatv2_edge"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_deterministic(dtype, dropout):
+def test_deterministic(score, dtype, dropout):
     """Bitwise the same output and gradients twice with split rows (the super
-    node), and with dropout from the same seed (torch.manual_seed)."""
-    lay, leaves = make("super_node", 4, 32, dtype)
-    assert_deterministic(lambda: call(lay, *leaves, dropout=dropout, training=True), leaves,
-                         torch.randn(lay.num_dst, 4, 32, device=DEV, dtype=dtype))
+    node), and with dropout from the same seed (torch.manual_seed); the scores
+    without a PMF path (additive_edge's, SMMF and PMF: test_cuda_gat_edge.py)."""
+    sc = EDGE_SCORES[score]
+    ei, ns, nd = GRAPHS["super_node"]()
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    *nodes, e = leaves = sc.make(ns, nd, lay.num_edges, 4, 32, dtype, DEV)
+
+    def run():
+        with ops.recording() as records:
+            out = sc.call(lay, nodes, e, dropout=dropout, training=True)
+        assert [r.score for r in records] == [score] and records[0].plan is not None
+        return out
+
+    assert_deterministic(run, leaves, torch.randn(nd, 4, 32, device=DEV, dtype=dtype))
 
 
 def assert_deterministic(run, leaves, g):
@@ -196,8 +207,8 @@ def test_plan_runs_what_the_score_has(plan_override):
 
 @pytest.mark.parametrize("score", list(EDGE_SCORES))
 def test_csr_order_rows_skip_the_gather_and_match(score):
-    """Both edge scores (dot_edge, additive_edge): the edge inputs in input order
-    and gathered into CSR order give bitwise the same results."""
+    """Every edge score (dot_edge, additive_edge, gatv2_edge): the edge inputs in
+    input order and gathered into CSR order give bitwise the same results."""
     sc = EDGE_SCORES[score]
     ei, ns, nd = GRAPHS["bipartite"]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
@@ -214,12 +225,14 @@ def test_csr_order_rows_skip_the_gather_and_match(score):
     assert torch.equal(lay.to_csr_order(ge), ge_csr)
 
 
-@pytest.mark.parametrize("score,bound", [("dot_edge", 1.5), ("additive_edge", 0.25)])
+@pytest.mark.parametrize("score,bound", [("dot_edge", 1.5), ("additive_edge", 0.25),
+                                         ("gatv2_edge", 1.5)])
 def test_memory_holds_no_edge_messages(score, bound):
     """Peak memory of a forward + backward beyond its inputs, in E x H x C fp32
-    tensors: dot_edge holds the edge rows' gradient (one, the size of the input
-    rows) and small things, additive_edge the [E, H] terms' gradient, far below
-    one; PyG holds several (and its edge projection one more)."""
+    tensors: dot_edge and gatv2_edge hold the edge rows' gradient (one, the size
+    of the input rows) and small things, additive_edge the [E, H] terms'
+    gradient, far below one; PyG holds several (and its edge projection one
+    more)."""
     n, E, H, C = 20_000, 1_000_000, 4, 64
     ei = torch.randint(0, n, (2, E), device=DEV)
     lay = GraphLayout.from_edge_index(ei, (n, n))

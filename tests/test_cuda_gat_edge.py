@@ -7,6 +7,8 @@ error ||got - ref|| / ||ref|| < 1e-5 (outputs, attention weights) and < 1e-4
 PMF; split rows (a super node, and a tiny chunk), the kernels' dropout mask
 recomputed on the host, determinism, and the layer against native ``GATConv``
 (the edge terms' order and the peak memory: ``test_cuda_dot_edge.py``)."""
+import functools
+
 import pytest
 import torch
 from torch_geometric.nn import GATConv
@@ -38,37 +40,43 @@ def make(graph, H, C, dtype, requires_grad=True, loops=False):
                  for s in shapes]
 
 
-def ref64(lay, a_src, a_dst, x, e, g=None, keep=None, p=0.0):
-    """``(out, alpha in CSR order, [d a_src, d a_dst, dx, de] or None)`` in
-    float64, ``e`` in the order of the layout's ``edge_index``; ``keep``: a
-    dropout mask ``[E, H]`` by CSR position, applied as ``alpha * keep / (1 -
-    p)``."""
-    t = [u.detach().double().requires_grad_(g is not None) for u in (a_src, a_dst, x, e)]
-    e_csr = lay.to_csr_order(t[3], loops_appended=True)
-    if keep is None:
-        out, alpha = reference.additive_attention(lay.rowptr, lay.col, t[1], t[0], t[2], SLOPE,
-                                                  edge=e_csr)
-    else:
-        dst = reference.csr_dst(lay.rowptr, lay.num_edges)
-        s = torch.nn.functional.leaky_relu(t[1][dst] + t[0][lay.col.long()] + e_csr, SLOPE)
-        alpha = reference.edge_softmax(s, lay.rowptr)
-        out = reference.aggregate(lay.rowptr, lay.col, alpha * keep / (1 - p), t[2])
+def edge_ref64(score, kernel_order, lay, leaves, g=None, keep=None, p=0.0):
+    """``(out, alpha in CSR order, the gradients of leaves or None)`` in float64
+    of the reference of ``score`` (its spec's) over ``leaves``: the op's inputs,
+    the edge input last, in the order of the layout's ``edge_index``
+    (``kernel_order``: the spec's order of the others); ``keep``: a dropout mask
+    ``[E, H]`` by CSR position, applied as ``alpha * keep / (1 - p)`` to the
+    softmax before the sum of the value rows."""
+    spec = ops.spec.get(score)
+    t = [u.detach().double().requires_grad_(g is not None) for u in leaves]
+    inputs = [t[i] for i in kernel_order] + [lay.to_csr_order(t[-1], loops_appended=True)]
+    out, alpha = spec.reference(lay, inputs, (SLOPE,), 0.0, False)
+    if keep is not None:
+        out = reference.aggregate(lay.rowptr, lay.col, alpha * keep / (1 - p),
+                                  inputs[spec.value_input])
     if g is None:
         return out, alpha, None
     out.backward(g.double())
     return out, alpha, [u.grad for u in t]
 
 
-def call(lay, a_src, a_dst, x, e, **kw):
-    """gat_attention with the edge terms (CSR order: the layout's own order
-    through ``to_csr_order(loops_appended=True)``); checks that the kernels ran
-    it."""
+def edge_call(op, score, lay, *leaves, **kw):
+    """``op`` (a public op) over ``leaves`` (its inputs in its order, the edge
+    input last, which goes in CSR order: the layout's own order through
+    ``to_csr_order(loops_appended=True)``); checks that the kernels of ``score``
+    ran it."""
+    *nodes, e = leaves
     e_csr = lay.to_csr_order(e, loops_appended=True)
     with ops.recording() as records:
-        res = ops.gat_attention(lay, a_src, a_dst, x, negative_slope=SLOPE, edge=e_csr,
-                                edge_order="csr", **kw)
-    assert [r.score for r in records] == ["additive_edge"] and records[0].plan is not None
+        res = op(lay, *nodes, negative_slope=SLOPE, edge=e_csr, edge_order="csr", **kw)
+    assert [r.score for r in records] == [score] and records[0].plan is not None
     return res
+
+
+#: :func:`edge_ref64` and :func:`edge_call` of the additive_edge score, ``leaves``
+#: ``[a_src, a_dst, x, e]``.
+ref64 = functools.partial(edge_ref64, "additive_edge", (1, 0, 2))
+call = functools.partial(edge_call, ops.gat_attention, "additive_edge")
 
 
 def grads_of(leaves):
@@ -85,7 +93,7 @@ def test_forward_backward_fp32(graph, H, C, strategy):
     out, alpha = call(lay, *leaves, return_attention=True, strategy=strategy)
     poison()
     out.backward(g)
-    ref, ref_alpha, want = ref64(lay, *leaves, g)
+    ref, ref_alpha, want = ref64(lay, leaves, g)
     assert_matches_ref(lay, out, alpha, ref, ref_alpha, list(zip(grads_of(leaves), want)))
 
 
@@ -99,7 +107,7 @@ def test_self_loop_layout(dtype, strategy):
     poison()
     out = call(lay, *leaves, strategy=strategy)
     out.backward(g)
-    ref, _, want = ref64(lay, *leaves, g)
+    ref, _, want = ref64(lay, leaves, g)
     tol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 1e-2)
     assert rel_err(out, ref) < tol[0]
     for got, w in zip(grads_of(leaves), want):
@@ -123,7 +131,7 @@ def test_split_rows_with_a_tiny_chunk(dtype, dropout, strategy, plan_override, m
     poison()
     out.backward(g)
     keep = dropout_keep(seed, lay.num_edges, 2, dropout).to(DEV) if dropout else None
-    ref, _, want = ref64(lay, *leaves, g, keep=keep, p=dropout)
+    ref, _, want = ref64(lay, leaves, g, keep=keep, p=dropout)
     tol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 1e-2)
     assert rel_err(out, ref) < tol[0]
     for got, w in zip(grads_of(leaves), want):
@@ -143,7 +151,7 @@ def test_half_precision(graph, dtype, H, C, strategy):
     out.backward(g)
     e = leaves[3]
     assert out.dtype == dtype and e.grad.dtype == dtype and e.grad.shape == e.shape
-    ref, _, want = ref64(lay, *leaves, g)
+    ref, _, want = ref64(lay, leaves, g)
     assert rel_err(out, ref) < 1e-2
     isolated = lay.in_degree() == 0
     assert isolated.any() and (out[isolated] == 0).all()
@@ -170,14 +178,14 @@ def test_dropout_is_the_kernels_mask_forward_and_backward(graph, dtype, strategy
     out.backward(g)
     keep = dropout_keep(seed, lay.num_edges, 2, p).to(DEV)
     assert 0.25 < 1 - keep.double().mean().item() < 0.35
-    ref, ref_alpha, want = ref64(lay, *leaves, g, keep=keep, p=p)
+    ref, ref_alpha, want = ref64(lay, leaves, g, keep=keep, p=p)
     tol = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 1e-2)
     assert rel_err(out, ref) < tol[0]
     assert rel_err(alpha, lay.to_input_order(ref_alpha)) < tol[0]
     for got, w in zip(grads_of(leaves), want):
         assert rel_err(got, w) < tol[1]
-    assert rel_err(out, ref64(lay, *leaves)[0]) > 1e-2  # the mask did apply
-    assert rel_err(call(lay, *leaves, dropout=p, training=False), ref64(lay, *leaves)[0]) \
+    assert rel_err(out, ref64(lay, leaves)[0]) > 1e-2  # the mask did apply
+    assert rel_err(call(lay, *leaves, dropout=p, training=False), ref64(lay, leaves)[0]) \
         < tol[0]
 
 
@@ -217,15 +225,24 @@ def test_opcheck_and_bad_input(pmf):
     checks of the edge terms it is handed directly (the Python op's ValueErrors
     are tested on the CPU)."""
     lay, (a_src, a_dst, x, e) = make("super_node", 2, 32, torch.float32, requires_grad=False)
-    lay.colptr  # noqa: B018
     e_csr = lay.to_csr_order(e)
+    check_op_and_bad_edge_inputs("additive_edge", lay, [a_dst, a_src, x, e_csr],
+                                 (e_csr[1:], e_csr.half(), e_csr[:, :1].contiguous()),
+                                 "pmf" if pmf else "smmf")
+
+
+def check_op_and_bad_edge_inputs(score, lay, inputs, bads, strategy="smmf"):
+    """opcheck of dfgnn::attention_fwd with ``score`` over ``inputs`` (the
+    spec's order, the edge input last, in CSR order), with and without the
+    attention weights, and the C++ op's own checks: each of ``bads`` in the
+    edge input's place raises."""
+    lay.colptr  # noqa: B018
     for need_attn in (False, True):
-        args = ops.op_args("additive_edge", lay, [a_dst, a_src, x, e_csr], (SLOPE,),
-                           need_attn=need_attn, strategy="pmf" if pmf else "smmf")
+        args = ops.op_args(score, lay, inputs, (SLOPE,), need_attn=need_attn, strategy=strategy)
         opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
-    for bad in (e_csr[1:], e_csr.half(), e_csr[:, :1].contiguous()):
+    for bad in bads:
         with pytest.raises(RuntimeError):
-            torch.ops.dfgnn.attention_fwd(*([[a_dst, a_src, x, bad]] + list(args[1:])))
+            torch.ops.dfgnn.attention_fwd(*([list(inputs[:-1]) + [bad]] + list(args[1:])))
     torch.cuda.synchronize()
 
 
@@ -242,25 +259,29 @@ LAYER_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", list(LAYER_CONFIGS))
-def test_layer_matches_native(config, dtype):
-    """The fused layer against native GATConv in float64 (same weights): fp32
-    within 1e-5 (outputs, attention weights) and 1e-4 (gradients of x, the edge
+def check_layer_against_native(native_cls, fused_cls, kwargs: dict, config: str, dtype,
+                               score: str):
+    """The fused layer ``fused_cls`` (``kwargs`` to both constructors; a
+    ``strategy`` the fused one's) against ``native_cls`` with the same weights
+    in float64, on :func:`~test_cuda_dot_edge._layer_inputs` of ``config`` (20
+    input self-loops; returned attention weights for ``"alpha"``): fp32 within
+    1e-5 (outputs, attention weights) and 1e-4 (gradients of x, the edge
     features and every parameter); bf16 under autocast within 1e-2 of float64,
-    or within 2x native PyG's own bf16 error where that is larger."""
+    or within 2x native PyG's own bf16 error where that is larger; outputs in
+    PyG's dtype (float32: the scores are, as the attention vectors are). The
+    fused call ran the kernels of ``score``; returns its plan."""
     ei, ns, nd, x, ea = _layer_inputs(config, self_loops=20)
     in_ch = (16, 12) if config == "bipartite" else 16
-    kwargs = dict(LAYER_CONFIGS[config])
+    kwargs = dict(kwargs)
     strategy = kwargs.pop("strategy", "auto")
-    native = GATConv(in_ch, 32, edge_dim=16, **kwargs).to(DEV)
-    fused = FusedGATConv(in_ch, 32, edge_dim=16, strategy=strategy, **kwargs).to(DEV)
+    native = native_cls(in_ch, 32, edge_dim=16, **kwargs).to(DEV)
+    fused = fused_cls(in_ch, 32, edge_dim=16, strategy=strategy, **kwargs).to(DEV)
     fused.load_state_dict(native.state_dict())
     kw = {"return_attention_weights": True} if config == "alpha" else {}
     autocast = dtype == torch.bfloat16
     with ops.recording() as records:
         got = _layer_run(fused, x, ei, ea, torch.float32, autocast, **dict(kw))
-    assert [r.score for r in records] == ["additive_edge"] and records[0].plan is not None
+    assert [r.score for r in records] == [score] and records[0].plan is not None
     base = _layer_run(native, x, ei, ea, torch.float32, True, **dict(kw)) if autocast else None
     want = _layer_run(native.double(), x, ei, ea.double(), torch.float64, False, **dict(kw))
     out_tol, grad_tol = (1e-2, 1e-2) if autocast else (1e-5, 1e-4)
@@ -269,7 +290,7 @@ def test_layer_matches_native(config, dtype):
     def tol(own, t):
         return t if base is None else max(t, 2 * own)
 
-    assert got[0].dtype == torch.float32  # PyG's dtype: the attention terms are float32
+    assert got[0].dtype == torch.float32
     assert rel_err(got[0], want[0]) < tol(base and rel_err(base[0], want[0]), out_tol)
     if config == "alpha":
         assert rel_err(got[1], want[1]) < tol(base and rel_err(base[1], want[1]), out_tol)
@@ -278,6 +299,15 @@ def test_layer_matches_native(config, dtype):
         if b is not None:
             own = base and rel_err_floor(base[2][k], b, floor)
             assert rel_err_floor(a, b, floor) < tol(own, grad_tol), k
+    return records[0].plan
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", list(LAYER_CONFIGS))
+def test_layer_matches_native(config, dtype):
+    """The fused layer against native GATConv (:func:`check_layer_against_native`)."""
+    check_layer_against_native(GATConv, FusedGATConv, LAYER_CONFIGS[config], config, dtype,
+                               "additive_edge")
 
 
 def test_compiled_layer_with_edge_features():

@@ -15,8 +15,8 @@ DEV = "cuda"
 
 #: The score a functor type serves (scores/<name>.cuh).
 FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "GATv2Score": "gatv2",
-            "CosineScore": "cosine", "AdditiveScore": "additive",
-            "AdditiveEdgeScore": "additive_edge"}
+            "GATv2EdgeScore": "gatv2_edge", "CosineScore": "cosine",
+            "AdditiveScore": "additive", "AdditiveEdgeScore": "additive_edge"}
 #: (device function, the plan's name for it; {s}: the functor's score, {call}:
 #: the call's, for a kernel that serves several scores without a functor).
 ROLES = [
@@ -68,6 +68,10 @@ def _inputs(score, lay, H, C, dtype):
                                           strategy=s)
     if score == "gatv2":
         return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), strategy=s)
+    if score == "gatv2_edge":  # the layout adds self-loops: the rows in CSR order
+        e = t(lay.num_edges, H, C)
+        return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), edge=e,
+                                             edge_order="csr", strategy=s)
     if score == "additive_edge":  # the layout adds self-loops: the terms in CSR order
         e = t(lay.num_edges, H)
         return lambda s: ops.gat_attention(lay, t(ns, H), t(nd, H), t(ns, H, C), edge=e,
@@ -79,11 +83,12 @@ def _inputs(score, lay, H, C, dtype):
 
 
 CASES = [(score, dtype, strategy, chunk)
-         for score in ("dot", "dot_edge", "gatv2", "cosine", "additive", "additive_edge")
+         for score in ("dot", "dot_edge", "gatv2", "gatv2_edge", "cosine", "additive",
+                       "additive_edge")
          for dtype in (torch.float32, torch.bfloat16)
          for strategy in ("smmf", "pmf")
          for chunk in (None, 8)
-         if not (score == "dot_edge" and strategy == "pmf")]
+         if ops.spec.get(score).pmf or strategy == "smmf"]
 
 
 @pytest.mark.parametrize("score,dtype,strategy,chunk", CASES)

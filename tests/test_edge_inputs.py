@@ -1,11 +1,13 @@
 """Per-edge inputs: ``gt_attention(edge=...)`` (the ``"dot_edge"`` score) and,
-in the op tests both run, ``gat_attention(edge=...)`` (``"additive_edge"``,
-whose other tests are in ``test_gat_edge.py``) against float64 formulas written
+in the op tests all three run, ``gat_attention(edge=...)`` (``"additive_edge"``,
+whose other tests are in ``test_gat_edge.py``) and ``gatv2_attention(edge=...)``
+(``"gatv2_edge"``, ``test_gatv2_edge.py``) against float64 formulas written
 out here, their errors, and ``FusedTransformerConv(edge_dim=...)`` against PyG's
 ``TransformerConv`` in float64 (outputs, attention weights and the gradients of
 the node features, the edge features and every parameter) on every adjacency
 type. On the CPU the op runs the reference path; the kernels are checked in
-``test_cuda_dot_edge.py`` and ``test_cuda_gat_edge.py``."""
+``test_cuda_dot_edge.py``, ``test_cuda_gat_edge.py`` and
+``test_cuda_gatv2_edge.py``."""
 from __future__ import annotations
 
 import copy
@@ -24,7 +26,7 @@ import pyg_dfgnn
 from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.nn import FusedGATConv, FusedTransformerConv, fuse
+from pyg_dfgnn.nn import FusedGATConv, FusedGATv2Conv, FusedTransformerConv, fuse
 from pyg_dfgnn.ops import plan, reference
 
 F64 = torch.float64
@@ -62,6 +64,18 @@ def gat_hand_formula(ei: Tensor, num_dst: int, a_src, a_dst, x, e, slope):
     alpha = _softmax_rows(s, dst, num_dst)
     out = torch.zeros(num_dst, *x.shape[1:], dtype=x.dtype).index_add(
         0, dst, alpha[..., None] * x[src])
+    return out, alpha
+
+
+def gatv2_hand_formula(ei: Tensor, num_dst: int, x_l, x_r, att, e, slope):
+    r"""``(out, alpha)`` of :math:`s_{ij} = a \cdot LeakyReLU(x_{r,i} + x_{l,j} +
+    e_{ij})`, :math:`o_i = \sum_j softmax_j(s_{ij}) x_{l,j}` in the edge order of
+    ``ei``, with nothing of the package."""
+    src, dst = ei
+    s = (torch.nn.functional.leaky_relu(x_r[dst] + x_l[src] + e, slope) * att).sum(-1)
+    alpha = _softmax_rows(s, dst, num_dst)
+    out = torch.zeros(num_dst, *x_l.shape[1:], dtype=x_l.dtype).index_add(
+        0, dst, alpha[..., None] * x_l[src])
     return out, alpha
 
 
@@ -124,6 +138,13 @@ EDGE_SCORES = {
         lambda lay, t, e, p, train: reference.additive_attention(
             lay.rowptr, lay.col, t[1], t[0], t[2], 0.3, p, training=train, edge=e)[0],
         (1, 0, 2), r"\[E, H\] = ", True),
+    "gatv2_edge": EdgeScore(
+        ops.gatv2_attention, "gatv2", ("x_l", "x_r", "att"),
+        lambda ns, nd, H, C: ((ns, H, C), (nd, H, C), (H, C)), lambda E, H, C: (E, H, C),
+        "negative_slope", 0.3, gatv2_hand_formula,
+        lambda lay, t, e, p, train: reference.gatv2_attention(
+            lay.rowptr, lay.col, t[1], t[0], t[2], 0.3, p, training=train, edge=e)[0],
+        (1, 0, 2), r"gatv2_attention: the edge rows must be \[E, H, C\] = ", False),
 }
 
 
@@ -550,12 +571,12 @@ def test_layer_pmf_strategy_runs_smmf_with_edge_features():
     _compare(native, fused, x, ei, 20, 20, ea)
 
 
-@pytest.mark.parametrize("fused_cls", [FusedTransformerConv, FusedGATConv])
+@pytest.mark.parametrize("fused_cls", [FusedTransformerConv, FusedGATConv, FusedGATv2Conv])
 def test_layer_lazy_weights_drawn_in_pygs_order(fused_cls):
     """in_channels=-1 and edge_dim=-1: the first call draws each lazy weight in
     PyG's order (TransformerConv: lin_edge after the query, key and value and
-    before the skip, as PyG's message does; GATConv: lin_edge in edge_update,
-    after the node projection)."""
+    before the skip, as PyG's message does; GATConv and GATv2Conv: lin_edge in
+    edge_update, after the node projections)."""
     ei = random_graph(20, num_edges=60)
     x, ea = torch.randn(20, 8), torch.randn(ei.size(1), 6)
     outs = []
@@ -581,7 +602,7 @@ def test_hooked_lin_edge_sees_the_rows_in_pygs_order():
     assert torch.equal(seen["fused"], seen["native"])
 
 
-@pytest.mark.parametrize("cls", [FusedTransformerConv, FusedGATConv])
+@pytest.mark.parametrize("cls", [FusedTransformerConv, FusedGATConv, FusedGATv2Conv])
 def test_layer_training_dropout_is_seeded_and_differentiable(cls):
     ei = random_graph(30, num_edges=200)
     fused = cls(8, 4, heads=2, dropout=0.5, edge_dim=16).train()
@@ -657,18 +678,19 @@ def test_edge_dim_without_features_or_wrong_rows_run_pygs_forward():
         assert_runs_pygs_forward(native, fused, x, ei, ea)
 
 
-def test_fuse_reports_transformer_and_gat_with_edge_dim_fused():
-    """TransformerConv and GATConv fuse their edge features, GATv2Conv not."""
+def test_fuse_reports_every_layer_with_edge_dim_fused():
+    """TransformerConv, GATConv and GATv2Conv fuse their edge features."""
     model = torch.nn.ModuleDict({"gt": TransformerConv(16, 8, edge_dim=4),
                                  "gat": GATConv(16, 8, edge_dim=4),
                                  "gatv2": GATv2Conv(16, 8, edge_dim=4)})
     report = fuse(model)
     assert [(r.name, r.fused, r.reason) for r in report] == [
-        ("gt", True, ""), ("gat", True, ""), ("gatv2", False, "edge features (edge_dim)")]
+        ("gt", True, ""), ("gat", True, ""), ("gatv2", True, "")]
 
 
 @pytest.mark.parametrize("cls,score", [(FusedTransformerConv, "dot_edge"),
-                                       (FusedGATConv, "additive_edge")])
+                                       (FusedGATConv, "additive_edge"),
+                                       (FusedGATv2Conv, "gatv2_edge")])
 def test_explain_names_the_edge_score(cls, score):
     ei = random_graph(20, num_edges=60)
     conv = cls(8, 4, heads=2, edge_dim=16)

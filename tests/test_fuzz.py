@@ -14,7 +14,7 @@ layer's parameters and inputs, already rounded to its dtype, cast up):
 reference path (:mod:`pyg_dfgnn.ops.reference`), still a differential test of the
 layers against PyG's message passing; on CUDA they run the kernels.
 
-Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 3,700 cases, about 35 s on two
+Profiles (``--fuzz-profile``): ``ci`` (default: CPU, 4,060 cases, about 45 s on two
 cores) and ``gpu`` (CUDA, >= 2,000 cases; the tests are then marked ``cuda``).
 Both draw from fixed seeds with no example database, so a run repeats exactly; a
 mismatch prints the falsifying case (graph family, seed, sizes, configuration)
@@ -52,9 +52,9 @@ pytestmark = pytest.mark.fuzz
 #: Device and examples per graph family of each layer test, per profile.
 PROFILES = {
     "ci": dict(device="cpu", examples={"gt": 100, "gt_edge": 40, "gat": 100, "gatv2": 60,
-                                       "agnn": 80, "gat_edge": 40}),
+                                       "agnn": 80, "gat_edge": 40, "gatv2_edge": 40}),
     "gpu": dict(device="cuda", examples={"gt": 90, "gt_edge": 80, "gat": 85, "gatv2": 80,
-                                         "agnn": 75, "gat_edge": 80}),
+                                         "agnn": 75, "gat_edge": 80, "gatv2_edge": 80}),
 }
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 1e-2),
@@ -549,18 +549,21 @@ def test_fuzz_agnn_conv(fuzz, family):
     case()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_fuzz_gat_conv_edge_features(fuzz, family):
-    """GATConv with ``edge_dim``: the ``additive_edge`` score, the self-loops'
-    features from each ``fill_value``."""
-    @fuzz("gat_edge", family)
+def _gat_edge_case(fuzz, family: str, layer: str, test: str, native_cls, fused_cls,
+                   **extra) -> None:
+    r"""The fuzz test of a ``GATConv``-like layer with ``edge_dim`` (``layer``: a
+    key of the profiles' examples), the self-loops' features from each
+    ``fill_value``; ``extra``: strategies of further constructor arguments
+    (``share_weights``: left off on bipartite graphs, whose two feature widths
+    one shared projection cannot take)."""
+    @fuzz(layer, family)
     @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
            f_src=st.integers(1, 10), f_dst=st.integers(1, 10), edge_dim=st.integers(1, 16),
            concat=st.booleans(), negative_slope=st.sampled_from([0.2, 0.0, 0.5, 1.0]),
            add_self_loops=st.booleans(),
            fill_value=st.sampled_from(["mean", "add", "max", 0.5, "tensor"]),
            residual=st.booleans(), dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(),
-           **common())
+           **extra, **common())
     def case(**case):
         graph = case["graph"]
         bip = graph.num_src != graph.num_dst
@@ -578,13 +581,29 @@ def test_fuzz_gat_conv_edge_features(fuzz, family):
                     negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
                     fill_value=fill, residual=case["residual"], dropout=case["dropout"],
                     edge_dim=case["edge_dim"])
-        _run_case("gat_edge", f"test_fuzz_gat_conv_edge_features[{family}]", fuzz, case,
-                  native_cls=GATConv, fused_cls=FusedGATConv, ctor=ctor,
+        ctor.update({k: case[k] and not (k == "share_weights" and bip) for k in extra})
+        _run_case(layer, f"{test}[{family}]", fuzz, case, native_cls=native_cls,
+                  fused_cls=fused_cls, ctor=ctor,
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
                   want_alpha=case["alpha"], edge_dim=case["edge_dim"])
 
     case()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_gat_conv_edge_features(fuzz, family):
+    """GATConv with ``edge_dim``: the ``additive_edge`` score."""
+    _gat_edge_case(fuzz, family, "gat_edge", "test_fuzz_gat_conv_edge_features", GATConv,
+                   FusedGATConv)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fuzz_gatv2_conv_edge_features(fuzz, family):
+    """GATv2Conv with ``edge_dim``: the ``gatv2_edge`` score (SMMF whatever the
+    strategy drawn), with and without ``share_weights``."""
+    _gat_edge_case(fuzz, family, "gatv2_edge", "test_fuzz_gatv2_conv_edge_features",
+                   GATv2Conv, FusedGATv2Conv, share_weights=st.booleans())
 
 
 def test_fuzz_coverage(fuzz):

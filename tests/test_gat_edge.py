@@ -1,13 +1,17 @@
-"""Per-edge terms of the additive score (the ``"additive_edge"`` score,
-``GATConv`` with ``edge_dim``): ``gat_attention(edge=...)`` on layouts with
-self-loops and its errors (the op tests both edge scores run are in
-``test_edge_inputs.py``), ``GraphLayout.to_csr_order`` for the
-edges of a layout with added self-loops, and ``FusedGATConv(edge_dim=...)``
-against PyG's ``GATConv`` in float64 (outputs, attention weights and the
-gradients of the node features, the edge features and every parameter) on every
-adjacency type, fill value and self-loop setting (``fuse()`` and ``explain``
-with edge features: ``test_edge_inputs.py``). On the CPU the op runs the
-reference path; the kernels are checked in ``test_cuda_gat_edge.py``."""
+"""Edge features of the GAT layers: the per-edge terms of the additive score
+(the ``"additive_edge"`` score, ``GATConv`` with ``edge_dim``) and the per-edge
+rows of the GATv2 score (``"gatv2_edge"``, ``GATv2Conv`` with ``edge_dim``).
+``gat_attention(edge=...)`` and ``gatv2_attention(edge=...)`` on layouts with
+self-loops (the op tests every edge score runs are in ``test_edge_inputs.py``),
+``GraphLayout.to_csr_order`` for the edges of a layout with added self-loops,
+and ``FusedGATConv(edge_dim=...)`` and ``FusedGATv2Conv(edge_dim=...)`` against
+PyG's ``GATConv`` and ``GATv2Conv`` in float64 (outputs, attention weights and
+the gradients of the node features, the edge features and every parameter) on
+every adjacency type, fill value and self-loop setting (``fuse()`` and
+``explain`` with edge features: ``test_edge_inputs.py``; the GATv2 score's
+plan: ``test_gatv2.py``). On the CPU the op runs the reference path; the
+kernels are checked in ``test_cuda_gat_edge.py`` and
+``test_cuda_gatv2_edge.py``."""
 from __future__ import annotations
 
 import copy
@@ -20,51 +24,46 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
-from pyg_dfgnn.nn import FusedGATConv
+from pyg_dfgnn.nn import FusedGATConv, FusedGATv2Conv
 from pyg_dfgnn.nn.gat_conv import _edge_terms
 from pyg_dfgnn.ops import plan
 import test_edge_inputs as edge_inputs
-from test_edge_inputs import (_adjacency, _no_fused_call, assert_runs_pygs_forward,
-                              gat_hand_formula)
+from test_edge_inputs import EDGE_SCORES, _adjacency, assert_runs_pygs_forward
 
 F64 = torch.float64
 
 
 # ----------------------------------------------------------------------------- the op
-def _terms(ns, nd, E, H, C, dtype=F64):
-    """``[a_src, a_dst, x, e]`` leaves: ``[N_src, H]``, ``[N_dst, H]``, ``[N_src,
-    H, C]``, ``[E, H]``."""
-    return edge_inputs.EDGE_SCORES["additive_edge"].make(ns, nd, E, H, C, dtype)
-
-
 def _looped(ei: Tensor, n: int) -> Tensor:
     """PyG's ``remove_self_loops`` then ``add_self_loops(num_nodes=n)``."""
     return add_self_loops(remove_self_loops(ei)[0], num_nodes=n)[0]
 
 
+@pytest.mark.parametrize("score", ["additive_edge", "gatv2_edge"])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_self_loop_layout_takes_the_terms_in_its_edge_index_order(grouped):
-    """A layout built with self-loops: the terms in the order of PyG's
+def test_self_loop_layout_takes_the_edge_inputs_in_its_edge_index_order(score, grouped):
+    """A layout built with self-loops: the edge inputs in the order of PyG's
     ``remove_self_loops`` + ``add_self_loops`` (the layout's ``edge_index``) go
     to CSR order with ``loops_appended=True``; in input order they raise."""
+    sc = EDGE_SCORES[score]
     ei = random_graph(16, num_edges=50, num_self_loops=4)
     if grouped:  # the build's other branch: no sort
         ei = ei[:, ei[1].argsort(stable=True)]
     lay = GraphLayout.from_edge_index(ei, (16, 16), add_self_loops=True)
     looped = _looped(ei, 16)
     assert torch.equal(lay.edge_index, looped)
-    a_src, a_dst, x, e = _terms(16, 16, lay.num_edges, 2, 3)
+    *nodes, e = leaves = sc.make(16, 16, lay.num_edges, 2, 3)
     e_csr = lay.to_csr_order(e, loops_appended=True)
-    out = ops.gat_attention(lay, a_src, a_dst, x, edge=e_csr, edge_order="csr")
-    want, _ = gat_hand_formula(looped, 16, a_src, a_dst, x, e, 0.2)
+    out = sc.call(lay, nodes, e_csr, edge_order="csr")
+    want, _ = sc.hand(looped, 16, *nodes, e, sc.param)
     assert rel_err(out, want) < 1e-12
     g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (a_src, a_dst, x, e), g)
-    exp = torch.autograd.grad(want, (a_src, a_dst, x, e), g)
+    got = torch.autograd.grad(out, leaves, g)
+    exp = torch.autograd.grad(want, leaves, g)
     for a, b in zip(got, exp):
         assert rel_err_floor(a, b, 1e-8) < 1e-10
     with pytest.raises(ValueError, match="loops_appended=True"):
-        ops.gat_attention(lay, a_src, a_dst, x, edge=e)
+        sc.call(lay, nodes, e)
 
 
 def test_to_csr_order_with_loops_appended():
@@ -114,17 +113,25 @@ def test_plan_of_the_additive_edge_score():
 
 
 # ----------------------------------------------------------------------------- the layer
-def _pair(*args, **kwargs):
-    """``(native, fused)`` float64 GAT layers with the same parameters."""
-    return edge_inputs._pair(*args, cls=FusedGATConv, **kwargs)
+#: The layers whose edge features enter GAT-like scores: name -> (fused class,
+#: the score of its calls with edge features, that of its calls without).
+LAYERS = {"gat": (FusedGATConv, "additive_edge", "additive"),
+          "gatv2": (FusedGATv2Conv, "gatv2_edge", "gatv2")}
 
 
-def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, call=None,
-             score="additive_edge"):
+def _pair(layer, *args, **kwargs):
+    """``(native, fused)`` float64 layers of ``layer`` (a key of :data:`LAYERS`)
+    with the same parameters."""
+    return edge_inputs._pair(*args, cls=LAYERS[layer][0], **kwargs)
+
+
+def _compare(layer, native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False,
+             call=None):
     """:func:`test_edge_inputs._compare` (the fused layer ran the fused op with
-    ``score``; outputs, weights and every gradient match PyG's in float64)."""
+    ``layer``'s edge score; outputs, weights and every gradient match PyG's in
+    float64)."""
     return edge_inputs._compare(native, fused, x, ei, ns, nd, ea, kind, from_values, call,
-                                score)
+                                LAYERS[layer][1])
 
 
 def _graph(ns=20, nd=None, **kw):
@@ -143,47 +150,56 @@ def _features(ns, nd, f_src, f_dst, D, E, dst="features"):
     return x, torch.randn(E, D, dtype=F64)
 
 
+@pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("concat", [True, False])
 @pytest.mark.parametrize("loops", [True, False])
-def test_layer_matches_pyg(heads, concat, loops):
+def test_layer_matches_pyg(layer, heads, concat, loops):
     ei = _graph()
-    native, fused = _pair(8, 5, heads=heads, concat=concat, edge_dim=6, add_self_loops=loops)
+    native, fused = _pair(layer, 8, 5, heads=heads, concat=concat, edge_dim=6,
+                          add_self_loops=loops)
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
     assert fused.fallback_reason(x, ei, ea) == ""
-    _compare(native, fused, x, ei, 20, 20, ea)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
 
 
+@pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("fill", ["mean", "add", "max", "min", 0.7, "tensor"])
-def test_layer_fill_values_match_pyg(fill):
+def test_layer_fill_values_match_pyg(layer, fill):
     """The self-loops' features: PyG's add_self_loops with each fill_value, the
     rows of destinations without in-edges included ('mean' / 'max' give them
     zeros)."""
     if fill == "tensor":
         fill = torch.randn(6, dtype=F64)
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2, edge_dim=6, fill_value=fill)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6, fill_value=fill)
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
-    _compare(native, fused, x, ei, 20, 20, ea, call={"return_attention_weights": True})
+    _compare(layer, native, fused, x, ei, 20, 20, ea, call={"return_attention_weights": True})
 
 
+@pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("kind", ["coo", "edge_index"])
 @pytest.mark.parametrize("dst", ["features", "none"])
 @pytest.mark.parametrize("loops", [True, False])
-def test_layer_bipartite_matches_pyg(kind, dst, loops):
-    """Source and destination features (or none for the destinations) with
-    ``N_src != N_dst``; with self-loops PyG adds ``min(N_src, N_dst)``."""
+def test_layer_bipartite_matches_pyg(layer, kind, dst, loops):
+    """Source and destination features (or none for the destinations: GATv2Conv
+    asserts, and the fused layer lets it) with ``N_src != N_dst``; with
+    self-loops PyG adds ``min(N_src, N_dst)``."""
     ns, nd = 14, 9
     ei = _graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4, num_self_loops=3)
-    native, fused = _pair((6, 7), 4, heads=3, edge_dim=5, add_self_loops=loops)
+    native, fused = _pair(layer, (6, 7), 4, heads=3, edge_dim=5, add_self_loops=loops)
     x, ea = _features(ns, nd, 6, 7, 5, ei.size(1), dst=dst)
+    if layer == "gatv2" and dst == "none":
+        assert_runs_pygs_forward(native, fused, x, ei, ea)
+        return
     call = {"return_attention_weights": True}
-    if kind == "coo":  # the destination count: an EdgeIndex carries it
-        call["size"] = (ns, nd)
-    _compare(native, fused, x, ei, ns, nd, ea, kind, call=call)
+    if kind == "coo" and layer == "gat":  # the destination count: an EdgeIndex carries it
+        call["size"] = (ns, nd)  # (GATv2Conv takes no size: its features set it)
+    _compare(layer, native, fused, x, ei, ns, nd, ea, kind, call=call)
 
 
-def test_layer_reducing_fill_past_the_loops_raises_as_pyg():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_reducing_fill_past_the_loops_raises_as_pyg(layer):
     """A bipartite graph with edges into destinations past min(N_src, N_dst):
     PyG's add_self_loops reduces over the first ones only and raises for the
     others; the fused layer raises alike (a constant fill runs)."""
@@ -191,55 +207,64 @@ def test_layer_reducing_fill_past_the_loops_raises_as_pyg():
     ei = torch.stack([torch.randint(0, ns, (30,)), torch.randint(0, nd, (30,))])
     ei[1, 0] = nd - 1
     x, ea = _features(ns, nd, 4, 3, 3, ei.size(1))
-    native, fused = _pair((4, 3), 2, edge_dim=3, fill_value="mean")
+    native, fused = _pair(layer, (4, 3), 2, edge_dim=3, fill_value="mean")
     with pytest.raises(RuntimeError) as want:
         native(x, ei, ea)
     with pytest.raises(type(want.value), match="out of bounds"):
         fused(x, ei, ea)
-    native, fused = _pair((4, 3), 2, edge_dim=3, fill_value=0.5)
-    _compare(native, fused, x, ei, ns, nd, ea)
+    native, fused = _pair(layer, (4, 3), 2, edge_dim=3, fill_value=0.5)
+    _compare(layer, native, fused, x, ei, ns, nd, ea)
 
 
-@pytest.mark.parametrize("kwargs", [dict(residual=True), dict(residual=True, concat=False),
-                                    dict(bias=False, negative_slope=0.0),
-                                    dict(dropout=0.4), dict(edge_dim=1),
-                                    dict(negative_slope=1.0, add_self_loops=False)])
-def test_layer_options_match_pyg(kwargs):
+OPTIONS = [dict(residual=True), dict(residual=True, concat=False),
+           dict(bias=False, negative_slope=0.0), dict(dropout=0.4), dict(edge_dim=1),
+           dict(negative_slope=1.0, add_self_loops=False)]
+
+
+@pytest.mark.parametrize("layer,kwargs", [(layer, kw) for layer in LAYERS for kw in OPTIONS]
+                         + [("gatv2", dict(share_weights=True)),
+                            ("gatv2", dict(share_weights=True, residual=True,
+                                           add_self_loops=False))])
+def test_layer_options_match_pyg(layer, kwargs):
+    """Each option, dropout in eval mode; GATv2Conv's ``share_weights`` too."""
     ei = _graph()
     kwargs = {"heads": 2, "edge_dim": 6, **kwargs}
-    native, fused = _pair(8, 4, **kwargs)
+    native, fused = _pair(layer, 8, 4, **kwargs)
     if kwargs.get("dropout"):
         native.eval()
         fused.eval()
     x, ea = _features(20, 20, 8, None, kwargs["edge_dim"], ei.size(1), dst="single")
-    _compare(native, fused, x, ei, 20, 20, ea)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
 
 
-def test_layer_one_feature_per_edge_as_a_vector():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_one_feature_per_edge_as_a_vector(layer):
     """edge_dim=1 and edge_attr [E]: PyG views it as [E, 1], after its self-loops."""
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2, edge_dim=1)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=1)
     x, ea = _features(20, 20, 8, None, 1, ei.size(1), dst="single")
-    _compare(native, fused, x, ei, 20, 20, ea[:, 0])
+    _compare(layer, native, fused, x, ei, 20, 20, ea[:, 0])
 
 
-def test_layer_super_node_and_grouped_edges():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_super_node_and_grouped_edges(layer):
     n = 40
     hub = torch.stack([torch.randint(0, n, (300,)), torch.full((300,), 7)])
     ei = torch.cat([random_graph(n, num_edges=100), hub], 1)
     ei = ei[:, torch.randperm(ei.size(1))]
     for edges in (ei, ei[:, ei[1].argsort(stable=True)]):
         for loops in (True, False):
-            native, fused = _pair(8, 4, heads=2, edge_dim=6, add_self_loops=loops)
+            native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6, add_self_loops=loops)
             x, ea = _features(n, n, 8, None, 6, edges.size(1), dst="single")
-            _compare(native, fused, x, edges, n, n, ea)
+            _compare(layer, native, fused, x, edges, n, n, ea)
 
 
+@pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("kind", ["coo", "edge_index", "csr", "sparse_coo", "sparse_tensor"])
 @pytest.mark.parametrize("from_values", [False, True])
 @pytest.mark.parametrize("loops", [True, False])
 @pytest.mark.parametrize("weights", [None, True])
-def test_layer_adjacency_types(kind, from_values, loops, weights):
+def test_layer_adjacency_types(layer, kind, from_values, loops, weights):
     """Edge features as ``edge_attr`` in the adjacency's order, or (no
     ``edge_attr``) a sparse matrix's values, as PyG's ``collect`` takes them.
     Fused, except with self-loops on a sparse matrix: PyG raises for a
@@ -251,7 +276,7 @@ def test_layer_adjacency_types(kind, from_values, loops, weights):
         pytest.skip("a [2, E] edge_index has no values")
     ns = nd = 18
     ei = random_graph(ns, num_edges=70, num_isolated=2, num_duplicates=6)
-    native, fused = _pair(8, 4, heads=2, edge_dim=6, add_self_loops=loops)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6, add_self_loops=loops)
     x, ea = _features(ns, nd, 8, None, 6, ei.size(1), dst="single")
     call = {} if weights is None else {"return_attention_weights": weights}
     adj, edge_attr = _adjacency(kind, ei, ns, nd, ea, from_values)
@@ -267,14 +292,15 @@ def test_layer_adjacency_types(kind, from_values, loops, weights):
         with pytest.raises(type(exc)):
             fused(x, adj, edge_attr, **call)
         return
-    _compare(native, fused, x, ei, ns, nd, ea, kind, from_values, call)
+    _compare(layer, native, fused, x, ei, ns, nd, ea, kind, from_values, call)
 
 
-def test_layer_attention_weights_and_edges_with_loops():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_attention_weights_and_edges_with_loops(layer):
     """The returned edges are PyG's (input edges without their loops, then one
     loop per node) and the weights in that order, each row summing to one."""
     ei = _graph()
-    native, fused = _pair(8, 4, heads=3, edge_dim=6)
+    native, fused = _pair(layer, 8, 4, heads=3, edge_dim=6)
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
     _, (ei_f, alpha) = fused(x, ei, ea, return_attention_weights=True)
     _, (ei_n, alpha_n) = native(x, ei, ea, return_attention_weights=True)
@@ -283,30 +309,34 @@ def test_layer_attention_weights_and_edges_with_loops():
     assert torch.allclose(sums, torch.ones_like(sums))
 
 
-def test_layer_pmf_strategy():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_pmf_strategy(layer):
+    """The additive_edge score has a PMF path, kept; the gatv2_edge score has
+    none, and the layer runs SMMF (the op raises for "pmf" on the CPU too)."""
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2, edge_dim=6)
-    fused.strategy = "pmf"  # the additive_edge score has a PMF path: kept
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6)
+    fused.strategy = "pmf"
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
-    _compare(native, fused, x, ei, 20, 20, ea)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
 
 
-def test_hooked_or_replaced_lin_edge_runs_pygs_form():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_hooked_or_replaced_lin_edge_runs_pygs_form(layer):
     """A lin_edge with hooks sees the features PyG's does (self-loops'
     included); one with a bias adds its projected bias, as PyG's."""
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2, edge_dim=6)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6)
     seen = {}
-    for name, layer in (("native", native), ("fused", fused)):
-        layer.lin_edge.register_forward_hook(
+    for name, conv in (("native", native), ("fused", fused)):
+        conv.lin_edge.register_forward_hook(
             lambda mod, inp, out, name=name: seen.__setitem__(name, inp[0].detach()))
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
-    _compare(native, fused, x, ei, 20, 20, ea)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
     assert torch.equal(seen["fused"], seen["native"])
-    native, fused = _pair(8, 4, heads=2, edge_dim=6)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6)
     lin = torch.nn.Linear(6, 8, dtype=F64)
     native.lin_edge, fused.lin_edge = lin, copy.deepcopy(lin)
-    _compare(native, fused, x, ei, 20, 20, ea)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
 
 
 def test_edge_terms_gemm_and_pygs_form():
@@ -330,13 +360,14 @@ def test_edge_terms_gemm_and_pygs_form():
                            (half(args[0]).view(-1, 3, 4) * args[2]).sum(-1))
 
 
-def test_layer_under_cpu_autocast_matches_pyg():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_layer_under_cpu_autocast_matches_pyg(layer):
     """bf16 autocast: the fused layer within 1e-2 of float64 PyG, or within 2x
-    PyG's own bf16 error where that is larger (the kernel takes the attention
-    terms rounded to bf16, where PyG sums them in float32: over seeds the two
-    errors stay within 1.3x of each other); outputs in PyG's dtype."""
+    PyG's own bf16 error where that is larger (GAT: the kernel takes the
+    attention terms rounded to bf16, where PyG sums them in float32: over seeds
+    the two errors stay within 1.3x of each other); outputs in PyG's dtype."""
     ei = _graph(60, num_edges=400)
-    native, fused = _pair(16, 8, heads=2, edge_dim=6)
+    native, fused = _pair(layer, 16, 8, heads=2, edge_dim=6)
     native32, fused32 = copy.deepcopy(native).float(), copy.deepcopy(fused).float()
     x, ea = torch.randn(60, 16), torch.randn(ei.size(1), 6)
 
@@ -357,30 +388,48 @@ def test_layer_under_cpu_autocast_matches_pyg():
 
 
 # ----------------------------------------------------------------------------- fallbacks
-def test_edge_dim_without_features_runs_the_additive_score():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_edge_dim_without_features_runs_the_node_score(layer):
     """PyG leaves the edge term out when no edge features reach edge_update."""
     ei = _graph()
     for loops in (True, False):
-        native, fused = _pair(8, 4, heads=2, edge_dim=6, add_self_loops=loops)
+        native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6, add_self_loops=loops)
         x = torch.randn(20, 8, dtype=F64)
         assert fused.fallback_reason(x, ei) == ""
         with ops.recording() as records:
             got = fused(x, ei)
-        assert [r.score for r in records] == ["additive"]
+        assert [r.score for r in records] == [LAYERS[layer][2]]
         assert rel_err(got, native(x, ei)) < 1e-12
 
 
-def test_edge_features_without_edge_dim_run_pygs_forward():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_edge_features_without_edge_dim_run_pygs_forward(layer):
+    """GATConv leaves them out of its scores; GATv2Conv asserts on them, a
+    SparseTensor's values with a feature dimension included (plain weights,
+    1-D, reach neither)."""
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2)
+    native, fused = _pair(layer, 8, 4, heads=2)
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
     assert "without edge_dim" in fused.fallback_reason(x, ei, ea)
-    assert rel_err(_no_fused_call(fused, x, ei, ea), native(x, ei, ea)) < 1e-12
+    assert_runs_pygs_forward(native, fused, x, ei, ea)
+    torch_sparse = pytest.importorskip("torch_sparse")
+    # without self-loops: set_diag takes no feature rows
+    native, fused = _pair(layer, 8, 4, heads=2, add_self_loops=False)
+    for value in (ea, torch.rand(ei.size(1), dtype=F64)):
+        adj = torch_sparse.SparseTensor(row=ei[1], col=ei[0], value=value,
+                                        sparse_sizes=(20, 20))
+        falls_back = layer == "gatv2" and value.dim() == 2
+        assert ("without edge_dim" in fused.fallback_reason(x, adj)) == falls_back
+        if falls_back:
+            assert_runs_pygs_forward(native, fused, x, adj)
+        else:
+            assert rel_err(fused(x, adj), native(x, adj)) < 1e-12
 
 
-def test_bad_edge_features_run_pygs_forward():
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_bad_edge_features_run_pygs_forward(layer):
     ei = _graph()
-    native, fused = _pair(8, 4, heads=2, edge_dim=6)
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6)
     x = torch.randn(20, 8, dtype=F64)
     E = ei.size(1)
     for ea in (torch.randn(E - 1, 6, dtype=F64), torch.randn(E, 2, 6, dtype=F64),
@@ -392,23 +441,26 @@ def test_bad_edge_features_run_pygs_forward():
 
 # ----------------------------------------------------------------------------- compile
 class EdgeModel(torch.nn.Module):
-    def __init__(self, loops: bool):
+    def __init__(self, cls, loops: bool):
         super().__init__()
-        self.conv1 = FusedGATConv(8, 4, heads=2, edge_dim=6, add_self_loops=loops)
-        self.conv2 = FusedGATConv(8, 4, heads=2, edge_dim=6, concat=False,
-                                  add_self_loops=loops)
+        self.conv1 = cls(8, 4, heads=2, edge_dim=6, add_self_loops=loops)
+        self.conv2 = cls(8, 4, heads=2, edge_dim=6, concat=False, add_self_loops=loops)
 
     def forward(self, x, edge_index, edge_attr):
         return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
 
 
+@pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("loops", [False, True])
-def test_compiled_layer_with_edge_features_new_graph_each_step(loops):
-    """A new graph each step: the edge terms enter the compiled entry op
-    pyg_dfgnn::additive_edge_attention; outputs and gradients match the eager
-    layer. Without self-loops no graph is compiled per batch (with them, PyG's
-    remove_self_loops has a size that depends on the data)."""
-    seen, targets = edge_inputs.compiled_steps(EdgeModel(loops), steps=4, num_self_loops=2)
+def test_compiled_layer_with_edge_features_new_graph_each_step(layer, loops):
+    """A new graph each step: the edge inputs enter the compiled entry op
+    pyg_dfgnn::<score>_attention (additive_edge, gatv2_edge); outputs and
+    gradients match the eager layer. Without self-loops no graph is compiled per
+    batch (with them, PyG's remove_self_loops has a size that depends on the
+    data)."""
+    cls, score, _ = LAYERS[layer]
+    seen, targets = edge_inputs.compiled_steps(EdgeModel(cls, loops), steps=4,
+                                               num_self_loops=2)
     if not loops:
         assert seen[1] == seen[-1], seen
-    assert "pyg_dfgnn.additive_edge_attention.default" in targets
+    assert f"pyg_dfgnn.{score}_attention.default" in targets

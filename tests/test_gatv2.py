@@ -1,6 +1,9 @@
 """FusedGATv2Conv and the GATv2 score on the CPU (the reference path): the layer
-against native GATv2Conv in float64 for each option, the spec's registration, and
-``fuse()`` mapping GATv2Conv. The kernels: ``test_cuda_gatv2.py``."""
+against native GATv2Conv in float64 for each option, the spec's registration,
+``fuse()`` mapping GATv2Conv, and the plan of the score with edge rows
+(``gatv2_edge``; the layer with edge features against PyG: ``test_gat_edge.py``,
+the op: ``test_edge_inputs.py``). The kernels: ``test_cuda_gatv2.py`` and
+``test_cuda_gatv2_edge.py``."""
 import pytest
 import torch
 from conftest import random_graph, rel_err
@@ -10,6 +13,7 @@ import pyg_dfgnn
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.nn import FusedGATv2Conv, fuse
+from pyg_dfgnn.ops import plan
 
 CONFIGS = {
     "plain": dict(),
@@ -64,17 +68,53 @@ def test_self_loops_are_returned_as_pyg_returns_them():
     assert torch.equal(ei_g, ei_w) and rel_err(a_g, a_w) < 1e-12
 
 
-def test_edge_features_fall_back_to_pyg():
-    torch.manual_seed(2)
-    native = GATv2Conv(6, 5, heads=2, edge_dim=3).double()
-    fused = FusedGATv2Conv(6, 5, heads=2, edge_dim=3).double()
-    fused.load_state_dict(native.state_dict())
+def test_plan_of_the_gatv2_edge_score():
+    """With edge rows the GATv2 score runs what its kernels have: SMMF on CUDA
+    cores, one row per lane group, and the two-launch backward (the GATv2
+    score's, renamed: fp16 / bf16 D first, split rows merged after), whose
+    CSR walk writes the edge rows' gradient; what it lacks raises before a
+    launch (the layer against PyG: test_gat_edge.py)."""
+    big = GraphLayout.from_edge_index(
+        torch.stack([torch.randint(0, 1 << 15, (1 << 18,)),
+                     torch.arange(1 << 15).repeat_interleave(8)]), (1 << 15, 1 << 15))
+    small = GraphLayout.from_edge_index(random_graph(300, num_edges=3000), (300, 300))
+    assert plan.plan_for(big, torch.float32, 32, score="gatv2").two_rows
+    assert not plan.plan_for(big, torch.float32, 32, score="gatv2_edge").two_rows
+    spec = ops.spec.get("gatv2_edge")
+    assert spec.inputs == ("x_r", "x_l", "att", "e") and spec.edge_inputs == (3,)
+    for dtype in (torch.float32, torch.bfloat16):
+        for chunk in (None, 4):
+            with plan.override(chunk=chunk):
+                p = plan.plan_for(small, dtype, 32, score="gatv2_edge")
+                with plan.override(bwd_launches=2):
+                    base = plan.plan_for(small, dtype, 32, score="gatv2")
+            assert (p.method, p.mma, p.bwd_one_launch, p.split_rows) == \
+                ("smmf", False, False, chunk is not None)
+            for backward in (False, True):
+                want = [k.replace("gatv2", "gatv2_edge") for k, _ in base.kernels(backward)]
+                assert [k for k, _ in p.kernels(backward)] == want, (dtype, chunk, backward)
+            bwd = dict(p.kernels(backward=True))
+            assert "edge rows' gradients" in bwd["gatv2_edge:dq_walk"]
+            assert ("gatv2_edge:dsum" in bwd) == (dtype == torch.bfloat16)
+    with pytest.raises(ValueError, match="no PMF path"):
+        plan.plan_for(small, torch.float32, 32, score="gatv2_edge", strategy="pmf")
+    # the paper's rule (§4.2) sends the GATv2 score to PMF on long rows, not this one
+    assert plan.choose_strategy(10 ** 7, "gatv2", 4, capacity=16, rule="paper") == "pmf"
+    assert plan.choose_strategy(10 ** 7, "gatv2_edge", 4, capacity=16, rule="paper") == "smmf"
+    for field in (dict(bwd_launches=1), dict(two_rows=True), dict(mma=True)):
+        with plan.override(**field), pytest.raises(ValueError):
+            plan.plan_for(big, torch.bfloat16 if "mma" in field else torch.float32, 32,
+                          score="gatv2_edge")
+
+
+def test_edge_dim_runs_fused_and_explains_its_score():
+    native, fused = _pair(dict(edge_dim=3))
     ei = random_graph(15, num_edges=50)
     x, ea = torch.randn(15, 6, dtype=torch.float64), torch.randn(ei.size(1), 3, dtype=torch.float64)
-    assert fused.fallback_reason(x, ei, ea) == "edge features (edge_dim)"
-    assert torch.equal(fused(x, ei, ea), native(x, ei, ea))
+    assert fused.fallback_reason(x, ei, ea) == ""
+    assert rel_err(fused(x, ei, ea), native(x, ei, ea)) < 1e-12
     report = pyg_dfgnn.explain(fused, x, ei, ea)
-    assert not report.fused and "edge features" in str(report)
+    assert report.fused and report.ops[0].score == "gatv2_edge"
 
 
 def test_op_matches_reference_and_gradchecks():

@@ -130,11 +130,12 @@ def _hiv_file(path, sizes=(2, 4), count=3):
     return batches
 
 
-def test_hiv_graph_and_gat_edge_model(lb, tmp_path):
+def test_hiv_graph_and_gat_edge_models(lb, tmp_path):
     """--hiv-batches adds graph HIV: --hiv-molecules molecules joined into one
-    disjoint graph, their bond features embedded; gt_edge and gat_edge run fused
-    on it (the additive_edge score for gat_edge, with the graph's self-loops'
-    features from fill_value "mean" or the layer's) and match PyG."""
+    disjoint graph, their bond features embedded; gt_edge, gat_edge and
+    gatv2_edge run fused on it (the additive_edge and gatv2_edge scores for the
+    GAT models, with the graph's self-loops' features from fill_value "mean" or
+    the layer's) and match PyG."""
     from benchmarks import datasets
     path = tmp_path / "hiv.pt"
     batches = _hiv_file(path)
@@ -154,12 +155,13 @@ def test_hiv_graph_and_gat_edge_model(lb, tmp_path):
     assert g.kind == "batch" and g.edge_attr.shape == (mol.edge_index.size(1), lb.EDGE_DIM)
     assert torch.equal(g.edge_attr, lb.embed_bonds(mol.edge_attr))
     for loops in ("graph", "layer"):
-        doc = run(lb, tmp_path, "--graphs", "HIV,PATTERN", "--models", "gt_edge,gat_edge,gat",
+        doc = run(lb, tmp_path, "--graphs", "HIV,PATTERN",
+                  "--models", "gt_edge,gat_edge,gatv2_edge,gat",
                   "--dtypes", "fp32", "--heads-channels", "2x16", "--in-channels", "16",
                   "--methods", "pyg,fused", "--hiv-batches", str(path), "--hiv-molecules", "8",
                   "--self-loops", loops, name=f"hiv_{loops}.json")
         rows = {r["key"]: r for r in doc["rows"]}
-        assert set(rows) == {f"{m}/{g}/2x16/fp32" for m in ("gt_edge", "gat_edge")
+        assert set(rows) == {f"{m}/{g}/2x16/fp32" for m in lb.EDGE_MODELS
                              for g in ("HIV", "PATTERN")} | {"gat/PATTERN/2x16/fp32"}
         for key, r in rows.items():
             assert r["fused_reason"] == "", key
@@ -167,13 +169,14 @@ def test_hiv_graph_and_gat_edge_model(lb, tmp_path):
                 assert d["status"] == "ok" and d["rel_err"] < 1e-5, (key, meth, d)
     args = lb.parse_args(["--quick", "--device", "cpu", "--in-channels", "16",
                           "--hiv-batches", str(path), "--hiv-molecules", "8"])
-    case = lb.Case(g, "gat_edge", 2, 16, "fp32", args)
-    x, ei, ea = case.inputs()
-    assert ea.shape == (ei.size(1), lb.EDGE_DIM)
-    assert ei.size(1) == g.edge_index.size(1) + g.num_nodes  # the graph's self-loops
-    with ops.recording() as records:
-        case.eager("fused")()
-    assert [r.score for r in records] == ["additive_edge"]
+    for model, score in (("gat_edge", "additive_edge"), ("gatv2_edge", "gatv2_edge")):
+        case = lb.Case(g, model, 2, 16, "fp32", args)
+        x, ei, ea = case.inputs()
+        assert ea.shape == (ei.size(1), lb.EDGE_DIM)
+        assert ei.size(1) == g.edge_index.size(1) + g.num_nodes  # the graph's self-loops
+        with ops.recording() as records:
+            case.eager("fused")()
+        assert [r.score for r in records] == [score]
     with pytest.raises(SystemExit, match="needs --hiv-batches"):
         run(lb, tmp_path, "--graphs", "HIV", "--models", "gat_edge")
 

@@ -8,8 +8,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
 from torch_geometric.typing import SparseTensor, torch_sparse
-from torch_geometric.utils import is_torch_sparse_tensor
+from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import extension
@@ -251,6 +252,58 @@ def message_edge_features(adj, edge_attr: Optional[Tensor]) -> Optional[Tensor]:
     else:
         return None
     return values if values is not None and values.dim() > 1 else None
+
+
+def gat_edge_reason(conv, adj, edge_attr: Optional[Tensor]) -> str:
+    r"""Why the edge features of a call of a ``GATConv``-like layer with a
+    ``lin_edge`` (``edge_dim``: ``GATConv``, ``GATv2Conv``) send it to PyG's
+    ``forward`` (``""``: they run fused, or the call has none, and PyG leaves
+    the edge term out); ``adj`` is an adjacency :func:`adjacency_supported`
+    takes.
+
+    It does where the features PyG's ``edge_update`` would receive
+    (:func:`message_edge_features`) are not ``[E, edge_dim]`` floating-point
+    features with one row per edge (or ``[E]`` with ``edge_dim=1``; PyG
+    raises), and with ``add_self_loops=True`` on a sparse adjacency: PyG
+    raises for a ``SparseTensor`` and asserts on a ``torch.sparse`` matrix's
+    ``edge_attr``, or derives the loops' features from the matrix's values.
+    """
+    if conv.add_self_loops and (is_sparse_tensor(adj) or is_torch_sparse_tensor(adj)):
+        return ("edge_dim with self-loops on a sparse adjacency (PyG raises, or derives "
+                "the loops' features from the matrix's values)")
+    feats = message_edge_features(adj, edge_attr)
+    if feats is None:
+        return ""
+    weight = getattr(conv.lin_edge, "weight", None)
+    width = (weight.size(1) if isinstance(weight, Tensor)
+             and not isinstance(weight, UninitializedParameter) else None)
+    if not (isinstance(feats, Tensor) and feats.is_floating_point()
+            and feats.dim() in (1, 2) and feats.size(0) == num_adjacency_edges(adj)
+            and (width is None or (feats.size(1) if feats.dim() == 2 else 1) == width)):
+        return "edge features that are not [E, edge_dim] floats (PyG raises)"
+    return ""
+
+
+def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
+    r"""The edge features ``feats`` (in the order of the adjacency ``adj``, a
+    ``[2, E]`` tensor or an ``EdgeIndex`` where ``conv.add_self_loops``) in the
+    order of ``layout``'s :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, as a
+    ``GATConv``-like layer's ``forward`` hands them to its ``edge_update``: with
+    self-loops, PyG's own ``remove_self_loops`` and ``add_self_loops``
+    (``conv.fill_value``, one loop per node below :math:`\min(N_s, N_t)`), in
+    every call as in PyG; ``feats`` as they are otherwise.
+
+    Raises:
+        RuntimeError: as PyG's ``add_self_loops`` (a reducing ``fill_value``
+            with an edge into a destination past the loops).
+    """
+    if not conv.add_self_loops:
+        return feats
+    ei = adj if type(adj) is Tensor else adj.as_subclass(Tensor)
+    ei, feats = remove_self_loops(ei, feats)
+    _, feats = add_self_loops(ei, feats, fill_value=conv.fill_value,
+                              num_nodes=min(layout.num_src, layout.num_dst))
+    return feats
 
 
 def num_adjacency_edges(adj) -> int:

@@ -9,7 +9,9 @@ projection may stop at a row prefix: destinations past
 reads their query (in a ``NeighborLoader`` batch, the last hop's nodes: most of
 the batch). Under ``torch.compile`` the projections run as one GEMM over the
 concatenated weights (:func:`joined_gemm`), whose column views the compiler's
-own kernels copy.
+own kernels copy. :func:`edge_rows` projects edge features to the ``[E, H, C]``
+rows of the edge scores (``TransformerConv`` and ``GATv2Conv`` with
+``edge_dim``).
 """
 from __future__ import annotations
 
@@ -37,6 +39,26 @@ def plain_linears(lins: Sequence[torch.nn.Module]) -> bool:
                 or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks):
             return False
     return True
+
+
+def edge_rows(lin_edge: torch.nn.Module, layout, feats: Tensor, heads: int, channels: int,
+              loops_appended: bool = False) -> Tensor:
+    r"""``lin_edge(feats)`` as ``[E, H, C]`` rows in ``layout``'s CSR edge order,
+    for the edge features ``feats`` ``[E, D]`` in the layout's input edge order
+    (``loops_appended``: in the order of its ``edge_index``, self-loops last; see
+    :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`).
+
+    Raises:
+        ValueError: as :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`.
+    """
+    if plain_linears([lin_edge]):
+        # The [E, D] features are narrower than the [E, H * C] projection: the
+        # gather moves less, and one [E, H, C] tensor exists.
+        rows = lin_edge(layout.to_csr_order(feats, loops_appended))
+    else:
+        # A replaced or hooked lin_edge sees the rows in PyG's order.
+        rows = layout.to_csr_order(lin_edge(feats), loops_appended)
+    return rows.view(-1, heads, channels)
 
 
 def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:

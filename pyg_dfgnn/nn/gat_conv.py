@@ -8,13 +8,12 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import GATConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
-from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 
 from ..layout_cache import get_layout
 from ..ops import gat_attention
-from ._common import (check_strategy, edge_index_size, fused_layer, gat_fallback_reason,
-                      gat_output, is_sparse_tensor, message_edge_features, num_adjacency_edges,
-                      use_own_propagate)
+from ._common import (check_strategy, edge_index_size, fused_layer, gat_edge_reason,
+                      gat_fallback_reason, gat_output, looped_edge_features,
+                      message_edge_features, use_own_propagate)
 from ._projections import autocast_dtype, plain_linears
 
 
@@ -230,21 +229,7 @@ class FusedGATConv(GATConv):
         if self.lin_edge is None:
             return ("" if edge_attr is None else
                     "edge features without edge_dim (PyG leaves them out of the scores)")
-        if self.add_self_loops and (is_sparse_tensor(edge_index)
-                                    or is_torch_sparse_tensor(edge_index)):
-            return ("edge_dim with self-loops on a sparse adjacency (PyG raises, or derives "
-                    "the loops' features from the matrix's values)")
-        feats = message_edge_features(edge_index, edge_attr)
-        if feats is None:
-            return ""  # PyG's edge_update leaves the edge term out
-        weight = getattr(self.lin_edge, "weight", None)
-        width = (weight.size(1) if isinstance(weight, Tensor)
-                 and not isinstance(weight, UninitializedParameter) else None)
-        if not (isinstance(feats, Tensor) and feats.is_floating_point()
-                and feats.dim() in (1, 2) and feats.size(0) == num_adjacency_edges(edge_index)
-                and (width is None or (feats.size(1) if feats.dim() == 2 else 1) == width)):
-            return "edge features that are not [E, edge_dim] floats (PyG raises)"
-        return ""
+        return gat_edge_reason(self, edge_index, edge_attr)
 
     def fallback_reason(self, x, edge_index, edge_attr=None,
                         return_attention_weights=None) -> str:
@@ -254,17 +239,12 @@ class FusedGATConv(GATConv):
 
     def _layout_edge_terms(self, layout, edge_index, feats: Tensor) -> Tensor:
         r"""``alpha_edge`` ``[E, H]`` of ``feats`` (the edge features in the
-        adjacency's order) in the layout's CSR edge order. With self-loops, PyG's
-        own ``remove_self_loops`` and ``add_self_loops`` (``fill_value``, one
-        loop per node below :math:`\min(N_s, N_t)`) give the features of the
-        layout's :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, exactly as
-        ``GATConv.forward`` makes them, before :func:`_edge_terms` projects
-        them."""
-        if self.add_self_loops:
-            ei = edge_index if type(edge_index) is Tensor else edge_index.as_subclass(Tensor)
-            ei, feats = remove_self_loops(ei, feats)
-            _, feats = add_self_loops(ei, feats, fill_value=self.fill_value,
-                                      num_nodes=min(layout.num_src, layout.num_dst))
+        adjacency's order) in the layout's CSR edge order: the features of the
+        layout's :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, self-loops'
+        included, exactly as ``GATConv.forward`` makes them
+        (:func:`~pyg_dfgnn.nn._common.looped_edge_features`), projected by
+        :func:`_edge_terms`."""
+        feats = looped_edge_features(self, layout, edge_index, feats)
         terms = _edge_terms(feats, self.lin_edge, self.att_edge, self.heads, self.out_channels)
         return layout.to_csr_order(terms, loops_appended=self.add_self_loops)
 

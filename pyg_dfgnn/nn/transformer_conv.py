@@ -16,7 +16,7 @@ from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
                       is_sparse_tensor, kernels_missing, message_edge_features,
                       num_adjacency_edges, propagate_is_customised, use_own_propagate)
-from ._projections import joined_gemm, linear_rows, plain_linears
+from ._projections import edge_rows, joined_gemm, linear_rows, plain_linears
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
 @fused_layer
@@ -190,17 +190,6 @@ class FusedTransformerConv(TransformerConv):
             return "edge features that are not [E, edge_dim] (PyG raises or broadcasts them)"
         return ""
 
-    def _edge_rows(self, layout, feats: Tensor) -> Tensor:
-        r"""``lin_edge(feats)`` as ``[E, H, C]`` in the layout's CSR edge order."""
-        if plain_linears([self.lin_edge]):
-            # The [E, D] features are narrower than the [E, H * C] projection: the
-            # gather moves less, and one [E, H, C] tensor exists.
-            rows = self.lin_edge(layout.to_csr_order(feats))
-        else:
-            # A replaced or hooked lin_edge sees the rows in PyG's order.
-            rows = layout.to_csr_order(self.lin_edge(feats))
-        return rows.view(-1, self.heads, self.out_channels)
-
     def fallback_reason(self, x, edge_index, edge_attr=None,
                         return_attention_weights=None) -> str:
         r"""Why this call runs PyG's ``forward`` (``""``: it runs fused)."""
@@ -264,7 +253,8 @@ class FusedTransformerConv(TransformerConv):
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
         strategy, edge = self.strategy, None
         if self.lin_edge is not None:  # after the projections: lazy weights in PyG's order
-            edge = self._edge_rows(layout, message_edge_features(edge_index, edge_attr))
+            edge = edge_rows(self.lin_edge, layout, message_edge_features(edge_index, edge_attr),
+                             H, C)
             if strategy == "pmf":
                 strategy = "smmf"  # the dot_edge score has no PMF path
         want_alpha = isinstance(return_attention_weights, bool)

@@ -12,13 +12,14 @@ pure-PyTorch reference. Both compute the same function. Inside
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from ..extension import HAS_EXTENSION
 from . import calls, compiled
+from . import spec as _spec
 from .plan import choose_strategy
 from .spec import ScoreSpec
 
@@ -80,6 +81,49 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
         # Kernel path: the weights are an output without a gradient; reference path: as PyG.
         return out, layout.to_input_order(attn.to(dtype))
     return out
+
+
+def attention_with_edge(spec: ScoreSpec, edge_score: str, layout, inputs: Sequence[Tensor],
+                        params: Sequence[float], dropout: float, training: bool,
+                        return_attention: bool, strategy: str, edge: Optional[Tensor],
+                        edge_order: str, who: str) -> OpResult:
+    r""":func:`attention` with the score ``spec`` over ``inputs``, or, with a
+    per-edge input ``edge``, with the registered score ``edge_score`` over
+    ``inputs`` and ``edge`` in the layout's CSR edge order
+    (:func:`edge_in_csr_order`): the body of a public op whose score has a form
+    with edge inputs (``gt_attention``, ``gat_attention``, ...).
+
+    Raises:
+        ValueError: as :func:`attention` and :func:`edge_in_csr_order`.
+    """
+    if edge is None:
+        return attention(spec, layout, inputs, params, dropout, training, return_attention,
+                         strategy)
+    edge = edge_in_csr_order(layout, edge, edge_order, who)
+    # The spec by name, not by import: the edge score's module imports the op's.
+    return attention(_spec.get(edge_score), layout, (*inputs, edge), params, dropout, training,
+                     return_attention, strategy)
+
+
+def check_edge_input(edge: Tensor, shape: Tuple[int, ...], like: Tensor, like_name: str,
+                     who: str) -> None:
+    r"""Raises :class:`ValueError` unless the per-edge input ``edge`` has the
+    shape ``shape`` (``(E, H)``: one term per edge and head, or ``(E, H, C)``:
+    one row) and the dtype and device of ``like``, the op's input(s) named
+    ``like_name``; the messages start with ``who``."""
+    what = "rows" if len(shape) == 3 else "terms"
+    if tuple(edge.shape) != tuple(shape):
+        dims = ", ".join("EHC"[:len(shape)])
+        one = "one row" if what == "rows" else "one"
+        raise ValueError(f"{who}: the edge {what} must be [{dims}] = "
+                         f"[{', '.join(str(n) for n in shape)}] ({one} per edge and head), "
+                         f"got {tuple(edge.shape)}")
+    if edge.dtype != like.dtype:
+        raise ValueError(f"{who}: the edge {what} must have the dtype of {like_name} "
+                         f"({like.dtype}), got {edge.dtype}")
+    if edge.device != like.device:
+        raise ValueError(f"{who}: the edge {what} are on {edge.device} but {like_name} "
+                         f"{'are' if ',' in like_name else 'is'} on {like.device}")
 
 
 def edge_in_csr_order(layout, edge: Tensor, edge_order: str, who: str) -> Tensor:

@@ -256,7 +256,8 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         max_in_degree (int): largest in-degree of the graph.
         score (str): a registered score (:mod:`pyg_dfgnn.ops.spec`): ``"dot"``
             (GT), ``"cosine"`` (AGNN), ``"additive"`` (GAT), ``"additive_edge"``
-            (GAT with edge features), ``"gatv2"``, ...
+            (GAT with edge features), ``"gatv2"``, ``"gatv2_edge"`` (GATv2 with edge
+            features), ...
         elem_size (int): bytes per feature element (4 fp32, 2 fp16/bf16).
         strategy (str): ``"auto"``, or ``"smmf"`` / ``"pmf"`` to force one.
         capacity (int, optional): shared memory per block in bytes, for the paper
@@ -376,11 +377,14 @@ class Plan:
         name = self.score
         if backward:
             # Per-edge inputs get their gradient in the CSR walk, one edge at a time
-            # (the dot_edge score's rows), or in a kernel of their own (the
-            # additive_edge score's terms).
+            # (the dot_edge and gatv2_edge scores' rows), or in a kernel of their own
+            # (the additive_edge score's terms). D_i = dO_i . O_i sums the rows the
+            # forward summed: with the edge row where it enters the value (dot_edge),
+            # without it where it enters the key only (gatv2_edge).
             edge = bool(_spec.get(name).edge_inputs)
             dq = "dq and the edge rows' gradients" if edge else "dq"
-            value = "(v_j + e_ij)" if edge else "v_j"
+            dsum = ("D_i = sum_j P'_ij (dO_i . m_ij), m_ij the summed row (v_j, plus e_ij "
+                    "where it enters the value)" if edge else "D_i = sum_j P'_ij (dO_i . v_j)")
             res = []
             if name in ("additive", "additive_edge"):
                 res.append((f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"))
@@ -394,8 +398,8 @@ class Plan:
                 res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
                 if self.half:
-                    res.append((f"{name}:dsum", f"D_i = sum_j P'_ij (dO_i . {value}) in fp32 "
-                                                "over the half-precision inputs"))
+                    res.append((f"{name}:dsum", f"{dsum} in fp32 over the half-precision "
+                                                "inputs"))
                 if self.bwd_one_launch:
                     res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
                                 "walks side by side in one launch, the CSC walk recomputing "

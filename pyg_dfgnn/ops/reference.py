@@ -160,6 +160,17 @@ def cosine_attention(rowptr: Tensor, col: Tensor, x_dst: Tensor, x_src: Tensor, 
     return (out.squeeze(1) if squeeze else out).to(dtype), alpha.to(dtype)
 
 
+def pair_sums(rowptr: Tensor, col: Tensor, dst_terms: Tensor, src_terms: Tensor,
+              edge: Optional[Tensor] = None) -> Tensor:
+    r"""``dst_terms[i] + src_terms[j]`` for each CSR edge :math:`j \to i`, plus
+    the edge's row of ``edge`` (``[E, ...]``, CSR order; float16 / bfloat16 in
+    float32): the pre-activation of the additive and GATv2 scores. ``dst_terms``
+    ``[N_dst, ...]`` and ``src_terms`` ``[N_src, ...]`` are float32 or float64
+    already (:func:`to_float32`)."""
+    pre = gather_rows(dst_terms, csr_dst(rowptr, col.numel())) + gather_rows(src_terms, col)
+    return pre if edge is None else pre + to_float32(edge)[0]
+
+
 def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor, v: Tensor,
                        negative_slope: float = 0.2, dropout: float = 0.0,
                        training: bool = False,
@@ -183,10 +194,38 @@ def additive_attention(rowptr: Tensor, col: Tensor, a_dst: Tensor, a_src: Tensor
     """
     dtype = v.dtype
     a_dst, a_src, v = to_float32(a_dst, a_src, v)
-    dst = csr_dst(rowptr, col.numel())
-    pre = gather_rows(a_dst, dst) + gather_rows(a_src, col)
-    if edge is not None:
-        pre = pre + to_float32(edge)[0]
-    scores = F.leaky_relu(pre, negative_slope)
+    scores = F.leaky_relu(pair_sums(rowptr, col, a_dst, a_src, edge), negative_slope)
     out, alpha = softmax_aggregate(rowptr, col, scores, v, dropout, training)
+    return out.to(dtype), alpha.to(dtype)
+
+
+def gatv2_attention(rowptr: Tensor, col: Tensor, x_r: Tensor, x_l: Tensor, att: Tensor,
+                    negative_slope: float = 0.2, dropout: float = 0.0, training: bool = False,
+                    edge: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    r"""GATv2 attention (``GATv2Conv``):
+    :math:`s_{ij} = \mathbf{a} \cdot \mathrm{LeakyReLU}(\mathbf{x}_{r,i} +
+    \mathbf{x}_{l,j})`, summing :math:`\mathbf{x}_{l,j}`; with per-edge rows
+    :math:`\mathbf{e}_{ij}` (``GATv2Conv`` with ``edge_dim``, the
+    ``"gatv2_edge"`` score), :math:`s_{ij} = \mathbf{a} \cdot
+    \mathrm{LeakyReLU}(\mathbf{x}_{r,i} + \mathbf{x}_{l,j} + \mathbf{e}_{ij})`,
+    still summing :math:`\mathbf{x}_{l,j}` (the edge row enters the score only).
+
+    Args:
+        x_r (Tensor): ``[N_dst, H, C]`` destination features (``lin_r(x)``).
+        x_l (Tensor): ``[N_src, H, C]`` source features (``lin_l(x)``): keys and
+            values.
+        att (Tensor): ``[H, C]`` attention vector.
+        negative_slope (float): LeakyReLU slope.
+        dropout (float): dropout probability on the attention weights.
+        training (bool): apply dropout only when ``True``.
+        edge (Tensor, optional): ``[E, H, C]`` per-edge rows in CSR order, added
+            inside the LeakyReLU (differentiable).
+
+    Returns:
+        ``(out [N_dst, H, C], alpha [E, H])``.
+    """
+    dtype = x_l.dtype
+    x_r, x_l, att = to_float32(x_r, x_l, att)
+    scores = (F.leaky_relu(pair_sums(rowptr, col, x_r, x_l, edge), negative_slope) * att).sum(-1)
+    out, alpha = softmax_aggregate(rowptr, col, scores, x_l, dropout, training)
     return out.to(dtype), alpha.to(dtype)

@@ -11,8 +11,7 @@ from typing import Optional
 from torch import Tensor
 
 from .. import reference
-from .. import spec as _spec
-from ..attention import OpResult, attention, edge_in_csr_order
+from ..attention import OpResult, attention_with_edge
 from ..spec import ScoreSpec, register
 
 __all__ = ["gat_attention"]
@@ -94,14 +93,9 @@ def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slop
             [0, 1); a bad ``edge_order``; ``edge`` in input order on a layout
             with added self-loops.
     """
-    params = (float(negative_slope),)
-    if edge is None:
-        return attention(SPEC, layout, (a_dst, a_src, x), params, dropout, training,
-                         return_attention, strategy)
-    edge = edge_in_csr_order(layout, edge, edge_order, "gat_attention")
-    # The spec by name, not by import: the additive_edge module imports this one.
-    return attention(_spec.get("additive_edge"), layout, (a_dst, a_src, x, edge), params,
-                     dropout, training, return_attention, strategy)
+    return attention_with_edge(SPEC, "additive_edge", layout, (a_dst, a_src, x),
+                               (float(negative_slope),), dropout, training, return_attention,
+                               strategy, edge, edge_order, "gat_attention")
 
 
 SCORE_OP = gat_attention

@@ -20,7 +20,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .. import reference
-from ..attention import OpResult
+from ..attention import OpResult, check_edge_input
 from ..spec import ScoreSpec, register
 from .additive import check_terms, gat_attention
 
@@ -30,16 +30,7 @@ __all__: list = []
 
 def _check(layout, a_dst: Tensor, a_src: Tensor, x: Tensor, a_edge: Tensor) -> None:
     check_terms(layout, a_dst, a_src, x)
-    want = (layout.num_edges, x.size(1))
-    if tuple(a_edge.shape) != want:
-        raise ValueError(f"gat_attention: the edge terms must be [E, H] = [{want[0]}, {want[1]}] "
-                         f"(one per edge and head), got {tuple(a_edge.shape)}")
-    if a_edge.dtype != x.dtype:
-        raise ValueError(f"gat_attention: the edge terms must have the dtype of x ({x.dtype}), "
-                         f"got {a_edge.dtype}")
-    if a_edge.device != x.device:
-        raise ValueError(f"gat_attention: the edge terms are on {a_edge.device} but x is on "
-                         f"{x.device}")
+    check_edge_input(a_edge, (layout.num_edges, x.size(1)), x, "x", "gat_attention")
 
 
 def _reference(layout, inputs, params, dropout, training):

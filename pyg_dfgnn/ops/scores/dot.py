@@ -11,8 +11,7 @@ from typing import Optional
 from torch import Tensor
 
 from .. import reference
-from .. import spec as _spec
-from ..attention import OpResult, attention, edge_in_csr_order
+from ..attention import OpResult, attention_with_edge
 from ..spec import ScoreSpec, register
 
 __all__ = ["gt_attention"]
@@ -125,13 +124,9 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         :func:`pyg_dfgnn.explain` shows them for a layer's call.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if edge is None:
-        return attention(SPEC, layout, (q, k, v), (scale,), dropout, training,
-                         return_attention, strategy)
-    edge = edge_in_csr_order(layout, edge, edge_order, "gt_attention")
-    # The spec by name, not by import: the dot_edge module imports this one (check_qkv).
-    return attention(_spec.get("dot_edge"), layout, (q, k, v, edge), (scale,), dropout,
-                     training, return_attention, strategy)
+    return attention_with_edge(SPEC, "dot_edge", layout, (q, k, v), (scale,), dropout,
+                               training, return_attention, strategy, edge, edge_order,
+                               "gt_attention")
 
 
 SCORE_OP = gt_attention

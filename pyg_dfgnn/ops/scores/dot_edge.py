@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .. import reference
-from ..attention import OpResult
+from ..attention import OpResult, check_edge_input
 from ..spec import ScoreSpec, register
 from .dot import check_qkv, gt_attention
 
@@ -31,16 +31,8 @@ def _check(layout, q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
     es, qs = e.shape, q.shape
     if (len(es) == 3 and es[0] == layout.num_edges and es[1] == qs[1] and es[2] == qs[2]
             and e.dtype == q.dtype and e.device == q.device):
-        return
-    if tuple(es) != (layout.num_edges, qs[1], qs[2]):
-        raise ValueError(f"gt_attention: the edge rows must be [E, H, C] = "
-                         f"[{layout.num_edges}, {qs[1]}, {qs[2]}] (one row per edge and head), "
-                         f"got {tuple(es)}")
-    if e.dtype != q.dtype:
-        raise ValueError(f"gt_attention: the edge rows must have the dtype of q, k and v "
-                         f"({q.dtype}), got {e.dtype}")
-    raise ValueError(f"gt_attention: the edge rows are on {e.device} but q, k and v are on "
-                     f"{q.device}")
+        return  # the common case, in one expression (check_qkv says why)
+    check_edge_input(e, (layout.num_edges, qs[1], qs[2]), q, "q, k and v", "gt_attention")
 
 
 def _reference(layout, inputs, params, dropout, training):
