@@ -217,4 +217,15 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
   return r;
 }
 
+// The CUDA-core backward of a score without tensor-core walks: D in fp32 first
+// for fp16 / bf16 inputs (row_dsum.cuh says why), then the walks.
+template <template <class> class Score, typename Make>
+RowGrads row_backward_walks(const BackwardArgs& a, Make&& make) {
+  at::Tensor dsum;
+  if (a.qrow.scalar_type() != at::kFloat && a.L.rowptr.size(0) > 1)
+    dsum = row_dsum<Score>(a, make);
+  return row_backward<Score>(a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr,
+                             make);
+}
+
 }  // namespace dfgnn

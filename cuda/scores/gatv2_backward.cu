@@ -19,13 +19,7 @@ std::vector<at::Tensor> gatv2_backward(const at::Tensor& grad_out, const at::Ten
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const auto make = gatv2_params(c);
-  // D_i in fp32 for half inputs (row_dsum.cuh says why).
-  at::Tensor dsum;
-  if (q.scalar_type() != at::kFloat && c.L.rowptr.size(0) > 1)
-    dsum = row_dsum<GATv2Score>(a, make);
-  const RowGrads r = row_backward<GATv2Score>(
-      a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr, make);
+  const RowGrads r = row_backward_walks<GATv2Score>(a, gatv2_params(c));
   return {r.dq, r.dk, r.param.to(att.scalar_type())};
 }
 

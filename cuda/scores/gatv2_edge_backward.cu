@@ -20,13 +20,7 @@ std::vector<at::Tensor> gatv2_edge_backward(const at::Tensor& grad_out, const at
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att}, {"e", &e},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const auto make = gatv2_edge_params(c);
-  // D_i in fp32 for half inputs (row_dsum.cuh says why).
-  at::Tensor dsum;
-  if (q.scalar_type() != at::kFloat && c.L.rowptr.size(0) > 1)
-    dsum = row_dsum<GATv2EdgeScore>(a, make);
-  const RowGrads r = row_backward<GATv2EdgeScore>(
-      a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr, make);
+  const RowGrads r = row_backward_walks<GATv2EdgeScore>(a, gatv2_edge_params(c));
   return {r.dq, r.dk, r.param.to(att.scalar_type()), r.de};
 }
 
