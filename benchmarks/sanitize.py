@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import sys
 
 import torch
@@ -29,6 +30,9 @@ from pyg_dfgnn.layout import GraphLayout
 
 DEV = "cuda"
 FAILURES = []
+#: Under autocast a layer's error may reach this times native PyG's own error
+#: there (tests/test_fuzz.py says why).
+NATIVE_FACTOR = 5.0
 
 
 def _graph(kind: str, gen: torch.Generator):
@@ -306,14 +310,37 @@ def _layer_against_native(name, native, conv, ei, ns, nd, autocast, edge_dim, pa
     ref_in = [t.double().requires_grad_() for t in xs]
     ref = call(native, ref_in)
     ref.backward(g.double())
-    tol = grad_tol if autocast else 1e-4
-    _check(name + " out", out.float(), ref, 1e-2 if autocast else 1e-5)
-    for i, (a, r) in enumerate(zip(leaves, ref_in)):
-        _check(f"{name} d{'edge_attr' if edge_dim and i == len(xs) - 1 else f'x{i}'}", a.grad,
-               r.grad, tol)
+    got = {"out": out.float()}
+    want = {"out": ref}
+    leaf_keys = [f"d{'edge_attr' if edge_dim and i == len(xs) - 1 else f'x{i}'}"
+                 for i in range(len(xs))]
+    for key, a, r in zip(leaf_keys, leaves, ref_in):
+        got[key], want[key] = a.grad, r.grad
     for label, param in params.items():
-        _check(f"{name} d{label}", conv.get_parameter(param).grad,
-               native.get_parameter(param).grad, tol)
+        got[f"d{label}"] = conv.get_parameter(param).grad
+        want[f"d{label}"] = native.get_parameter(param).grad
+    tols = {k: (1e-2 if autocast else 1e-5) if k == "out" else (grad_tol if autocast else 1e-4)
+            for k in got}
+    if autocast:
+        # The layer's GEMMs round to bf16 as PyG's do, and a gradient that sums
+        # nearly cancelling terms keeps only that rounding noise: the bar is then
+        # native PyG's own error under the same autocast (tests/test_fuzz.py's
+        # NATIVE_FACTOR).
+        same = copy.deepcopy(native).float()
+        same.zero_grad(set_to_none=True)
+        s_in = [t.clone().requires_grad_() for t in xs]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            s_out = call(same, s_in)
+        s_out.float().backward(g)
+        base = {"out": s_out.float()}
+        base.update({k: t.grad for k, t in zip(leaf_keys, s_in)})
+        for label, param in params.items():
+            base[f"d{label}"] = same.get_parameter(param).grad
+        for k in got:
+            native_err = _rel(base[k].double(), want[k])
+            tols[k] = max(tols[k], NATIVE_FACTOR * native_err)
+    for k in got:
+        _check(f"{name} {k}", got[k], want[k], tols[k])
 
 
 def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):

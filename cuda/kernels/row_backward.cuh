@@ -90,14 +90,14 @@ __device__ __forceinline__ void row_bwd_dq(
     constexpr bool FULL = decltype(full)::value;
     int j[U];
     P kf[U][NV];
-    [[maybe_unused]] P vf[U][NV];
+    [[maybe_unused]] P vf[U][NV], ef[U][NV];
     [[maybe_unused]] float sc[U];
     float sd[2 * U];  // scores, then dP = dO . value
     float* s = sd;
     float* dp = sd + U;
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
-    lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, s, dp);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, ef, sc);
+    lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, ef, s, dp);
     group_sum_many<G, 2 * U>(sd, mask);
     // SAVE: lane u of the group keeps edge e0 + u's pair and stores it after the
     // loop (one address, one store per step: the per-edge stores inside the loop
@@ -118,11 +118,18 @@ __device__ __forceinline__ void row_bwd_dq(
           // (the key alone with kEdgeInKeyOnly: dS ds/dk), whole in this item
           // (each edge lies in one item).
           float de[NV][VEC];
-          dst.key_grad(ds, kf[u], de);
-          if constexpr (!kEdgeInKeyOnlyOf<Score>) axpy_frag<VEC, NV>(pe * z, gf, de);
+          if constexpr (kEdgeInKeyOnlyOf<Score>) {
+            dst.key_grad(ds, kf[u], ef[u], de);
+          } else {
+            dst.key_grad(ds, kf[u], de);
+            axpy_frag<VEC, NV>(pe * z, gf, de);
+          }
           store_row<T, VEC, G, NV>(o.e + (int64_t)(e0 + u) * HC + head_off, gl, nvec, de, 1.f);
         }
-        dst.grad(ds, kf[u], acc, pg);
+        if constexpr (kEdgeInKeyOnlyOf<Score>)
+          dst.grad(ds, kf[u], ef[u], acc, pg);
+        else
+          dst.grad(ds, kf[u], acc, pg);
       }
     }
     if constexpr (SAVE) {
@@ -255,23 +262,20 @@ __device__ __forceinline__ void row_bwd_dkv_recompute(
 }
 
 // kEdgeInKeyOnly scores' CSC walk: the edge rows (CSR positions perm[e0 + u])
-// added to the gathered query rows qf, where the source-side gradient reads
-// q_i + e_ij (Src::grad of k_j against it: the score is symmetric in the two).
+// beside the gathered query rows, where the source-side gradient reads
+// q_i + e_ij (Src::grad of k_j against it, the two summed in fp32: the score is
+// symmetric in the two).
 template <typename Score, int U>
-__device__ __forceinline__ void add_edge_rows(const typename Score::Params& sp, const int (&i)[U],
-                                              const int* __restrict__ perm, int e0, int64_t HC,
-                                              int64_t head_off, int gl, int nvec,
-                                              PackedOf<typename Score::Shape> (&qf)[U][Score::NV]) {
+__device__ __forceinline__ void load_edge_rows(const typename Score::Params& sp, const int (&i)[U],
+                                               const int* __restrict__ perm, int e0, int64_t HC,
+                                               int64_t head_off, int gl, int nvec,
+                                               PackedOf<typename Score::Shape> (&ef)[U][Score::NV]) {
   using S = typename Score::Shape;
-  PackedOf<S> ef[U][Score::NV];
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (i[u] >= 0)
       load_packed<typename S::T, S::VEC, S::G, S::NV>(
           Score::edge_rows(sp) + (int64_t)__ldg(perm + e0 + u) * HC + head_off, gl, nvec, ef[u]);
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (i[u] >= 0) add_packed<typename S::T, S::VEC, S::NV>(qf[u], ef[u]);
 }
 
 // Two-launch backward, CSC walk over sources with the weights the dq kernel saved:
@@ -323,18 +327,22 @@ row_bwd_dkv_kernel(const typename Score::T* __restrict__ dout, const float2* __r
       int i[U];
       float w_v[U], w_k[U];
       P gf[U][NV], qf[U][NV];
+      [[maybe_unused]] P ef[U][NV];
       nt.take(e0, i);
       nt.share(wv, e0, w_v);
       nt.share(wk, e0, w_k);
       gather_rows<T, VEC, G, NV, U>(i, dout, Score::query_rows(sp), HC, head_off, gl, nvec, gf,
                                     qf);
-      if constexpr (kEdgeInKeyOnlyOf<Score>) add_edge_rows<Score, U>(sp, i, perm, e0, HC,
-                                                                    head_off, gl, nvec, qf);
+      if constexpr (kEdgeInKeyOnlyOf<Score>) load_edge_rows<Score, U>(sp, i, perm, e0, HC,
+                                                                     head_off, gl, nvec, ef);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (i[u] >= 0) {
           axpy_packed<T, VEC, NV>(w_v[u], gf[u], dv_acc);
-          src.grad(w_k[u], qf[u], dk_acc);
+          if constexpr (kEdgeInKeyOnlyOf<Score>)
+            src.grad(w_k[u], qf[u], ef[u], dk_acc);
+          else
+            src.grad(w_k[u], qf[u], dk_acc);
         }
       }
     }

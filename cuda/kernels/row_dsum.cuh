@@ -61,12 +61,12 @@ row_bwd_dsum_kernel(const typename Score::T* __restrict__ dout, const float* __r
     constexpr bool FULL = decltype(full)::value;
     int j[U];
     P kf[U][NV];
-    [[maybe_unused]] P vf[U][NV];
+    [[maybe_unused]] P vf[U][NV], ef[U][NV];
     [[maybe_unused]] float sc[U];
     float s[U], dp[U];  // scores (group sums), this lane's share of dO . value
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
-    lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, s, dp);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, ef, sc);
+    lane_scores_dp<Score, U, FULL>(dst, gf, j, kf, vf, ef, s, dp);
     unsigned keep = ~0u;  // bit u: edge e0 + u is kept
     if constexpr (DROPOUT)
       keep = __ballot_sync(g.mask, dropout_keep(p, seed, (uint64_t)(e0 + gl) * H + h)) >> lane0;

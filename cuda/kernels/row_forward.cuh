@@ -56,11 +56,12 @@ row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
     float s[U];
     [[maybe_unused]] float sc[U];
     P kf[U][NV];
-    [[maybe_unused]] P vf[U][NV];
+    [[maybe_unused]] P vf[U][NV], ef[U][NV];
     nb.take(e0, j);
-    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, sc);
+    gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, ef, sc);
 #pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = FULL || j[u] >= 0 ? dst.partial(kf[u]) : 0.f;
+    for (int u = 0; u < U; ++u)
+      s[u] = FULL || j[u] >= 0 ? key_partial<Score>(dst, kf[u], ef[u]) : 0.f;
     group_sum_many<G, U>(s, mask);
 #pragma unroll
     for (int u = 0; u < U; ++u) s[u] = dst.finish(s[u], src_scalar_of<Score>(j[u], sc, u));

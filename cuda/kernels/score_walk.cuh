@@ -1,8 +1,8 @@
 // What the walks over a destination row's edges (the SMMF forward, D, the dq
 // walk) gather per edge for a score (scores/score.cuh): its key row, its value
 // row unless the key is the value, its per-source scalar, and its edge row
-// (kEdgeRows), added to both (to the key alone with kEdgeInKeyOnly, whose value
-// is the key row as loaded).
+// (kEdgeRows), added to both, or with kEdgeInKeyOnly handed beside the key row
+// to the score's functors, which sum the two in fp32.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +15,16 @@ namespace dfgnn {
 // The rows of U edges whose sources are j[u] (< 0: none) and whose CSR
 // positions are e0 + u, every load issued before any is used; vf is left alone
 // where the score sums its key rows, sc where it has no per-source scalar. A
-// score's edge rows (kEdgeRows) are added to kf and vf. FULL: all U edges exist
-// (j[u] >= 0 is known, not tested).
+// score's edge rows (kEdgeRows) land in ef and are added to kf and vf, or with
+// kEdgeInKeyOnly left there. FULL: all U edges exist (j[u] >= 0 is known, not
+// tested).
 template <typename Score, int U, bool FULL>
 __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp, const int (&j)[U],
                                                 int e0, int h, int H, int64_t HC, int64_t head_off,
                                                 int gl, int nvec,
                                                 PackedOf<typename Score::Shape> (&kf)[U][Score::NV],
                                                 PackedOf<typename Score::Shape> (&vf)[U][Score::NV],
+                                                PackedOf<typename Score::Shape> (&ef)[U][Score::NV],
                                                 float (&sc)[U]) {
   using S = typename Score::Shape;
   using T = typename S::T;
@@ -35,7 +37,6 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   constexpr bool kKeyOnly = kEdgeInKeyOnlyOf<Score>;
   static_assert(!kKeyOnly || (kEdge && !Score::kValueIsKey),
                 "kEdgeInKeyOnly: a score with edge rows that keeps its value row apart");
-  [[maybe_unused]] PackedOf<S> ef[U][Score::NV];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kKnown || j[u] >= 0) {
@@ -49,35 +50,46 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
             Score::edge_rows(sp) + (int64_t)(e0 + u) * HC + head_off, gl, nvec, ef[u]);
     }
   }
-  if constexpr (kEdge) {
+  if constexpr (kKeyOnly) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < Score::NV; ++r) vf[u][r] = kf[u][r];
+  } else if constexpr (kEdge) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || j[u] >= 0) {
-        if constexpr (kKeyOnly) {
-#pragma unroll
-          for (int r = 0; r < Score::NV; ++r) vf[u][r] = kf[u][r];
-        }
         add_packed<T, S::VEC, S::NV>(kf[u], ef[u]);
-        if constexpr (!Score::kValueIsKey && !kKeyOnly)
-          add_packed<T, S::VEC, S::NV>(vf[u], ef[u]);
+        if constexpr (!Score::kValueIsKey) add_packed<T, S::VEC, S::NV>(vf[u], ef[u]);
       }
     }
   }
 }
 
-// This lane's shares of the U edges' scores s[u] (dst.partial) and of dP =
+// dst.partial at edge u's gathered key row: with kEdgeInKeyOnly the edge row
+// goes beside it (gather_src_rows).
+template <typename Score, typename Dst, typename R>
+__device__ __forceinline__ float key_partial(const Dst& dst, const R& kf, const R& ef) {
+  if constexpr (kEdgeInKeyOnlyOf<Score>)
+    return dst.partial(kf, ef);
+  else
+    return dst.partial(kf);
+}
+
+// This lane's shares of the U edges' scores s[u] (key_partial) and of dP =
 // dO_i . value_j (dp[u], gf: the lane's fp32 slice of dO_i); 0 past the item's
 // end.
 template <typename Score, int U, bool FULL, typename Dst>
 __device__ __forceinline__ void lane_scores_dp(
     const Dst& dst, const float (&gf)[Score::NV][Score::VEC], const int (&j)[U],
     const PackedOf<typename Score::Shape> (&kf)[U][Score::NV],
-    const PackedOf<typename Score::Shape> (&vf)[U][Score::NV], float* s, float* dp) {
+    const PackedOf<typename Score::Shape> (&vf)[U][Score::NV],
+    const PackedOf<typename Score::Shape> (&ef)[U][Score::NV], float* s, float* dp) {
   using T = typename Score::T;
   constexpr int VEC = Score::VEC, NV = Score::NV;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    s[u] = FULL || j[u] >= 0 ? dst.partial(kf[u]) : 0.f;
+    s[u] = FULL || j[u] >= 0 ? key_partial<Score>(dst, kf[u], ef[u]) : 0.f;
     if constexpr (Score::kValueIsKey)
       dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, kf[u]) : 0.f;
     else

@@ -47,33 +47,48 @@ template <typename S> struct GATv2Score {
     return 0.f;
   }
 
-  // A held row h (fp32) and att, against a gathered packed row x: this lane's
-  // share of att . LeakyReLU(h + x) (natural units).
-  __device__ __forceinline__ static float lane_score(const Frag& h, const Frag& att, float slope,
-                                                     const P (&x)[NV]) {
+  // A held row h (fp32) and att, against a gathered row whose element (r, c) in
+  // fp32 is x(r, c): this lane's share of att . LeakyReLU(h + x) (natural units).
+  // The accessor lets the edge form sum k_j + e_ij in fp32 (scores/gatv2_edge.cuh).
+  template <typename X>
+  __device__ __forceinline__ static float lane_score_of(const Frag& h, const Frag& att,
+                                                        float slope, X&& x) {
     float s = 0.f;
 #pragma unroll
     for (int r = 0; r < NV; ++r)
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float z = h[r][c] + packed_elem<T, VEC>(x[r], c);
+        const float z = h[r][c] + x(r, c);
         s = fmaf(att[r][c], z > 0.f ? z : z * slope, s);
       }
     return s;
   }
+  __device__ __forceinline__ static float lane_score(const Frag& h, const Frag& att, float slope,
+                                                     const P (&x)[NV]) {
+    return lane_score_of(h, att, slope, elems(x));
+  }
   // acc += ds LeakyReLU'(h + x), and param += ds LeakyReLU(h + x) where PARAM.
-  template <bool PARAM>
-  __device__ __forceinline__ static void lane_grad(const Frag& h, float slope, float ds,
-                                                   const P (&x)[NV], Frag& acc, Frag& param) {
+  template <bool PARAM, typename X>
+  __device__ __forceinline__ static void lane_grad_of(const Frag& h, float slope, float ds, X&& x,
+                                                      Frag& acc, Frag& param) {
 #pragma unroll
     for (int r = 0; r < NV; ++r)
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float z = h[r][c] + packed_elem<T, VEC>(x[r], c);
+        const float z = h[r][c] + x(r, c);
         const float dg = z > 0.f ? ds : ds * slope;
         acc[r][c] += dg;
         if constexpr (PARAM) param[r][c] = fmaf(dg, z, param[r][c]);
       }
+  }
+  template <bool PARAM>
+  __device__ __forceinline__ static void lane_grad(const Frag& h, float slope, float ds,
+                                                   const P (&x)[NV], Frag& acc, Frag& param) {
+    lane_grad_of<PARAM>(h, slope, ds, elems(x), acc, param);
+  }
+  // A packed row's elements in fp32, as lane_score_of and lane_grad_of take them.
+  __device__ __forceinline__ static auto elems(const P (&x)[NV]) {
+    return [&x](int r, int c) { return packed_elem<T, VEC>(x[r], c); };
   }
 
   // x_r_i and att.

@@ -42,7 +42,10 @@
 //     static constexpr bool kEdgeInKeyOnly = true;  // optional: the key only, not the value
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
 //     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
-//     // edge's gathered key row (edge row added), per edge
+//     // edge's gathered key row (edge row added), per edge. With kEdgeInKeyOnly
+//     // the edge row goes beside the gathered row instead: Dst::partial(key, edge),
+//     // Dst::grad(ds, key, edge, acc, param), Dst::key_grad(ds, key, edge, out) and
+//     // Src::grad(ds, query, edge, acc)
 //   };
 //
 // A score's Params reach the kernels as separate arguments, its fields in the
@@ -72,12 +75,14 @@
 // With kEdgeInKeyOnly the edge row enters the score alone: the score sees
 // k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
 // edge_dim: att . LeakyReLU(x_i + x_j + e_ij), summing x_j). Such a score's
-// value row is its key row, kept apart by the walks (kValueIsKey is false for
-// them: the gather copies the row before adding e_ij, no second load), and its
-// one source row's whole gradient is dk (dv is not written). dE_ij is
-// dS_ij ds_ij/dk_j alone, and the CSC walk, whose source-side gradient
-// depends on the edge (Src::grad at the gathered query), adds the edge row at
-// the CSR position perm[e] to each gathered query row.
+// value row is its key row (kValueIsKey is false for them: the gather copies
+// the row, no second load), and its one source row's whole gradient is dk (dv
+// is not written). The walks hand the edge row to the functors beside the key
+// row rather than adding it: the functors sum the two in fp32, where k_j + e_ij
+// rounded to fp16 / bf16 put dq 1-3 % off float64 (dS cancels over a row).
+// dE_ij is dS_ij ds_ij/dk_j alone, and the CSC walk, whose source-side
+// gradient depends on the edge (Src::grad at the gathered query), loads the
+// edge row at the CSR position perm[e] beside each gathered query row.
 #pragma once
 
 #include <cstdint>
