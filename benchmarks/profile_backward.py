@@ -90,9 +90,9 @@ HEADS, CHANNELS = 1, 128
 PROFILE_STEPS = 5
 #: Bytes of the L2 flush before each profiled step (the H100's L2 is 50 MB).
 FLUSH_BYTES = 256 * 2**20
-#: The backward kernels (``cuda/kernels/row_backward.cuh``, ``row_dsum.cuh``,
+#: The backward kernels (``cuda/kernels/row_backward.cuh``,
 #: ``gt_backward_mma.cu``, ``gat_backward.cu``).
-NCU_KERNELS = "row_bwd_dsum_kernel|row_bwd_dq_kernel|row_bwd_dkv_kernel|" \
+NCU_KERNELS = "row_bwd_dq_kernel|row_bwd_dkv_kernel|" \
               "row_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
               "gat_bwd_dst_kernel|gat_bwd_src_kernel"
 #: A few counters: each needs replays of the kernel, so the set stays small.
@@ -110,7 +110,7 @@ NCU_BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__by
 # The row_* walks are every walked score's (kernels/row_*.cuh); the GT model's
 # calls run them over the dot score.
 KERNEL_PHASE = {"row_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
-                "gt_fwd_dense_kernel": "gt_fwd", "row_bwd_dsum_kernel": "gt_bwd_dsum",
+                "gt_fwd_dense_kernel": "gt_fwd",
                 "row_bwd_dq_kernel": "gt_bwd_dq", "row_bwd_dkv_kernel": "gt_bwd_dkv",
                 "row_bwd_one_launch_kernel": "gt_bwd_one_launch",
                 "gt_bwd_dq_mma_kernel": "gt_bwd_dq", "gt_bwd_dkv_mma_kernel": "gt_bwd_dkv",
@@ -140,9 +140,11 @@ def byte_model(model: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize
     Returns:
         ``{phase: {"read": {term: bytes}, "write": {term: bytes}, "extra": {term:
         bytes}, "bytes": int}}`` with ``bytes`` the compulsory total (read +
-        write; ``extra`` is not in it). Phases: ``gt_fwd``, ``gt_bwd_dsum``
-        (fp16 / bf16), ``gt_bwd_dq``, ``gt_bwd_dkv`` or ``gt_bwd_one_launch``; ``gat_fwd``, ``gat_bwd_dst``,
-        ``gat_bwd_src``.
+        write; ``extra`` is not in it). Phases: ``gt_fwd``, ``gt_bwd_dq``,
+        ``gt_bwd_dkv`` or ``gt_bwd_one_launch``; ``gat_fwd``, ``gat_bwd_dst``,
+        ``gat_bwd_src``. In fp16 / bf16 the GT forward also writes its output in
+        fp32 (``out32``), from which two ATen launches (no phase: not our
+        kernels) make the dq walk's fp32 D_i = dO_i . O_i.
 
     Raises:
         ValueError: an unknown ``model``.
@@ -158,15 +160,13 @@ def byte_model(model: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize
                 "bytes": sum(read.values()) + sum(write.values())}
 
     if model == "gt":
-        # half precision: the fp32 D_i of the dsum kernel replaces the out rows
+        # half precision: the fp32 D_i (from the forward's fp32 rows) replaces the
+        # out rows
         out_or_d = {"out": rows_d} if esize == 4 else {"D": stat_d}
+        out32 = {} if esize == 4 else {"out32": n_dst * H * C * 4}
         res = {"gt_fwd": phase({"q": rows_d, "k": rows_s, "v": rows_s, **csr},
-                               {"out": rows_d, "lse": stat_d},
+                               {"out": rows_d, **out32, "lse": stat_d},
                                {"partials": row_slots * part})}
-        if esize != 4:
-            res["gt_bwd_dsum"] = phase({"q": rows_d, "dO": rows_d, "lse": stat_d, "k": rows_s,
-                                        "v": rows_s, **csr}, {"D": stat_d},
-                                       {"partials": row_slots * H * 4 * 2})
         dq_read = {"q": rows_d, "dO": rows_d, **out_or_d, "lse": stat_d, "k": rows_s,
                    "v": rows_s, **csr}
         if one_launch:

@@ -25,7 +25,6 @@ ROLES = [
     (r"softmax_spmm_kernel", "softmax_spmm"),
     (r"gt_fwd_mma_kernel", "dot:fwd_mma"),
     (r"gt_fwd_dense_kernel", "dot:fwd_dense"),
-    (r"row_bwd_dsum_kernel<dfgnn::(\w+)<", "{s}:dsum"),
     (r"row_bwd_one_launch_kernel<dfgnn::(\w+)<", "{s}:bwd_one_launch"),
     (r"row_bwd_dq_kernel<dfgnn::(\w+)<", "{s}:dq_walk"),
     (r"row_bwd_dkv_kernel<dfgnn::(\w+)<", "{s}:dkv_walk"),

@@ -143,6 +143,11 @@ def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
                 else:
                     with pytest.raises(RuntimeError, match="has no such path"):
                         make()
+        # ScoreOps::keeps_out32 and the spec's: the forward keeps its fp32 rows
+        # only where a backward follows (the CSC)
+        p32 = plan.plan_for(lay, torch.float32, 8, spec.name)
+        assert calls.plan_object(spec, lay, p32, True).keeps_out32() == spec.keeps_out32
+        assert not calls.plan_object(spec, lay, p32, False).keeps_out32()
 
 
 # ----------------------------------------------- what the docs and comments name

@@ -207,6 +207,23 @@ __device__ __forceinline__ void store_partial(float* __restrict__ row, int gl, i
   }
 }
 
+// A finished row times `mul` in fp32 (O32, the forward's output before its
+// rounding to fp16 / bf16, which a half-precision backward takes D from);
+// nothing where `row` is null.
+template <int VEC, int G, int NV>
+__device__ __forceinline__ void store_row_f32(float* __restrict__ row, int gl, int nvec,
+                                              const float (&x)[NV][VEC], float mul) {
+  if (row == nullptr) return;
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if (t < nvec) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) row[(int64_t)t * VEC + c] = x[r][c] * mul;
+    }
+  }
+}
+
 // Lane gl's vectors of an fp32 partial row written by other blocks (L2 loads).
 template <int VEC, int G, int NV>
 __device__ __forceinline__ void load_partial(const float* __restrict__ row, int gl, int nvec,

@@ -89,6 +89,19 @@ __device__ __forceinline__ void store_words(uint32_t* __restrict__ row, int g,
   }
 }
 
+// store_words' layout in float32 (O32, a half-precision backward's source of
+// D): word b's two values (lo[b], hi[b]) at elements 2 * (its word index).
+template <int C>
+__device__ __forceinline__ void store_words_f32(float* __restrict__ row, int g,
+                                                const float (&lo)[C / 16],
+                                                const float (&hi)[C / 16]) {
+#pragma unroll
+  for (int b = 0; b < C / 16; ++b) {
+    const int word = C / 16 >= 4 ? 4 * (g + 8 * (b / 4)) + b % 4 : 2 * g + b;
+    reinterpret_cast<float2*>(row)[word] = make_float2(lo[b], hi[b]);
+  }
+}
+
 // Slices t + 4c (16 bytes each) of row j: the SDDMM's A fragments of one edge.
 template <int C, typename T>
 __device__ __forceinline__ void load_slices(const T* __restrict__ x, int j, int64_t HC,
@@ -165,6 +178,7 @@ __device__ __forceinline__ void gt_mma_unit(const T* __restrict__ q, const T* __
                                             const T* __restrict__ v,
                                             const int* __restrict__ rowptr,
                                             const int* __restrict__ col, T* __restrict__ out,
+                                            float* __restrict__ out32,
                                             float* __restrict__ lse2, int64_t n_rows, int H,
                                             float scale2, int64_t blk, int h) {
   constexpr int KC = C / 32;  // 16-byte slices of a k / q row per lane
@@ -274,13 +288,23 @@ __device__ __forceinline__ void gt_mma_unit(const T* __restrict__ q, const T* __
     w0[b] = pack2<T>(acc[b][0] * inv0, acc[b][2] * inv0);
     w1[b] = pack2<T>(acc[b][1] * inv1, acc[b][3] * inv1);
   }
-  auto store = [&](int64_t row, const uint32_t (&w)[NK], float m, float l) {
+  // c = 0: row 2t (acc[.][0], acc[.][2]); c = 1: row 2t + 1 (acc[.][1], acc[.][3]).
+  auto store = [&](int64_t row, const uint32_t (&w)[NK], float m, float l, int c, float inv) {
     if (row >= n_rows) return;
     store_words<C>(reinterpret_cast<uint32_t*>(out + row * HC + head_off), g, w);
+    if (out32 != nullptr) {
+      float lo[NK], hi[NK];
+#pragma unroll
+      for (int b = 0; b < NK; ++b) {
+        lo[b] = acc[b][c] * inv;
+        hi[b] = acc[b][c + 2] * inv;
+      }
+      store_words_f32<C>(out32 + row * HC + head_off, g, lo, hi);
+    }
     if (g == 0) lse2[row * H + h] = l > 0.f ? m + log2f(l) : kNegInf;
   };
-  store(i0 + 2 * t, w0, m0, l0);
-  store(i0 + 2 * t + 1, w1, m1, l1);
+  store(i0 + 2 * t, w0, m0, l0, 0, inv0);
+  store(i0 + 2 * t + 1, w1, m1, l1, 1, inv1);
 }
 
 

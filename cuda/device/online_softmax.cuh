@@ -10,18 +10,22 @@
 
 namespace dfgnn {
 
-// A finished softmax row: out = acc / l, lse2 = m + log2(l), and the raw
-// base-2 scores of its edges [beg, end) in attn (if any) turned into weights;
-// `merged`: some were written by other groups (read from L2).
+// A finished softmax row: out = acc / l (and in fp32 to out32, if set),
+// lse2 = m + log2(l), and the raw base-2 scores of its edges [beg, end) in attn
+// (if any) turned into weights; `merged`: some were written by other groups
+// (read from L2).
 template <typename T, int VEC, int G, int NV>
 __device__ __forceinline__ void write_softmax_row(const GroupItem& g, int H, int C, int beg,
                                                   int end, const float (&acc)[NV][VEC], float m,
                                                   float l, T* __restrict__ out,
+                                                  float* __restrict__ out32,
                                                   float* __restrict__ lse2,
                                                   float* __restrict__ attn, bool merged) {
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
   const float inv = l > 0.f ? 1.f / l : 0.f;
   store_row<T, VEC, G, NV>(out + g.row * HC + head_off, g.gl, C / VEC, acc, inv);
+  store_row_f32<VEC, G, NV>(out32 == nullptr ? nullptr : out32 + g.row * HC + head_off, g.gl,
+                            C / VEC, acc, inv);
   const float L = l > 0.f ? m + log2f(l) : kNegInf;
   if (g.gl == 0) lse2[g.row * H + g.h] = L;
   if (attn != nullptr) {
@@ -39,8 +43,9 @@ __device__ __forceinline__ void write_softmax_row(const GroupItem& g, int H, int
 template <typename T, int VEC, int G, int NV>
 __device__ __forceinline__ void merge_split_softmax(const GroupItem& g, int H, int C, int chunk,
                                                     const int* __restrict__ ptr, T* out,
-                                                    float* lse2, float* attn, float* partial,
-                                                    float* partial_ml, int* __restrict__ counters) {
+                                                    float* out32, float* lse2, float* attn,
+                                                    float* partial, float* partial_ml,
+                                                    int* __restrict__ counters) {
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)g.h * C;
   float acc[NV][VEC], M = kNegInf, L = 0.f;
@@ -71,7 +76,8 @@ __device__ __forceinline__ void merge_split_softmax(const GroupItem& g, int H, i
       }
     }
   });
-  if (done) write_softmax_row<T, VEC, G, NV>(g, H, C, beg, end, acc, M, L, out, lse2, attn, true);
+  if (done)
+    write_softmax_row<T, VEC, G, NV>(g, H, C, beg, end, acc, M, L, out, out32, lse2, attn, true);
 }
 
 // Online softmax + SpMM of one lane group's work item (flash-attention style):
@@ -133,17 +139,18 @@ struct OnlineSoftmax {
     return mc;
   }
 
-  // A whole row: out = acc / l, lse2 = m + log2(l), attention weights from the
-  // raw scores. Part of a split row (g.slot >= 0): the unnormalised partial and
-  // (m, l) go to its slot, and merge_split_softmax writes the row when this group
-  // completes its merge tree (counters nullptr: merge_softmax_partials merges
-  // later). MERGE = false compiles the merge out: the two-rows-per-warp shapes
+  // A whole row: out = acc / l (and out32 in fp32, if set), lse2 = m + log2(l),
+  // attention weights from the raw scores. Part of a split row (g.slot >= 0):
+  // the unnormalised partial and (m, l) go to its slot, and merge_split_softmax
+  // writes the row when this group completes its merge tree (counters nullptr:
+  // merge_softmax_partials merges later). MERGE = false compiles the merge out: the two-rows-per-warp shapes
   // (they only run on calls without split rows, check_two_rows) and the
   // half-precision variants for calls without counters (with_merge_variant).
   template <bool MERGE = true>
   __device__ __forceinline__ void finish(const GroupItem& g, int H, int C, int chunk,
                                          const int* __restrict__ ptr, T* __restrict__ out,
-                                         float* __restrict__ lse2, float* __restrict__ attn,
+                                         float* __restrict__ out32, float* __restrict__ lse2,
+                                         float* __restrict__ attn,
                                          float* __restrict__ partial,
                                          float* __restrict__ partial_ml,
                                          int* __restrict__ counters) {
@@ -157,12 +164,13 @@ struct OnlineSoftmax {
       }
       if constexpr (MERGE) {
         if (counters != nullptr)
-          merge_split_softmax<T, VEC, G, NV>(g, H, C, chunk, ptr, out, lse2, attn, partial,
-                                             partial_ml, counters);
+          merge_split_softmax<T, VEC, G, NV>(g, H, C, chunk, ptr, out, out32, lse2, attn,
+                                             partial, partial_ml, counters);
       }
       return;
     }
-    write_softmax_row<T, VEC, G, NV>(g, H, C, g.beg, g.end, acc, m, l, out, lse2, attn, false);
+    write_softmax_row<T, VEC, G, NV>(g, H, C, g.beg, g.end, acc, m, l, out, out32, lse2, attn,
+                                     false);
   }
 };
 

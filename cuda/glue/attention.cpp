@@ -5,6 +5,8 @@
 //
 //   attention_fwd(inputs, plan, params, dropout, seed, need_attn)
 //       -> (out [N_dst, H, C], lse2 [N_dst, H] f32, attn [E, H] f32 or [0], saved)
+//       saved ends with out in float32 [N_dst, H, C] where the plan has the CSC,
+//       the score keeps_out32 and the inputs are fp16 / bf16 (keeps_out32 below)
 //   attention_bwd(grad_out, inputs, out, lse2, saved, plan, params, dropout, seed)
 //       -> a gradient per input
 //   attention_bwd_into(grads, ...attention_bwd's arguments): the gradients
@@ -77,6 +79,11 @@ void check_inputs(at::TensorList inputs, const CallPlan& P, const char* op) {
   }
 }
 
+// Whether a forward on plan P keeps its rows in fp32 (ScoreOps::keeps_out32)
+// for fp16 / bf16 inputs: only where a backward follows (the plan has the CSC),
+// so inference and fp32 calls pay nothing. Its saved list then ends with them.
+bool keeps_out32(const CallPlan& P) { return P.has_csc && P.score->keeps_out32; }
+
 void check_dropout(double dropout, const char* op) {
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, op, ": dropout must be in [0, 1), got ",
               std::to_string(dropout));
@@ -87,17 +94,25 @@ FwdResult attention_fwd(at::TensorList inputs, const PlanPtr& plan, at::ArrayRef
   const CallPlan& P = *plan;
   check_inputs(inputs, P, kFwd);
   check_dropout(dropout, kFwd);
-  const AttentionCall call{inputs, P.L, P.p, params, dropout, seed, need_attn};
+  AttentionCall call{inputs, P.L, P.p, params, dropout, seed, need_attn};
+  call.keep_out32 = keeps_out32(P);
   P.score->check(call, P.n_dst, P.n_src);
   const c10::cuda::CUDAGuard guard(inputs[0].device());  // the inputs' device and its stream
   ForwardOut r = P.score->forward(call);
+  if (call.keep_out32 && r.out.scalar_type() != at::kFloat) {
+    TORCH_INTERNAL_ASSERT(r.out32.defined(), kFwd, ": the ", P.score_name,
+                          " score's forward returned no out32");
+    r.saved.push_back(std::move(r.out32));  // last: backward_call takes it from there
+  }
   return {std::move(r.out), std::move(r.lse2), std::move(r.attn), std::move(r.saved)};
 }
 
-// The backward's arguments past `inputs`, checked; the call.
+// The backward's arguments past `inputs`, checked; the call, with the forward's
+// fp32 rows taken off the end of `saved` where it kept them (keeps_out32).
 AttentionCall backward_call(const char* op, const Tensor& grad_out, at::TensorList inputs,
-                            const Tensor& out, const Tensor& lse2, const CallPlan& P,
-                            at::ArrayRef<double> params, double dropout, int64_t seed) {
+                            const Tensor& out, const Tensor& lse2, at::TensorList& saved,
+                            const CallPlan& P, at::ArrayRef<double> params, double dropout,
+                            int64_t seed) {
   check_inputs(inputs, P, op);
   check_dropout(dropout, op);
   TORCH_CHECK(P.score->backward != nullptr, op, ": the ", P.score_name,
@@ -117,8 +132,19 @@ AttentionCall backward_call(const char* op, const Tensor& grad_out, at::TensorLi
   TORCH_CHECK(lse2.scalar_type() == at::kFloat && lse2.dim() == 2 && lse2.size(0) == P.n_dst &&
                   lse2.size(1) == out.size(1),
               op, ": lse must be float32 [N_dst, H]");
-  const AttentionCall call{inputs, P.L, P.p, params, dropout, seed, false};
+  AttentionCall call{inputs, P.L, P.p, params, dropout, seed, false};
   P.score->check(call, P.n_dst, P.n_src);
+  if (keeps_out32(P) && out.scalar_type() != at::kFloat) {
+    const Tensor* o32 = saved.empty() ? nullptr : &saved.back();
+    TORCH_CHECK(o32 != nullptr && o32->defined() && o32->scalar_type() == at::kFloat &&
+                    o32->sizes() == out.sizes() && o32->is_contiguous() &&
+                    o32->device() == out.device(),
+                op, ": an fp16 / bf16 ", P.score_name, " backward takes D = dO . O from the "
+                "forward's float32 rows, the last entry of saved: a contiguous float32 tensor "
+                "of out's shape ", shape(out.sizes()), " (pass saved as the forward returned it)");
+    call.out32 = *o32;
+    saved = saved.slice(0, saved.size() - 1);
+  }
   return call;
 }
 
@@ -127,7 +153,7 @@ Tensors attention_bwd(const Tensor& grad_out, at::TensorList inputs, const Tenso
                       at::ArrayRef<double> params, double dropout, int64_t seed) {
   const CallPlan& P = *plan;
   const AttentionCall call =
-      backward_call(kBwd, grad_out, inputs, out, lse2, P, params, dropout, seed);
+      backward_call(kBwd, grad_out, inputs, out, lse2, saved, P, params, dropout, seed);
   const c10::cuda::CUDAGuard guard(inputs[0].device());
   return P.score->backward(grad_out, out, lse2, saved, call, {});
 }
@@ -159,7 +185,7 @@ void attention_bwd_into(at::TensorList grads, const Tensor& grad_out, at::Tensor
                         int64_t seed) {
   const CallPlan& P = *plan;
   const AttentionCall call =
-      backward_call(kBwdInto, grad_out, inputs, out, lse2, P, params, dropout, seed);
+      backward_call(kBwdInto, grad_out, inputs, out, lse2, saved, P, params, dropout, seed);
   TORCH_CHECK(P.score->writes_into, kBwdInto, ": the ", P.score_name,
               " score's backward allocates its gradients (it does not write into given ones)");
   TORCH_CHECK(grads.size() == inputs.size(), kBwdInto, ": one gradient per input (",
@@ -381,6 +407,8 @@ TORCH_LIBRARY_FRAGMENT(dfgnn, m) {
       .def("chunk", [](const PlanPtr& p) { return p->L.chunk; })
       .def("pmf", [](const PlanPtr& p) { return p->p.pmf; })
       .def("normalize_first", [](const PlanPtr& p) { return p->p.normalize_first; })
+      // Whether an fp16 / bf16 forward's saved ends with its fp32 rows (the fakes).
+      .def("keeps_out32", [](const PlanPtr& p) { return keeps_out32(*p); })
       // A layout tensor by its constructor name (None where the plan has none).
       .def("layout_tensor",
            [](const PlanPtr& p, const std::string& name) -> std::optional<at::Tensor> {

@@ -1,5 +1,5 @@
-// The host side of a score's CUDA-core backward (kernels/row_backward.cuh,
-// row_dsum.cuh): scratch, the plan's launches (one or two; the dot score's
+// The host side of a score's CUDA-core backward (kernels/row_backward.cuh):
+// D for fp16 / bf16 inputs, scratch, the plan's launches (one or two; the dot score's
 // tensor-core walks through hooks), the split rows' merge and the parameter
 // gradient's sum. A score's file instantiates it for its functor
 // (scores/gatv2_backward.cu, kernels/gt_backward.cu).
@@ -12,7 +12,6 @@
 #include "host/scratch.h"
 #include "host/split_merge.h"
 #include "kernels/row_backward.cuh"
-#include "kernels/row_dsum.cuh"
 
 namespace dfgnn {
 
@@ -43,40 +42,20 @@ struct RowGrads {
 
 template <template <class> class Score> using ScoreProbe = Score<RowShape<float, 1, 32, 1>>;
 
-// D = dO . O [N_dst, H] in fp32 for an fp16 / bf16 backward (row_dsum.cuh), from
-// the half inputs, the forward's lse2 and dropout seed, L's CSR work items.
-template <template <class> class Score, typename Make>
-at::Tensor row_dsum(const BackwardArgs& a, Make&& make) {
-  const Work& rw = a.L.rw;
-  const int64_t N = a.L.rowptr.size(0) - 1, H = a.qrow.size(1), C = a.qrow.size(2);
-  TORCH_INTERNAL_ASSERT(a.qrow.scalar_type() != at::kFloat, "row_dsum: fp16 / bf16 only");
-  // D [N, H], then the split rows' partials [num_slots, H]: one allocation.
-  at::Tensor buf = at::empty({(N + rw.num_slots) * H}, a.qrow.options().dtype(at::kFloat));
-  at::Tensor dsum = buf.narrow(0, 0, N * H).view({N, H});
-  float* partial = buf.data_ptr<float>() + N * H;
-  const int64_t n_units = rw.items.size(0) * H;
-  const float p = (float)a.dropout;
-  dispatch_rows(a.qrow.scalar_type(), C, a.plan.vector_rows, a.op, [&](auto shape) {
-    using S = decltype(shape);
-    using T = typename S::T;
-    // fp32 outputs are D's precision already
-    if constexpr (!std::is_same_v<T, float> && Score<S>::kHasKernels) {
-      const int64_t blocks = ceil_div(n_units * S::G, kNodeBlock);
-      if (blocks == 0) return;
-      std::apply([&](auto... in) {
-        auto kern = p > 0.f ? row_bwd_dsum_kernel<Score<S>, true, decltype(in)...>
-                            : row_bwd_dsum_kernel<Score<S>, false, decltype(in)...>;
-        kern<<<blocks, kNodeBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
-            cptr<T>(a.grad_out), a.lse2.data_ptr<float>(), a.L.rowptr.data_ptr<int>(),
-            a.L.col.data_ptr<int>(), rw.items.data_ptr<int>(), (int)a.L.chunk,
-            dsum.data_ptr<float>(), partial, n_units, H, C, p, (uint64_t)a.seed, in...);
-      }, make(TypeTag<T>{}).tie());
-      check_launch();
-    }
-  });
-  // The split rows' sums, each row's slots in a fixed order (deterministic).
-  combine_partials(partial, rw.num_slots, rw.combine, dsum);
-  return dsum;
+// D_i = dO_i . O_i [N_dst, H] in fp32 for an fp16 / bf16 backward, from out32,
+// the forward's rows before their rounding (ForwardCall::out32); undefined for
+// fp32 inputs (each dq item computes dO_i . O_i from out itself). Where the dP_ij
+// of a row are close (duplicate or similar neighbours) dS = P (dP - D) keeps
+// only their difference with D, and D from O rounded to fp16 / bf16 loses most
+// of its bits (dK off by a median 1.2e-2 relative on a small graph with
+// duplicate edges, against 2e-7 with O in fp32; docs/backward.md). Two ATen
+// launches over [N_dst, H, C], against a CSR walk over [E, H, C] before.
+inline at::Tensor out_dsum(const char* op, const at::Tensor& grad_out, const at::Tensor& out32) {
+  if (grad_out.scalar_type() == at::kFloat) return {};
+  TORCH_CHECK(out32.defined(), op, ": an fp16 / bf16 backward takes D = dO . O from the "
+              "forward's float32 rows, and the call has none (a forward without the CSC "
+              "keeps none)");
+  return grad_out.mul(out32).sum(-1);
 }
 
 // No tensor-core walks (every score but the dot score's mma_backward).
@@ -88,7 +67,7 @@ struct NoMmaWalks {
 
 // A score's CUDA-core backward walks as the plan says (bwd_one_launch,
 // bwd_merge_in_kernel, vector_rows: callers check their tensors against it);
-// `dsum`: D in fp32 (fp16 / bf16 inputs, row_dsum) or nullptr (fp32: each dq
+// `dsum`: D in fp32 (fp16 / bf16 inputs, out_dsum) or nullptr (fp32: each dq
 // item computes dO_i . O_i); `into`: given outputs, undefined entries allocated;
 // mma: the dot score's tensor-core walks where mma.on (whole rows: no split-row
 // partials), mma.dq(dq, pds) then mma.dkv(dk, dv, pds).
@@ -218,12 +197,10 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
 }
 
 // The CUDA-core backward of a score without tensor-core walks: D in fp32 first
-// for fp16 / bf16 inputs (row_dsum.cuh says why), then the walks.
+// for fp16 / bf16 inputs (out_dsum, from the forward's out32), then the walks.
 template <template <class> class Score, typename Make>
-RowGrads row_backward_walks(const BackwardArgs& a, Make&& make) {
-  at::Tensor dsum;
-  if (a.qrow.scalar_type() != at::kFloat && a.L.rowptr.size(0) > 1)
-    dsum = row_dsum<Score>(a, make);
+RowGrads row_backward_walks(const BackwardArgs& a, const at::Tensor& out32, Make&& make) {
+  const at::Tensor dsum = out_dsum(a.op, a.grad_out, out32);
   return row_backward<Score>(a, nullptr, dsum.defined() ? dsum.data_ptr<float>() : nullptr,
                              make);
 }

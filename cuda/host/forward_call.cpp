@@ -8,7 +8,7 @@
 namespace dfgnn {
 
 ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L, bool pmf_,
-                         bool need_attn_)
+                         bool need_attn_, bool keep_out32)
     : pmf(pmf_),
       need_attn(need_attn_),
       out(at::empty({n_dst, x.size(1), x.size(2)}, x.options())),
@@ -18,6 +18,8 @@ ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L
   lse2 = scratch.empty_with({n_dst, H}, x.options().dtype(at::kFloat));
   attn = need_attn ? at::empty({n_edges, H}, x.options().dtype(at::kFloat))
                    : at::empty({0}, x.options().dtype(at::kFloat));
+  if (keep_out32 && x.scalar_type() != at::kFloat)
+    out32 = at::empty({n_dst, H, x.size(2)}, x.options().dtype(at::kFloat));
 }
 
 void ForwardCall::merge_in_kernel(const char* op, const KernelPlan& plan, const LayoutView& L) {
@@ -28,10 +30,11 @@ void ForwardCall::finish(const at::Tensor& x, const LayoutView& L, const KernelP
                          double dropout, int64_t seed) {
   const Work& rw = L.rw;
   if (pmf) {
-    softmax_spmm(x, score(), partial(), L, plan.vector_rows, out, lse2, attn_ptr(), dropout,
-                 seed);
+    softmax_spmm(x, score(), partial(), L, plan.vector_rows, out, out32_ptr(), lse2, attn_ptr(),
+                 dropout, seed);
   } else if (rw.combine.size(0) > 0 && counters == nullptr) {
-    merge_softmax_partials(partial(), partial_ml(), rw.num_slots, rw.combine, out, lse2);
+    merge_softmax_partials(partial(), partial_ml(), rw.num_slots, rw.combine, out, out32_ptr(),
+                           lse2);
     if (need_attn) normalize_split_attn(rw.combine, L.rowptr, lse2, attn);
   }
 }

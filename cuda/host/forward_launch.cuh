@@ -36,7 +36,7 @@ void launch_row_smmf(const char* op, const typename Score<S>::Params& sp, const 
         kern<<<ceil_div(n_units * S2::G, kNodeBlock), kNodeBlock, 0,
                c10::cuda::getCurrentCUDAStream()>>>(
             L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), rw.items.data_ptr<int>(),
-            (int)L.chunk, mptr<T>(fc.out), fc.lse2.data_ptr<float>(), fc.attn_ptr(),
+            (int)L.chunk, mptr<T>(fc.out), fc.out32_ptr(), fc.lse2.data_ptr<float>(), fc.attn_ptr(),
             fc.partial(), fc.partial_ml(), n_units, H, C, p, (uint64_t)seed, fc.counters, in...);
       }, sp.tie());
       check_launch();

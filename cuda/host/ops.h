@@ -12,28 +12,33 @@ namespace dfgnn {
 
 // PMF step 2 (softmax_spmm.cu): out [N_dst, H, C] and lse2 [N_dst, H] from base-2
 // scores [E, H] in CSR order and rows x [N_src, H, C]; attn (nullable) [E, H]
-// receives the softmax weights.
+// receives the softmax weights; out32 (nullable) [N_dst, H, C] float32 the rows
+// before their rounding (ForwardCall::out32).
 // `partial`: [L.rw.num_slots, H, C] floats of scratch for the split rows, merged
 // by separate launches; `vector_rows`: the plan's (the caller checked x and out).
 void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
-                  bool vector_rows, at::Tensor& out, at::Tensor& lse2, float* attn,
-                  double dropout, int64_t seed);
+                  bool vector_rows, at::Tensor& out, float* out32, at::Tensor& lse2,
+                  float* attn, double dropout, int64_t seed);
 
-// The dot score's forward (gt_forward.cu): (out, lse2, attn) of dot-product
-// attention over L's CSR, with the kernels `plan` names (pmf, vector_rows,
-// two_rows, mma, dense_cells, merge_in_kernel).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
+// The dot score's forward (gt_forward.cu): (out, lse2, attn, out32) of
+// dot-product attention over L's CSR, with the kernels `plan` names (pmf,
+// vector_rows, two_rows, mma, dense_cells, merge_in_kernel); out32: out in
+// float32 where keep_out32 and q is fp16 / bf16, else undefined (ForwardCall).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const LayoutView& L,
-    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan);
+    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan,
+    bool keep_out32);
 
 // The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
 // [N_dst, H] whatever the work items (a warp owns 8 whole rows of any length),
-// without dropout and attention weights. The dense-tile variant of the same call
-// is gt_forward_dense; the plan's dense_cells picks between them.
+// without dropout and attention weights; out32 (nullable) receives the rows in
+// float32 too. The dense-tile variant of the same call is gt_forward_dense; the
+// plan's dense_cells picks between them.
 bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const LayoutView& L, at::Tensor& out, at::Tensor& lse2, double scale);
+                    const LayoutView& L, at::Tensor& out, float* out32, at::Tensor& lse2,
+                    double scale);
 // The tile plan's layout (pyg_dfgnn/ops/tiles.py): kTileRows destination rows per
 // tile, kTileMetaInts ints per tile before the edge masks.
 constexpr int kTileRows = 64;
@@ -45,7 +50,7 @@ constexpr int kTileMetaInts = 8;
 // check_tile_plan) and cells_per_edge > 0.
 void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const LayoutView& L, double cells_per_edge, at::Tensor& out,
-                      at::Tensor& lse2, double scale);
+                      float* out32, at::Tensor& lse2, double scale);
 
 // Outputs a GT backward writes into instead of allocating them: dq [N_dst, H, C],
 // dk and dv [N_src, H, C] with unit stride in C, C apart per head, their rows
@@ -58,15 +63,18 @@ struct GradsOut {
 };
 
 // The dot score's backward (gt_backward.cu): (dq, dk, dv) with the walks `plan`
-// names (bwd_one_launch, mma_backward, bwd_merge_in_kernel, vector_rows).
+// names (bwd_one_launch, mma_backward, bwd_merge_in_kernel, vector_rows);
+// out32: the forward's rows in float32 (fp16 / bf16 inputs: D comes from them,
+// out_dsum in host/backward_launch.cuh; fp32: unused).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, const KernelPlan& plan, const GradsOut* into = nullptr);
+    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& out32, const LayoutView& L,
+    double scale, double dropout, int64_t seed, const KernelPlan& plan,
+    const GradsOut* into = nullptr);
 
 // The GT backward's dq walk on tensor cores (gt_backward_mma.cu): dq [N_dst, H, C]
 // and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from
-// the half inputs, lse2 and dsum (D [N_dst, H] in fp32, gt_backward_dsum). Needs
+// the half inputs, lse2 and dsum (D [N_dst, H] in fp32, out_dsum). Needs
 // fp16 / bf16, C in {32, 64, 128}, 16-byte aligned rows and no dropout (a warp
 // walks 8 whole rows, whatever L's work items; gt_backward_cuda checks the plan).
 bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
@@ -77,12 +85,6 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
 // dq walk's pds, dO and q; walks whole columns (L's CSC work items unused).
 void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const float* pds,
                          const LayoutView& L, at::Tensor& dk, at::Tensor& dv, double scale);
-
-// D = dO . O [N_dst, H] in fp32 for an fp16 / bf16 GT backward (gt_backward_dsum.cu),
-// from the half inputs and the forward's lse2, dropout `seed` and L's CSR work items.
-at::Tensor gt_backward_dsum(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& lse2, const LayoutView& L,
-                            const KernelPlan& plan, double scale, double dropout, int64_t seed);
 
 // The additive score (GAT; gat_forward.cu, gat_backward.cu): the plan's pmf,
 // vector_rows, two_rows, merge_in_kernel (forward) and bwd_merge_in_kernel. A

@@ -17,6 +17,9 @@ namespace dfgnn {
 // One call of a fused attention op: the score's inputs in its spec's order,
 // the layout and the plan's decisions, the score's scalar parameters, and what
 // every score shares (attention dropout, its seed, returned weights).
+// keep_out32 (forward): a backward follows and the score keeps_out32, so an
+// fp16 / bf16 forward returns its rows in fp32 too (ForwardOut::out32); out32
+// (backward): those rows, where the forward returned them.
 struct AttentionCall {
   at::TensorList inputs;
   const LayoutView& L;
@@ -25,14 +28,19 @@ struct AttentionCall {
   double dropout = 0.0;
   int64_t seed = 0;
   bool need_attn = false;
+  bool keep_out32 = false;
+  at::Tensor out32;
 };
 
 // A forward's results: out [N_dst, H, C], lse2 [N_dst, H] (float32, base 2),
 // attn [E, H] (float32, CSR order; [0] unless need_attn) and the tensors the
-// score's backward needs beyond its inputs, out and lse2 (may be empty).
+// score's backward needs beyond its inputs, out and lse2 (may be empty);
+// out32 [N_dst, H, C] float32, out before its rounding, where the call's
+// keep_out32 and fp16 / bf16 inputs ask for it (undefined otherwise).
 struct ForwardOut {
   at::Tensor out, lse2, attn;
   std::vector<at::Tensor> saved;
+  at::Tensor out32;
 };
 
 // `into`: tensors the backward writes the gradients of its inputs into, one per
@@ -67,6 +75,10 @@ struct ScoreOps {
   bool writes_into = false;    // the backward takes `into`
   bool normalizes = false;     // the plan's normalize_first may be set (ScoreSpec.normalize_first)
   ScorePaths paths = {};
+  // Its fp16 / bf16 backward takes D = dO . O from the forward's fp32 rows,
+  // which the forward keeps where a backward follows (ScoreSpec.keeps_out32;
+  // the additive scores compute D in their own backward walk).
+  bool keeps_out32 = false;
 };
 
 // The registered score of `name`; raises for an unknown one.

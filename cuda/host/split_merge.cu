@@ -24,12 +24,13 @@ namespace {
 // The P group results are merged in a fixed order (deterministic).
 // SOFTMAX: each group keeps (m, l, acc) over its slots; then M = max m,
 // L = sum l 2^(m - M), out = sum acc 2^(m - M) / L, lse2 = M + log2(L).
+// out32 (nullable): the rows in fp32 too, H * C apart (the forward's O32).
 template <typename T, int V, bool SOFTMAX>
 __global__ void __launch_bounds__(256)
 reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__ partial_ml,
                     const int* __restrict__ combine, T* __restrict__ out,
-                    float* __restrict__ lse2, int64_t n_units, int H, int C, int64_t ld,
-                    int W, int P) {
+                    float* __restrict__ out32, float* __restrict__ lse2, int64_t n_units, int H,
+                    int C, int64_t ld, int W, int P) {
   __shared__ float red[256 * V];
   __shared__ float red_m[256], red_l[256];
   const int span = W * P, t = threadIdx.x;
@@ -108,6 +109,11 @@ reduce_slots_kernel(const float* __restrict__ partial, const float* __restrict__
 #pragma unroll
       for (int k = 0; k < V; ++k)
         if (f + k < C) dst[k] = from_float<T>(acc[k] * inv);
+      if (out32 != nullptr) {
+        float* dst32 = out32 + (int64_t)row * HC + (int64_t)h * C + f;
+        for (int k = 0; k < V; ++k)
+          if (f + k < C) dst32[k] = acc[k] * inv;
+      }
       if (SOFTMAX && f == 0) lse2[(int64_t)row * H + h] = l > 0.f ? M + log2f(l) : kNegInf;
     }
   }
@@ -129,8 +135,8 @@ inline int slot_group_width(int64_t C, int V) {
 // ld > H * C).
 template <bool SOFTMAX>
 void reduce_slots(const float* partial, int64_t num_slots, const float* partial_ml,
-                  const at::Tensor& combine, at::Tensor& out, float* lse2, int64_t H, int64_t C,
-                  int64_t ld) {
+                  const at::Tensor& combine, at::Tensor& out, float* out32, float* lse2,
+                  int64_t H, int64_t C, int64_t ld) {
   const int64_t n_rows = combine.size(0);
   if (n_rows == 0) return;
   const int V = C % 4 == 0 ? 4 : 1;
@@ -146,7 +152,8 @@ void reduce_slots(const float* partial, int64_t num_slots, const float* partial_
     auto kern = V == 4 ? reduce_slots_kernel<T, 4, SOFTMAX> : reduce_slots_kernel<T, 1, SOFTMAX>;
     kern<<<ceil_div(n_units, per_block), 256, 0, stream>>>(
         partial, partial_ml, combine.data_ptr<int>(),
-        reinterpret_cast<T*>(out.data_ptr<scalar_t>()), lse2, n_units, (int)H, (int)C, ld, W, P);
+        reinterpret_cast<T*>(out.data_ptr<scalar_t>()), out32, lse2, n_units, (int)H, (int)C, ld,
+        W, P);
   });
   check_launch();
 }
@@ -221,16 +228,17 @@ BackwardCounters backward_split_counters(const char* op, const KernelPlan& plan,
 }
 
 void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,
-                      at::Tensor& out) {
+                      at::Tensor& out, float* out32) {
   if (combine.size(0) == 0) return;  // also: no rows, so no division by out.size(0) = 0
   // Heads are not told apart: each row's H * C values are summed slot by slot.
-  reduce_slots<false>(partial, num_slots, nullptr, combine, out, nullptr, 1,
+  reduce_slots<false>(partial, num_slots, nullptr, combine, out, out32, nullptr, 1,
                       out.numel() / out.size(0), out.stride(0));
 }
 
 void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
-                            const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2) {
-  reduce_slots<true>(partial, num_slots, partial_ml, combine, out, lse2.data_ptr<float>(),
+                            const at::Tensor& combine, at::Tensor& out, float* out32,
+                            at::Tensor& lse2) {
+  reduce_slots<true>(partial, num_slots, partial_ml, combine, out, out32, lse2.data_ptr<float>(),
                      out.size(1), out.size(2), out.size(1) * out.size(2));
 }
 

@@ -25,15 +25,17 @@ int* forward_split_counters(const char* op, const KernelPlan& plan, const Layout
 
 // Sums the fp32 partial rows of split rows into `out` (dtype of out):
 // combine[r] = (row, first_slot, n_slots); out[row] = sum of partial[first_slot ...]
-// (partial: [num_slots, out.size(1) * ...] floats).
+// (partial: [num_slots, out.size(1) * ...] floats); out32, if set: the sums in
+// fp32 too, rows packed (PMF's O32, forward_call.h).
 void combine_partials(const float* partial, int64_t num_slots, const at::Tensor& combine,
-                      at::Tensor& out);
+                      at::Tensor& out, float* out32 = nullptr);
 
 // Split rows of an online-softmax kernel: merges each item's (max, sum,
 // unnormalised acc) partial ([num_slots, H, C] and [num_slots, H, 2] floats) into
-// out [N, H, C] and lse2 [N, H].
+// out [N, H, C] (and out32 [N, H, C] float32, if set) and lse2 [N, H].
 void merge_softmax_partials(const float* partial, const float* partial_ml, int64_t num_slots,
-                            const at::Tensor& combine, at::Tensor& out, at::Tensor& lse2);
+                            const at::Tensor& combine, at::Tensor& out, float* out32,
+                            at::Tensor& lse2);
 
 // Attention weights of split rows: raw base-2 scores -> softmax once lse2 is final.
 void normalize_split_attn(const at::Tensor& combine, const at::Tensor& rowptr,

@@ -2,8 +2,9 @@
 //   dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P'_ij dO_i
 // on the walks the plan names: the CUDA-core walks over the dot functor
 // (kernels/row_backward.cuh: dq then dkv, or both in one launch) or the
-// tensor-core walks (gt_backward_mma.cu), with D from gt_backward_dsum in fp16 /
-// bf16 (row_dsum.cuh says why D must not come from the rounded output).
+// tensor-core walks (gt_backward_mma.cu), with D from the forward's fp32 rows in
+// fp16 / bf16 (out_dsum, host/backward_launch.cuh, says why D must not come from
+// the rounded output).
 #include "host/backward_launch.cuh"
 #include "host/ops.h"
 #include "scores/dot.cuh"
@@ -32,8 +33,8 @@ struct DotMmaWalks {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L, double scale,
-    double dropout, int64_t seed, const KernelPlan& plan, const GradsOut* into) {
+    const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& out32, const LayoutView& L,
+    double scale, double dropout, int64_t seed, const KernelPlan& plan, const GradsOut* into) {
   constexpr const char* op = "dfgnn::attention_bwd (dot)";
   const int64_t C = q.size(2);
   const at::Tensor none;
@@ -49,12 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
               "{32, 64, 128}, dropout 0, bwd_one_launch=False and vector_rows=True (16-byte "
               "aligned rows), got bwd_one_launch=", plan.bwd_one_launch ? "True" : "False",
               ", dropout=", std::to_string(dropout));
-  // D_i in fp32 for half inputs (row_dsum.cuh: D must not come from the rounded
-  // output; a second forward on fp32 copies of q, k, v, with dO . O32, costs
-  // about 880 us of ogbn-arxiv's 1.85 ms bf16 fwd+bwd, 1 x 128; fp32: 1.70 ms).
-  at::Tensor dsum_t;
-  if (q.scalar_type() != at::kFloat && L.rowptr.size(0) > 1)
-    dsum_t = gt_backward_dsum(grad_out, q, k, v, lse2, L, plan, scale, dropout, seed);
+  // D_i in fp32 for half inputs, from the forward's fp32 rows (out_dsum).
+  const at::Tensor dsum_t = out_dsum(op, grad_out, out32);
   const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const BackwardArgs a{op, grad_out, out, lse2, q, k, L, plan, dropout, seed};

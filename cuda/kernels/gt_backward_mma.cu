@@ -18,7 +18,7 @@
 //        dQ^T [C x 8] += K^T [C x 16] . dS;
 //   dkv: dV^T [C x 8] += dO^T [C x 16] . P,  dK^T [C x 8] += Q^T [C x 16] . dS,
 // the SpMM weights rounded to T (fp32 accumulation, as flash attention's
-// backward). No online softmax: lse2 (forward) and D (gt_backward_dsum, fp32)
+// backward). No online softmax: lse2 (forward) and D (out_dsum, fp32)
 // are known. The dq walk loads k twice per tile: as 16-byte row slices for the
 // SDDMM (A operand, rows = edges) and by whole 128-byte lines for the SpMM (A
 // operand, rows = channels; load_v_words), the second from L1.

@@ -10,11 +10,12 @@
 
 namespace dfgnn {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const LayoutView& L,
-    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan) {
+    double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan,
+    bool keep_out32) {
   constexpr const char* op = "dfgnn::attention_fwd (dot)";
-  ForwardCall fc(q, q.size(0), L, plan.pmf, need_attn);
+  ForwardCall fc(q, q.size(0), L, plan.pmf, need_attn, keep_out32);
   check_vector_rows(op, plan.vector_rows, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &fc.out}});
   if (plan.mma) {
     // The plan's tensor-core forward (the caller checked dtype, C, dropout,
@@ -25,18 +26,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     if (plan.dense_cells > 0.0) {
       TORCH_CHECK(L.tiles.defined(), op, ": dense_cells > 0 runs the dense tiles of the "
                   "layout's tile plan, and the call has none (csr entry 5 is None)");
-      gt_forward_dense(q, k, v, L, plan.dense_cells, fc.out, fc.lse2, scale);
+      gt_forward_dense(q, k, v, L, plan.dense_cells, fc.out, fc.out32_ptr(), fc.lse2, scale);
     } else {
-      gt_forward_mma(q, k, v, L, fc.out, fc.lse2, scale);
+      gt_forward_mma(q, k, v, L, fc.out, fc.out32_ptr(), fc.lse2, scale);
     }
-    return {fc.out, fc.lse2, fc.attn};
+    return {fc.out, fc.lse2, fc.attn, fc.out32};
   }
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   row_forward<DotScore>(op, fc, v, L, plan, dropout, seed, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DotParams<T>{cptr<T>(q), cptr<T>(k), cptr<T>(v), sc, scale2};
   });
-  return {fc.out, fc.lse2, fc.attn};
+  return {fc.out, fc.lse2, fc.attn, fc.out32};
 }
 
 }  // namespace dfgnn

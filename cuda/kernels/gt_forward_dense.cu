@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kDenseThreads, 3)
 gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     const int* __restrict__ rowptr, const int* __restrict__ col,
                     const int* __restrict__ plan, int64_t plan_len, T* __restrict__ out,
+                    float* __restrict__ out32,
                     float* __restrict__ lse2, int64_t n_rows, int64_t n_src, int H,
                     float scale2, float cells_per_edge) {
   constexpr int RB = C * 2;     // bytes of a shared-memory row
@@ -145,7 +146,7 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
       const int64_t blk = r0 / kMmaRows + 2 * warp + u;
       if (blk * kMmaRows >= n_rows) break;
       for (int h = 0; h < H; ++h)
-        gt_mma_unit<T, C>(q, k, v, rowptr, col, out, lse2, n_rows, H, scale2, blk, h);
+        gt_mma_unit<T, C>(q, k, v, rowptr, col, out, out32, lse2, n_rows, H, scale2, blk, h);
     }
     return;
   }
@@ -302,6 +303,14 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
         *reinterpret_cast<uint32_t*>(out + ga * HC + c) = pack2<T>(acc[b][0] * i0, acc[b][1] * i0);
       if (gb < n_rows)
         *reinterpret_cast<uint32_t*>(out + gb * HC + c) = pack2<T>(acc[b][2] * i1, acc[b][3] * i1);
+      if (out32 != nullptr) {
+        if (ga < n_rows)
+          *reinterpret_cast<float2*>(out32 + ga * HC + c) =
+              make_float2(acc[b][0] * i0, acc[b][1] * i0);
+        if (gb < n_rows)
+          *reinterpret_cast<float2*>(out32 + gb * HC + c) =
+              make_float2(acc[b][2] * i1, acc[b][3] * i1);
+      }
     }
     if (t == 0) {
       if (ga < n_rows) lse2[ga * H + h] = l0 > 0.f ? m0 + log2f(l0) : kNegInf;
@@ -313,14 +322,16 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
 template <typename T, int C>
 void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& plan,
-                  at::Tensor& out, at::Tensor& lse2, float scale2, float cells_per_edge) {
+                  at::Tensor& out, float* out32, at::Tensor& lse2, float scale2,
+                  float cells_per_edge) {
   constexpr int kSmem = 2 * 2 * kDenseKeys * C * (int)sizeof(T);  // two k + v chunks
   static_assert(kSmem <= 48 * 1024, "no opt-in for more dynamic shared memory");
   const int64_t N = q.size(0);
   gt_fwd_dense_kernel<T, C><<<ceil_div(N, kDenseRows), kDenseThreads, kSmem,
                               c10::cuda::getCurrentCUDAStream()>>>(
       cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-      plan.data_ptr<int>(), plan.numel(), mptr<T>(out), lse2.data_ptr<float>(), N, k.size(0),
+      plan.data_ptr<int>(), plan.numel(), mptr<T>(out), out32, lse2.data_ptr<float>(), N,
+      k.size(0),
       (int)q.size(1), scale2, cells_per_edge);
   check_launch();
 }
@@ -329,7 +340,7 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const LayoutView& L, double cells_per_edge, at::Tensor& out,
-                      at::Tensor& lse2, double scale) {
+                      float* out32, at::Tensor& lse2, double scale) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col, &plan = L.tiles;
   const float cells = (float)cells_per_edge;
   const int64_t N = q.size(0), C = q.size(2);
@@ -337,9 +348,13 @@ void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const float scale2 = (float)(scale * kLog2e);
   auto by_shape = [&](auto T_) {
     using T = typename decltype(T_)::type;
-    if (C == 128) launch_dense<T, 128>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
-    else if (C == 64) launch_dense<T, 64>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
-    else launch_dense<T, 32>(q, k, v, rowptr, col, plan, out, lse2, scale2, cells);
+    auto launch = [&](auto C_) {
+      launch_dense<T, decltype(C_)::value>(q, k, v, rowptr, col, plan, out, out32, lse2, scale2,
+                                           cells);
+    };
+    if (C == 128) launch(IntC<128>{});
+    else if (C == 64) launch(IntC<64>{});
+    else launch(IntC<32>{});
   };
   if (q.scalar_type() == at::kBFloat16) by_shape(TypeTag<__nv_bfloat16>{});
   else by_shape(TypeTag<__half>{});

@@ -43,11 +43,13 @@ template <typename T, int C>
 __global__ void __launch_bounds__(kMmaBlock)
 gt_fwd_mma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   const int* __restrict__ rowptr, const int* __restrict__ col, T* __restrict__ out,
-                  float* __restrict__ lse2, int64_t n_rows, int64_t n_units, int H, float scale2) {
+                  float* __restrict__ out32, float* __restrict__ lse2, int64_t n_rows,
+                  int64_t n_units, int H, float scale2) {
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (unit >= n_units) return;  // whole warps
   const int64_t blk = unit / H;
-  gt_mma_unit<T, C>(q, k, v, rowptr, col, out, lse2, n_rows, H, scale2, blk, (int)(unit - blk * H));
+  gt_mma_unit<T, C>(q, k, v, rowptr, col, out, out32, lse2, n_rows, H, scale2, blk,
+                    (int)(unit - blk * H));
 }
 
 }  // namespace
@@ -58,7 +60,8 @@ bool gt_forward_mma_supports(at::ScalarType st, int64_t C, bool aligned16) {
 }
 
 void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const LayoutView& L, at::Tensor& out, at::Tensor& lse2, double scale) {
+                    const LayoutView& L, at::Tensor& out, float* out32, at::Tensor& lse2,
+                    double scale) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const int64_t N = q.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_units = (N + kMmaRows - 1) / kMmaRows * H;
@@ -70,7 +73,7 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     constexpr int CC = decltype(C_)::value;
     gt_fwd_mma_kernel<T, CC><<<ceil_div(n_units * 32, kMmaBlock), kMmaBlock, 0, stream>>>(
         cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
-        mptr<T>(out), lse2.data_ptr<float>(), N, n_units, (int)H, scale2);
+        mptr<T>(out), out32, lse2.data_ptr<float>(), N, n_units, (int)H, scale2);
     check_launch();
   };
   auto by_c = [&](auto T_) {

@@ -23,13 +23,14 @@ namespace dfgnn {
 // EXTRAS: the variant with attention dropout and attention weights
 // (OnlineSoftmax), for calls that ask for either.
 // MERGE: the variant that merges split rows in the kernel (with_merge_variant).
+// out32: the rows in fp32 too, or nullptr (ForwardCall::out32 says when).
 // in...: the fields of the score's Params, as separate arguments (ScoreArgs,
 // scores/score.cuh, says why).
 template <typename Score, bool EXTRAS, int UF, bool MERGE, typename... A>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
                     const int* __restrict__ items, int chunk, typename Score::T* __restrict__ out,
-                    float* __restrict__ lse2, float* __restrict__ attn,
+                    float* __restrict__ out32, float* __restrict__ lse2, float* __restrict__ attn,
                     float* __restrict__ partial, float* __restrict__ partial_ml, int64_t n_units,
                     int H, int C, float p, uint64_t seed, int* __restrict__ counters, A... in) {
   const typename Score::Params sp{in...};
@@ -71,7 +72,7 @@ row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
       os.template step<FULL>(j, s, vf, e0, H, h, p, seed, attn, gl);
   };
   for_each_step<U>(beg, end, edge_step);
-  os.template finish<MERGE && UF != 2>(g, H, C, chunk, rowptr, out, lse2, attn, partial,
+  os.template finish<MERGE && UF != 2>(g, H, C, chunk, rowptr, out, out32, lse2, attn, partial,
                                        partial_ml, counters);
 }
 

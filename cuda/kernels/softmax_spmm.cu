@@ -21,13 +21,15 @@ namespace {
 // Softmax + SpMM over one work item (row, [start, start + chunk)).
 // Row statistics are taken over the whole row (redundancy-free: lanes are
 // spread over edges, not features); the item's partial sum goes to `out` when
-// the row is a single item (slot < 0), else to `partial[slot]`.
+// the row is a single item (slot < 0; and to out32 in fp32, if set), else to
+// `partial[slot]`.
 template <typename S, bool DROPOUT>
 __global__ void __launch_bounds__(256)
 softmax_spmm_kernel(const typename S::T* __restrict__ x, const float* __restrict__ score,
                     const int* __restrict__ rowptr, const int* __restrict__ col,
                     const int* __restrict__ items, int chunk, typename S::T* __restrict__ out,
-                    float* __restrict__ partial, float* __restrict__ lse2, float* __restrict__ attn,
+                    float* __restrict__ out32, float* __restrict__ partial,
+                    float* __restrict__ lse2, float* __restrict__ attn,
                     int64_t n_units, int H, int C, float p, uint64_t seed, int n_edges) {
   using T = typename S::T;
   constexpr int VEC = S::VEC, G = S::G, NV = S::NV;
@@ -75,7 +77,9 @@ softmax_spmm_kernel(const typename S::T* __restrict__ x, const float* __restrict
     tile_spmm<T, VEC, G, NV, U>(nt, wl, x, HC, (int64_t)h * C, gl, nvec, acc);
   }
   if (slot < 0) {
-    store_row<T, VEC, G, NV>(out + (int64_t)row * HC + (int64_t)h * C, gl, nvec, acc, 1.f);
+    const int64_t off = (int64_t)row * HC + (int64_t)h * C;
+    store_row<T, VEC, G, NV>(out + off, gl, nvec, acc, 1.f);
+    store_row_f32<VEC, G, NV>(out32 == nullptr ? nullptr : out32 + off, gl, nvec, acc, 1.f);
   } else {
     store_partial<VEC, G, NV>(partial + (int64_t)slot * HC + (int64_t)h * C, gl, nvec, acc);
   }
@@ -84,8 +88,8 @@ softmax_spmm_kernel(const typename S::T* __restrict__ x, const float* __restrict
 }  // namespace
 
 void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const LayoutView& L,
-                  bool vector_rows, at::Tensor& out, at::Tensor& lse2, float* attn,
-                  double dropout, int64_t seed) {
+                  bool vector_rows, at::Tensor& out, float* out32, at::Tensor& lse2,
+                  float* attn, double dropout, int64_t seed) {
   const at::Tensor &rowptr = L.rowptr, &col = L.col;
   const Work& rw = L.rw;
   const int64_t H = x.size(1), C = x.size(2);
@@ -104,11 +108,11 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const
                         : softmax_spmm_kernel<S, false>;
     kern<<<ceil_div(n_units * G, kThreads), kThreads, 0, stream>>>(
         cptr<T>(x), score, rowptr.data_ptr<int>(), col.data_ptr<int>(),
-        rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(out), partial,
+        rw.items.data_ptr<int>(), (int)L.chunk, mptr<T>(out), out32, partial,
         lse2.data_ptr<float>(), attn, n_units, H, C, p, (uint64_t)seed, (int)col.size(0));
     check_launch();
   });
-  combine_partials(partial, rw.num_slots, rw.combine, out);
+  combine_partials(partial, rw.num_slots, rw.combine, out, out32);
 }
 
 }  // namespace dfgnn

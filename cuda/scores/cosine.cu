@@ -73,9 +73,9 @@ ForwardOut forward(const AttentionCall& c) {
     return {out, lse2, attn, {rnorm}};
   }
   auto [k, q, rnorm] = l2norm_forward_cuda(kFwd, x, beta, eps, c.plan.vector_rows);
-  auto [out, lse2, attn] = gt_forward_cuda(q, k, x, c.L, 1.0, c.dropout, c.seed, c.need_attn,
-                                           c.plan);
-  return {out, lse2, attn, {k, q, rnorm}};
+  auto [out, lse2, attn, out32] = gt_forward_cuda(q, k, x, c.L, 1.0, c.dropout, c.seed,
+                                                  c.need_attn, c.plan, c.keep_out32);
+  return {out, lse2, attn, {k, q, rnorm}, out32};
 }
 
 // saved: (rnorm) from the cosine kernel, or (k, q, rnorm).
@@ -94,8 +94,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
     std::tie(k, q, std::ignore) = l2norm_forward_cuda(kBwd, x, beta, c.params[0],
                                                        c.plan.vector_rows);
   }
-  auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, x, out, lse2, c.L, 1.0, c.dropout, c.seed,
-                                       c.plan);
+  auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, x, out, lse2, c.out32, c.L, 1.0,
+                                       c.dropout, c.seed, c.plan);
   auto [dxn, dbeta_part] = l2norm_backward_cuda(dk, dq, k, rnorm, beta, c.plan.vector_rows);
   return {dxn.add_(dv), dbeta_part.sum().reshape(beta.sizes())};
 }
@@ -104,6 +104,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
 
 DFGNN_REGISTER_SCORE(cosine, ScoreOps{"cosine", &check, &forward, &backward, false,
                                        /*normalizes=*/true, ScorePaths{/*pmf=*/true,
-                                                                       /*mma=*/true}});
+                                                                       /*mma=*/true},
+                                       /*keeps_out32=*/true});
 
 }  // namespace dfgnn

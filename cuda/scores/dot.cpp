@@ -1,8 +1,8 @@
 // The dot score's host entry points and registration (host/score_ops.h):
 // inputs (q [N_dst, H, C], k, v [N_src, H, C]), params (scale). Its functor is
-// scores/dot.cuh; its kernels are instantiated in kernels/gt_forward.cu,
-// gt_backward.cu and gt_backward_dsum.cu (beside the tensor-core and dense-tile
-// kernels that only this score has).
+// scores/dot.cuh; its kernels are instantiated in kernels/gt_forward.cu and
+// gt_backward.cu (beside the tensor-core and dense-tile kernels that only this
+// score has).
 #include "host/input_checks.h"
 #include "host/ops.h"
 #include "host/score_ops.h"
@@ -31,9 +31,10 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
 }
 
 ForwardOut forward(const AttentionCall& c) {
-  auto [out, lse2, attn] = gt_forward_cuda(c.inputs[0], c.inputs[1], c.inputs[2], c.L,
-                                           c.params[0], c.dropout, c.seed, c.need_attn, c.plan);
-  return {out, lse2, attn, {}};
+  auto [out, lse2, attn, out32] =
+      gt_forward_cuda(c.inputs[0], c.inputs[1], c.inputs[2], c.L, c.params[0], c.dropout, c.seed,
+                      c.need_attn, c.plan, c.keep_out32);
+  return {out, lse2, attn, {}, out32};
 }
 
 // into: (dq, dk, dv) to write into, undefined entries allocated (GradsOut).
@@ -55,14 +56,16 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
                 kBwd, ": dk and dv need the same row stride, got ", num(given.dk.stride(0)),
                 " and ", num(given.dv.stride(0)));
   }
-  auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, v, out, lse2, c.L, c.params[0], c.dropout,
-                                       c.seed, c.plan, into.empty() ? nullptr : &given);
+  auto [dq, dk, dv] = gt_backward_cuda(grad_out, q, k, v, out, lse2, c.out32, c.L, c.params[0],
+                                       c.dropout, c.seed, c.plan,
+                                       into.empty() ? nullptr : &given);
   return {dq, dk, dv};
 }
 
 }  // namespace
 
 DFGNN_REGISTER_SCORE(dot, ScoreOps{"dot", &check, &forward, &backward, true, false,
-                                   ScorePaths{/*pmf=*/true, /*mma=*/true, /*dense_tiles=*/true}});
+                                   ScorePaths{/*pmf=*/true, /*mma=*/true, /*dense_tiles=*/true},
+                                   /*keeps_out32=*/true});
 
 }  // namespace dfgnn

@@ -27,12 +27,12 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
 
 ForwardOut forward(const AttentionCall& c) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &v = c.inputs[2], &e = c.inputs[3];
-  ForwardCall fc(v, q.size(0), c.L, c.plan.pmf, c.need_attn);
+  ForwardCall fc(v, q.size(0), c.L, c.plan.pmf, c.need_attn, c.keep_out32);
   check_vector_rows(kFwd, c.plan.vector_rows,
                     {{"q", &q}, {"k", &k}, {"v", &v}, {"e", &e}, {"out", &fc.out}});
   row_forward<DotEdgeScore, /*HAS_PMF=*/false>(kFwd, fc, v, c.L, c.plan, c.dropout, c.seed,
                                                dot_edge_params(c));
-  return {fc.out, fc.lse2, fc.attn, {}};
+  return {fc.out, fc.lse2, fc.attn, {}, fc.out32};
 }
 
 }  // namespace
@@ -41,6 +41,7 @@ ForwardOut forward(const AttentionCall& c) {
 DFGNN_REGISTER_SCORE(dot_edge,
                      ScoreOps{"dot_edge", &check, &forward, &dot_edge_backward, false, false,
                               ScorePaths{/*pmf=*/false, /*mma=*/false, /*dense_tiles=*/false,
-                                         /*two_rows=*/false, /*one_launch_backward=*/false}});
+                                         /*two_rows=*/false, /*one_launch_backward=*/false},
+                              /*keeps_out32=*/true});
 
 }  // namespace dfgnn

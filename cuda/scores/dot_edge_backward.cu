@@ -21,7 +21,7 @@ std::vector<at::Tensor> dot_edge_backward(const at::Tensor& grad_out, const at::
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"v", &v}, {"e", &e},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const RowGrads r = row_backward_walks<DotEdgeScore>(a, dot_edge_params(c));
+  const RowGrads r = row_backward_walks<DotEdgeScore>(a, c.out32, dot_edge_params(c));
   return {r.dq, r.dk, r.dv, r.de};
 }
 

@@ -29,15 +29,16 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
 
 ForwardOut forward(const AttentionCall& c) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2];
-  ForwardCall fc(k, q.size(0), c.L, c.plan.pmf, c.need_attn);
+  ForwardCall fc(k, q.size(0), c.L, c.plan.pmf, c.need_attn, c.keep_out32);
   check_vector_rows(kFwd, c.plan.vector_rows,
                     {{"q", &q}, {"k", &k}, {"att", &att}, {"out", &fc.out}});
   row_forward<GATv2Score>(kFwd, fc, k, c.L, c.plan, c.dropout, c.seed, gatv2_params(c));
-  return {fc.out, fc.lse2, fc.attn, {}};
+  return {fc.out, fc.lse2, fc.attn, {}, fc.out32};
 }
 
 }  // namespace
 
-DFGNN_REGISTER_SCORE(gatv2, ScoreOps{"gatv2", &check, &forward, &gatv2_backward, false});
+DFGNN_REGISTER_SCORE(gatv2, ScoreOps{"gatv2", &check, &forward, &gatv2_backward, false,
+                                       false, ScorePaths{}, /*keeps_out32=*/true});
 
 }  // namespace dfgnn

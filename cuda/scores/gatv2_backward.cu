@@ -19,7 +19,7 @@ std::vector<at::Tensor> gatv2_backward(const at::Tensor& grad_out, const at::Ten
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const RowGrads r = row_backward_walks<GATv2Score>(a, gatv2_params(c));
+  const RowGrads r = row_backward_walks<GATv2Score>(a, c.out32, gatv2_params(c));
   return {r.dq, r.dk, r.param.to(att.scalar_type())};
 }
 

@@ -32,12 +32,12 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
 
 ForwardOut forward(const AttentionCall& c) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &att = c.inputs[2], &e = c.inputs[3];
-  ForwardCall fc(k, q.size(0), c.L, c.plan.pmf, c.need_attn);
+  ForwardCall fc(k, q.size(0), c.L, c.plan.pmf, c.need_attn, c.keep_out32);
   check_vector_rows(kFwd, c.plan.vector_rows,
                     {{"q", &q}, {"k", &k}, {"att", &att}, {"e", &e}, {"out", &fc.out}});
   row_forward<GATv2EdgeScore, /*HAS_PMF=*/false>(kFwd, fc, k, c.L, c.plan, c.dropout, c.seed,
                                                  gatv2_edge_params(c));
-  return {fc.out, fc.lse2, fc.attn, {}};
+  return {fc.out, fc.lse2, fc.attn, {}, fc.out32};
 }
 
 }  // namespace
@@ -46,6 +46,7 @@ ForwardOut forward(const AttentionCall& c) {
 DFGNN_REGISTER_SCORE(gatv2_edge,
                      ScoreOps{"gatv2_edge", &check, &forward, &gatv2_edge_backward, false, false,
                               ScorePaths{/*pmf=*/false, /*mma=*/false, /*dense_tiles=*/false,
-                                         /*two_rows=*/false, /*one_launch_backward=*/false}});
+                                         /*two_rows=*/false, /*one_launch_backward=*/false},
+                              /*keeps_out32=*/true});
 
 }  // namespace dfgnn

@@ -20,7 +20,7 @@ std::vector<at::Tensor> gatv2_edge_backward(const at::Tensor& grad_out, const at
   check_vector_rows(kBwd, c.plan.vector_rows, {{"q", &q}, {"k", &k}, {"att", &att}, {"e", &e},
                                                {"out", &out}, {"grad_out", &grad_out}});
   const BackwardArgs a{kBwd, grad_out, out, lse2, q, k, c.L, c.plan, c.dropout, c.seed};
-  const RowGrads r = row_backward_walks<GATv2EdgeScore>(a, gatv2_edge_params(c));
+  const RowGrads r = row_backward_walks<GATv2EdgeScore>(a, c.out32, gatv2_edge_params(c));
   return {r.dq, r.dk, r.param.to(att.scalar_type()), r.de};
 }
 

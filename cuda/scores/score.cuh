@@ -1,6 +1,6 @@
 // What a score function is to the kernels: a functor type over the row shape S
 // (device/row_shape.cuh) that the edge walks (kernels/row_forward.cuh,
-// edge_sddmm.cuh, row_backward.cuh, row_dsum.cuh) are templates over. The walks
+// edge_sddmm.cuh, row_backward.cuh) are templates over. The walks
 // own the edge loop, the gathers, the group reductions, the online softmax, the
 // dropout mask, the split rows and every store; a score supplies what differs
 // per destination and per edge, and each of its calls inlines into the walk.

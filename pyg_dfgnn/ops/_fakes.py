@@ -25,7 +25,10 @@ def _attention_fwd_fake(inputs, plan, params, dropout, seed, need_attn):
     out = value.new_empty((n, h, value.size(2)))
     lse = value.new_empty((n, h), dtype=_FLOAT)
     attn = value.new_empty((plan.num_edges(), h) if need_attn else (0,), dtype=_FLOAT)
-    return out, lse, attn, spec.saved_like(inputs, plan)
+    saved = spec.saved_like(inputs, plan)
+    if plan.keeps_out32() and value.dtype != _FLOAT:  # the output in float32, last
+        saved = saved + [value.new_empty(out.shape, dtype=_FLOAT)]
+    return out, lse, attn, saved
 
 
 @torch.library.register_fake("dfgnn::attention_bwd")

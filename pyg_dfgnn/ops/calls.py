@@ -55,6 +55,14 @@ def needs_grad(inputs: Sequence[Tensor]) -> bool:
     return False
 
 
+def keeps_out32(spec: ScoreSpec, dtype: torch.dtype, need_grad: bool) -> bool:
+    """Whether a kernel call's forward ends its saved tensors with its output in
+    float32 ``[N_dst, H, C]``: fp16 / bf16 calls that record a backward of a score
+    that ``keeps_out32`` (its backward takes ``D = dO . O`` from them;
+    ``docs/backward.md``). Inference and fp32 calls keep nothing."""
+    return spec.keeps_out32 and need_grad and dtype in (torch.float16, torch.bfloat16)
+
+
 def runs_kernels(layout, is_cuda: bool, head_size: int, dtype: torch.dtype) -> bool:
     """Whether a call with CUDA features (``is_cuda``) of ``head_size`` channels
     of ``dtype`` runs the fused CUDA kernels.

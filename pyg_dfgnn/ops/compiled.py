@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..extension import HAS_EXTENSION
 from ..layout import layout_of
 from . import calls
 from . import plan as _plan
@@ -183,10 +184,15 @@ def define(spec: ScoreSpec) -> None:
 
     def fake_forward(*args):
         inputs = args[:n_in]
+        need_grad = args[n_in + 2 + n_par]
         dst, value = inputs[spec.dst_input], inputs[spec.value_input]
         out = value.new_empty((dst.size(0), value.size(1), value.size(2)))
         lse = value.new_empty((dst.size(0), value.size(1)), dtype=_FLOAT)
-        return out, lse, torch.empty(3, dtype=torch.int64), spec.saved_like(inputs)
+        saved = spec.saved_like(inputs)
+        if (calls.keeps_out32(spec, value.dtype, need_grad) and value.is_cuda
+                and HAS_EXTENSION and _plan.kernel_supports(value.size(2), value.dtype)):
+            saved = saved + [value.new_empty(out.shape, dtype=_FLOAT)]  # the kernels' only
+        return out, lse, torch.empty(3, dtype=torch.int64), saved
 
     def fake_backward(grad, *args):
         return [t.new_empty(t.shape) for t in args[:n_in]]

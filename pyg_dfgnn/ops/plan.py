@@ -378,13 +378,11 @@ class Plan:
         if backward:
             # Per-edge inputs get their gradient in the CSR walk, one edge at a time
             # (the dot_edge and gatv2_edge scores' rows), or in a kernel of their own
-            # (the additive_edge score's terms). D_i = dO_i . O_i sums the rows the
-            # forward summed: with the edge row where it enters the value (dot_edge),
-            # without it where it enters the key only (gatv2_edge).
+            # (the additive_edge score's terms). In half precision the walks take
+            # D_i = dO_i . O_i from the forward's fp32 rows (two ATen launches, no
+            # kernel of ours: docs/backward.md).
             edge = bool(_spec.get(name).edge_inputs)
             dq = "dq and the edge rows' gradients" if edge else "dq"
-            dsum = ("D_i = sum_j P'_ij (dO_i . m_ij), m_ij the summed row (v_j, plus e_ij "
-                    "where it enters the value)" if edge else "D_i = sum_j P'_ij (dO_i . v_j)")
             res = []
             if name in ("additive", "additive_edge"):
                 res.append((f"{name}:bwd_dst", "CSR walk over destinations: D and d a_dst"))
@@ -397,9 +395,6 @@ class Plan:
                                                     "and LeakyReLU"))
                 res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
-                if self.half:
-                    res.append((f"{name}:dsum", f"{dsum} in fp32 over the half-precision "
-                                                "inputs"))
                 if self.bwd_one_launch:
                     res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
                                 "walks side by side in one launch, the CSC walk recomputing "

@@ -59,6 +59,11 @@ class ScoreSpec:
         csr_row_backward (bool): its backward runs an edge-parallel kernel (the
             additive_edge score's d a_edge), which reads each CSR edge's
             destination, ``csr_row``, as the PMF forward does.
+        keeps_out32 (bool): its fp16 / bf16 backward takes ``D = dO . O`` from
+            the forward's output in float32, which the forward then keeps where a
+            backward follows, as the last entry of its saved tensors
+            (:func:`pyg_dfgnn.ops.calls.keeps_out32`; the additive scores compute
+            D in their own backward walk). ``ScoreOps::keeps_out32`` in C++.
         normalize_first (callable, optional): ``(dtype, method) -> bool``: whether
             a call of that dtype and method (``"smmf"`` / ``"pmf"``) normalises its
             rows first and runs the dot score's kernels over them (the plan's
@@ -82,6 +87,7 @@ class ScoreSpec:
     one_launch_backward: bool = True
     normalize_first: Optional[Callable] = None
     csr_row_backward: bool = False
+    keeps_out32: bool = False
 
 
 _SPECS: Dict[str, ScoreSpec] = {}

@@ -57,7 +57,7 @@ def _saved_like(inputs: Sequence[Tensor], plan=None) -> List[Tensor]:
 SPEC = register(ScoreSpec(
     name="cosine", inputs=("x", "beta"), params=("eps",), dst_input=0, value_input=0,
     row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, mma=True,
-    normalize_first=_normalize_first))
+    normalize_first=_normalize_first, keeps_out32=True))
 
 
 def _normalised(x: Tensor) -> Tensor:

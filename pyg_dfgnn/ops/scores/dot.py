@@ -54,7 +54,8 @@ def _reference(layout, inputs, params, dropout, training):
 
 SPEC = register(ScoreSpec(
     name="dot", inputs=("q", "k", "v"), params=("scale",), dst_input=0, value_input=2,
-    row_inputs=(0, 1, 2), reference=_reference, check=check_qkv, mma=True, dense_tiles=True))
+    row_inputs=(0, 1, 2), reference=_reference, check=check_qkv, mma=True, dense_tiles=True,
+    keeps_out32=True))
 
 
 def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,

@@ -45,7 +45,7 @@ SPEC = register(ScoreSpec(
     name="dot_edge", inputs=("q", "k", "v", "e"), params=("scale",), dst_input=0,
     value_input=2, row_inputs=(0, 1, 2, 3), edge_inputs=(3,), reference=_reference,
     check=_check, pmf=False, pmf_rule=False, mma=False, dense_tiles=False, two_rows=False,
-    one_launch_backward=False))
+    one_launch_backward=False, keeps_out32=True))
 
 
 def edge_attention(layout, q: Tensor, k: Tensor, v: Tensor, edge: Tensor, **kwargs) -> OpResult:

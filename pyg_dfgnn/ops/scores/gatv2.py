@@ -51,7 +51,8 @@ def gatv2_reference(layout, inputs, params, dropout, training):
 
 SPEC = register(ScoreSpec(
     name="gatv2", inputs=("x_r", "x_l", "att"), params=("negative_slope",), dst_input=0,
-    value_input=1, row_inputs=(0, 1), reference=gatv2_reference, check=check_rows))
+    value_input=1, row_inputs=(0, 1), reference=gatv2_reference, check=check_rows,
+    keeps_out32=True))
 
 
 def gatv2_attention(layout, x_l: Tensor, x_r: Tensor, att: Tensor, negative_slope: float = 0.2,

@@ -40,7 +40,7 @@ SPEC = register(ScoreSpec(
     name="gatv2_edge", inputs=("x_r", "x_l", "att", "e"), params=("negative_slope",),
     dst_input=0, value_input=1, row_inputs=(0, 1, 3), edge_inputs=(3,),
     reference=gatv2_reference, check=_check, pmf=False, pmf_rule=False, mma=False,
-    dense_tiles=False, two_rows=False, one_launch_backward=False))
+    dense_tiles=False, two_rows=False, one_launch_backward=False, keeps_out32=True))
 
 
 def edge_attention(layout, x_l: Tensor, x_r: Tensor, att: Tensor, edge: Tensor,
