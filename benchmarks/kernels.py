@@ -114,8 +114,9 @@ def set_matmul_precision(allow_tf32: bool) -> dict:
             "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
-def copy_bandwidth():
-    x = torch.empty(2**28, dtype=torch.float32, device=DEV).normal_()
+def copy_bandwidth(numel: int = 2**28):
+    """GB/s (read + write) of a device-to-device copy of ``numel`` fp32 elements."""
+    x = torch.empty(numel, dtype=torch.float32, device=DEV).normal_()
     y = torch.empty_like(x)
     ms = bench(lambda: y.copy_(x), rep_ms=200)
     return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9  # GB/s, read + write

@@ -197,6 +197,57 @@ def byte_model(model: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize
     raise ValueError(f"model must be 'gt' or 'gat', got {model!r}")
 
 
+#: The inputs of each score's op that are read once per node row: ``(name, rows,
+#: per-head width)`` with rows ``"dst"`` / ``"src"`` / ``"one"`` (one row in all) and
+#: width ``"C"`` (feature rows) or ``1`` (a per-head scalar); the output and its
+#: gradient are the op's own.
+OP_INPUTS = {"dot": (("q", "dst", "C"), ("k", "src", "C"), ("v", "src", "C")),
+             "additive": (("a_dst", "dst", 1), ("a_src", "src", 1), ("x", "src", "C")),
+             "gatv2": (("x_r", "dst", "C"), ("x_l", "src", "C"), ("att", "one", "C")),
+             "cosine": (("x", "src", "C"),)}
+
+
+def op_bytes(score: str, n_dst: int, n_src: int, E: int, H: int, C: int, esize: int,
+             row_items: int, col_items: int) -> dict:
+    r"""Bytes that any implementation of one attention op must move, whatever its
+    kernels: the forward reads each input once (:data:`OP_INPUTS`) and the CSR with
+    its work items, and writes the output and the fp32 log-sum-exp; the backward
+    reads the inputs, the output, its gradient ``dO`` and the log-sum-exp once (the
+    output gives flash attention's ``D_i = dO_i . O_i``), the CSR and the CSC with
+    their work items, and writes each input's gradient once. Intermediates of a
+    kernel split (saved weights, partial rows, a CSC permutation) are not in it:
+    :func:`byte_model` counts those per kernel.
+
+    Args:
+        score (str): ``"dot"``, ``"additive"``, ``"gatv2"`` or ``"cosine"``.
+        n_dst, n_src, E, H, C, esize, row_items, col_items (int): as in
+            :func:`byte_model`.
+
+    Returns:
+        ``{"fwd": {"read": {term: bytes}, "write": {...}, "bytes": int}, "bwd": ...}``.
+
+    Raises:
+        ValueError: an unknown ``score``.
+    """
+    if score not in OP_INPUTS:
+        raise ValueError(f"score must be one of {sorted(OP_INPUTS)}, got {score!r}")
+    rows = {"dst": n_dst, "src": n_src, "one": 1}
+    inputs = {name: rows[r] * H * (C if w == "C" else 1) * esize
+              for name, r, w in OP_INPUTS[score]}
+    if score == "cosine":
+        inputs["beta"] = 4  # one fp32 temperature
+    out, lse = n_dst * H * C * esize, n_dst * H * 4
+    csr = {"rowptr": (n_dst + 1) * IDX, "col": E * IDX, "row_items": row_items * ITEM}
+    csc = {"colptr": (n_src + 1) * IDX, "row": E * IDX, "col_items": col_items * ITEM}
+
+    def phase(read, write):
+        return {"read": read, "write": write,
+                "bytes": sum(read.values()) + sum(write.values())}
+    return {"fwd": phase({**inputs, **csr}, {"out": out, "lse": lse}),
+            "bwd": phase({**inputs, "out": out, "dO": out, "lse": lse, **csr, **csc},
+                         {f"d{name}": b for name, b in inputs.items()})}
+
+
 def floor_us(nbytes: float, tbps: float = FLOOR_TBPS) -> float:
     """Time in µs to move ``nbytes`` at ``tbps`` TB/s."""
     return nbytes / (tbps * 1e12) * 1e6
@@ -502,19 +553,32 @@ def work_counts(lay, pl=None) -> dict:
 
 
 # -------------------------------------------------------------------- cases
-def make_case(model: str, lay, n: int, dtype: torch.dtype, device: str):
-    """``(f, grad, leaves)``: the fused op's call, the output gradient, the leaves."""
+def make_case(model: str, lay, n: int, dtype: torch.dtype, device: str, H: int = HEADS,
+              C: int = CHANNELS):
+    """``(f, grad, leaves)``: the fused op's call, the output gradient, the leaves, of
+    ``model`` (``gt``: dot, ``gat``: additive, ``gatv2``, ``agnn``: cosine) on
+    ``[n, H, C]`` rows drawn from seed 0 (the same inputs at every call)."""
     from pyg_dfgnn import ops
     torch.manual_seed(0)
-    H, C = HEADS, CHANNELS
     leaf = dict(device=device, dtype=dtype, requires_grad=True)
     g = torch.randn(n, H, C, device=device, dtype=dtype)
     if model == "gt":
         q, k, v = (torch.randn(n, H, C, **leaf) for _ in range(3))
         return (lambda: ops.gt_attention(lay, q, k, v)), g, (q, k, v)
-    a_src, a_dst = (torch.randn(n, H, **leaf) for _ in range(2))
-    x = torch.randn(n, H, C, **leaf)
-    return (lambda: ops.gat_attention(lay, a_src, a_dst, x)), g, (a_src, a_dst, x)
+    if model == "gat":
+        a_src, a_dst = (torch.randn(n, H, **leaf) for _ in range(2))
+        x = torch.randn(n, H, C, **leaf)
+        return (lambda: ops.gat_attention(lay, a_src, a_dst, x)), g, (a_src, a_dst, x)
+    if model == "gatv2":
+        x_l, x_r = (torch.randn(n, H, C, **leaf) for _ in range(2))
+        att = torch.randn(H, C, **leaf)
+        return (lambda: ops.gatv2_attention(lay, x_l, x_r, att)), g, (x_l, x_r, att)
+    if model == "agnn":
+        x = torch.randn(n, H, C, **leaf)
+        # AGNNConv's temperature is an fp32 parameter whatever the features' dtype
+        beta = torch.ones((), device=device, dtype=torch.float32, requires_grad=True)
+        return (lambda: ops.agnn_attention(lay, x, None, beta)), g, (x, beta)
+    raise ValueError(f"model must be 'gt', 'gat', 'gatv2' or 'agnn', got {model!r}")
 
 
 def wall_timer(fn, reps: int = 3) -> float:

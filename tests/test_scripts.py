@@ -28,6 +28,7 @@ SCRIPTS = {
     "benchmarks.multi_gpu": lambda: load_benchmark("multi_gpu").parse_args,
     "benchmarks.plot": lambda: load_benchmark("plot").main,
     "benchmarks.profile_backward": lambda: load_benchmark("profile_backward").parse_args,
+    "benchmarks.half_precision": lambda: load_benchmark("half_precision").parse_args,
     "benchmarks.sanitize": lambda: load_benchmark("sanitize").main,
     "benchmarks.layout_build_check": lambda: load_benchmark("layout_build_check").main,
     "benchmarks.host_path": lambda: load_benchmark("host_path").main,
@@ -75,7 +76,8 @@ def test_multi_gpu_names_its_data_folder_data(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 @pytest.mark.parametrize("cmd", [["-m", "benchmarks.kernels", "--out", "x/k.json"],
                                  ["-m", "benchmarks.layers"],
-                                 ["-m", "benchmarks.e2e"]])
+                                 ["-m", "benchmarks.e2e"],
+                                 ["-m", "benchmarks.half_precision", "--out", "x"]])
 def test_gpu_scripts_refuse_in_one_line(cmd, tmp_path):
     r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=300,
                        cwd=ROOT)
