@@ -535,6 +535,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
     dev_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
                 else platform.processor() or platform.machine() or "cpu")
     out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python", *sys.argv]),
         "device": str(device),
         "device_name": dev_name,
         "torch": torch.__version__,

@@ -15,6 +15,7 @@ import torch
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import spec as _spec
+from conftest import layer_grad_floor, rel_err_floor
 from test_cuda_gt import DEV, poison, random_graph, rel_err
 
 pytestmark = pytest.mark.cuda
@@ -58,15 +59,17 @@ def _inputs(score, lay, dtype):
     """The score's inputs in spec order (edge rows in CSR order) and params."""
     E = lay.num_edges
     if score in ("dot", "dot_edge"):
-        q, k = torch.randn(lay.num_dst, H, C, device=DEV).to(dtype), _alike(lay.num_src, dtype)
+        # alike values (close dP_ij), keys drawn apart: with alike keys too dq sums
+        # dS_ij k_j over nearly equal k_j, whose half rounding alone is then 1e-2 off
+        q, k = (torch.randn(n, H, C, device=DEV).to(dtype) for n in (lay.num_dst, lay.num_src))
         v = _alike(lay.num_src, dtype)
         ins = [q, k, v] + ([(0.1 * torch.randn(E, H, C, device=DEV)).to(dtype)]
                            if score == "dot_edge" else [])
         return ins, (C ** -0.5,)
     if score in ("gatv2", "gatv2_edge"):
-        # x_r far above the noise: the LeakyReLU's pre-activations stay positive,
-        # off its kink (where rounding may pick the other branch)
-        x_r = (4.0 + 0.1 * torch.randn(lay.num_dst, H, C, device=DEV)).to(dtype)
+        # x_r drawn apart: with one LeakyReLU branch throughout, dq = att (.) sum_j dS_ij
+        # is 0 in exact arithmetic
+        x_r = torch.randn(lay.num_dst, H, C, device=DEV).to(dtype)
         x_l = _alike(lay.num_src, dtype)
         att = (torch.randn(H, C, device=DEV) / C ** 0.5).to(dtype)
         ins = [x_r, x_l, att] + ([(0.1 * torch.randn(E, H, C, device=DEV)).to(dtype)]
@@ -99,9 +102,13 @@ def test_half_gradients_with_alike_neighbours(score, strategy, fields, dtype, pl
     ref = spec.reference(lay, t64, params, 0.0, False)[0]
     ref.backward(g.double())
     assert rel_err(out, ref) < 1e-2
-    for i, (got, want) in enumerate(zip(leaves, t64)):
-        if want.grad is not None and got.grad is not None:
-            assert rel_err(got.grad, want.grad) < 1e-2, (score, i)
+    pairs = [(got.grad, want.grad) for got, want in zip(leaves, t64)
+             if want.grad is not None and got.grad is not None]
+    # a gradient that is 0 in exact arithmetic holds the rounding noise of the
+    # terms it sums: compared against the inputs' largest gradient (conftest)
+    floor = layer_grad_floor([want for _, want in pairs])
+    for i, (got, want) in enumerate(pairs):
+        assert rel_err_floor(got, want, floor) < 1e-2, (score, i)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32,) + HALF)

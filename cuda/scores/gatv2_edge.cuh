@@ -38,8 +38,8 @@ template <typename S> struct GATv2EdgeScore : GATv2Score<S> {
 
   // The walks hand the edge row beside the gathered row (scores/score.cuh,
   // kEdgeInKeyOnly), and the functors sum the two in fp32: k_j + e_ij rounded to
-  // fp16 / bf16 moves a score by up to 2^-9 |att| |k_j + e_ij|, and dq, a sum
-  // over the row whose dS cancel, by 1-3 % relative against float64.
+  // fp16 / bf16 moves a score by up to u |att| |k_j + e_ij| (u = 2^-8 in bf16),
+  // and dq, a sum over the row whose dS cancel, by 1-3 % relative to float64.
   static __device__ __forceinline__ auto sum_of(const P (&x)[NV], const P (&e)[NV]) {
     return [&x, &e](int r, int c) {
       return packed_elem<T, VEC>(x[r], c) + packed_elem<T, VEC>(e[r], c);
