@@ -231,8 +231,8 @@ def _configure():
 UNITY_GROUPS = {
     "support": ["host/plan_checks.cu", "host/split_merge.cu", "kernels/normalize.cu",
                 "kernels/softmax_spmm.cu", "glue/build_record.cu"],
-    "dot_tensor_cores": ["kernels/gt_forward_mma.cu", "kernels/gt_forward_dense.cu",
-                         "kernels/gt_backward_mma.cu"],
+    "dot_tensor_cores": ["scores/dot_forward_mma.cu", "scores/dot_forward_dense.cu",
+                         "scores/dot_backward_mma.cu"],
     "layout_cosine": ["kernels/layout_build.cu", "scores/cosine.cu"],
 }
 

@@ -91,7 +91,7 @@ PROFILE_STEPS = 5
 #: Bytes of the L2 flush before each profiled step (the H100's L2 is 50 MB).
 FLUSH_BYTES = 256 * 2**20
 #: The backward kernels (``cuda/kernels/row_backward.cuh``,
-#: ``gt_backward_mma.cu``, ``gat_backward.cu``).
+#: ``dot_backward_mma.cu``, ``additive_backward.cu``).
 NCU_KERNELS = "row_bwd_dq_kernel|row_bwd_dkv_kernel|" \
               "row_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
               "gat_bwd_dst_kernel|gat_bwd_src_kernel"

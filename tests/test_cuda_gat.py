@@ -139,7 +139,7 @@ def test_dropout_backward_matches_forward_mask(strategy):
 @pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 64), (2, 100)])
 def test_two_rows_per_warp(H, C, super_deg):
     """At least 2^18 edges: the fp32 SMMF forward runs two rows per warp
-    (gat_forward.cu), with and without split rows (a super node)."""
+    (additive_forward.cu), with and without split rows (a super node)."""
     torch.manual_seed(C + super_deg)
     n = 20_000
     ei = random_graph(n, n, 300_000, super_deg=super_deg)

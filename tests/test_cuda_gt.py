@@ -183,7 +183,7 @@ MMA_GRAPHS = {
 @pytest.mark.parametrize("graph,H,C", [("dense", 1, 128), ("small", 4, 32), ("bipartite", 2, 64),
                                        ("bipartite", 1, 128), ("dense", 2, 32)])
 def test_tensor_core_forward(graph, dtype, H, C, plan_override):
-    """The tensor-core forward (gt_forward_mma.cu: fp16 / bf16, C in {32, 64, 128},
+    """The tensor-core forward (dot_forward_mma.cu: fp16 / bf16, C in {32, 64, 128},
     no split rows, no dropout, no attention weights) runs, matches the float64
     reference, and so does the backward that uses its lse; scores of a few units
     make the running maximum of a row rise across its tiles. The chunk of large
@@ -238,7 +238,7 @@ def batch_graph(gen, n_graphs=40, density=0.3):
                                        (torch.float16, 3, 32), (torch.bfloat16, 1, 64),
                                        (torch.bfloat16, 2, 32)])
 def test_dense_tile_forward(mode, dtype, H, C, plan_override):
-    """The dense-tile tensor-core forward (gt_forward_dense.cu; plan.override's
+    """The dense-tile tensor-core forward (dot_forward_dense.cu; plan.override's
     dense_tiles: unset = default rule, "force", a cells-per-edge ratio, "off") on a batch of
     small graphs: matches the float64 reference in output and (through its lse) in
     the backward, leaves isolated rows at 0, counts duplicate edges, and agrees
@@ -533,7 +533,7 @@ def test_dropout_statistics_and_mask_consistency():
 def _batch_like_layout(n=20_000, n_edges=300_000):
     """At least 2^18 edges and every row within one work item: the shape of the
     batch graphs, where the fp32 forward of 5-32 vectors per head row runs two
-    rows per warp (gt_forward.cu)."""
+    rows per warp (dot_forward.cu)."""
     lay = GraphLayout.from_edge_index(random_graph(n, n, n_edges), (n, n))
     assert lay.num_edges >= plan.TWO_ROWS_MIN_EDGES
     assert lay.max_in_degree <= DEFAULT_CHUNK

@@ -1,4 +1,4 @@
-"""The GT backward's tensor-core walks (cuda/kernels/gt_backward_mma.cu: dq on the
+"""The GT backward's tensor-core walks (cuda/scores/dot_backward_mma.cu: dq on the
 CSR, dk / dv on the CSC), forced with ``plan.override(mma_backward=True)``: against
 the float64 reference and the CUDA-core backward, on graphs with duplicate edges,
 isolated destinations, sources without out-edges, bipartite shapes, rows crossing

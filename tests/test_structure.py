@@ -150,11 +150,41 @@ def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
         assert not calls.plan_object(spec, lay, p32, False).keeps_out32()
 
 
+# ------------------------------------------------------- each score is a unit
+#: The folders of cuda/ that every score shares; a score's own files are in scores/.
+_SHARED = ("device", "glue", "host", "kernels")
+#: Short names the kernels give a score after its layer (``gt_bwd_dq_mma_kernel``).
+_LAYER_NAMES = {"gt": "dot", "gat": "additive", "agnn": "cosine"}
+
+
+def score_named_files(root: Path) -> list:
+    """The files of cuda/'s shared folders named after a score: the name it
+    registers (``DFGNN_REGISTER_SCORE(<name>`` in cuda/scores/) or its layer's
+    short name, alone or as the first part of the name (``gt_forward.cu``)."""
+    scores = root / "cuda" / "scores"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(scores.iterdir())
+                     if p.suffix in _CPP)
+    names = set(re.findall(r"DFGNN_REGISTER_SCORE\((\w+)", text)) | set(_LAYER_NAMES)
+    return [str(p.relative_to(root)) for folder in _SHARED
+            for p in sorted((root / "cuda" / folder).rglob("*"))
+            if p.is_file() and any(p.stem == n or p.stem.startswith(n + "_") for n in names)]
+
+
+def unity_group_files(root: Path) -> list:
+    """``setup.py``'s UNITY_GROUPS entries, read without running it: the files it
+    compiles as one translation unit, relative to cuda/."""
+    for node in ast.parse((root / "setup.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "UNITY_GROUPS"
+                                                for t in node.targets):
+            return [f for files in ast.literal_eval(node.value).values() for f in files]
+    raise AssertionError("setup.py has no UNITY_GROUPS")
+
+
 # ----------------------------------------------- what the docs and comments name
 #: A path the prose names: from a top-level folder of the repository, or from
 #: cuda/ (``scores/dot.cuh``) or pyg_dfgnn/ (``ops/plan.py``).
 _PATH = re.compile(r"(?<![\w/.<>*-])((?:[\w.-]+/)+[\w.-]+\.(?:cu|cuh|cpp|h|py|md|sh))\b")
-#: A file of cuda/ named without its folder (``gt_forward_mma.cu``).
+#: A file of cuda/ named without its folder (``dot_forward_mma.cu``).
 _CUDA_NAME = re.compile(r"(?<![\w/.<>*-])([\w-]+\.(?:cu|cuh|cpp))\b")
 _BASES = ("", "cuda", "pyg_dfgnn", "pyg_dfgnn/ops")
 _CPP = (".cu", ".cuh", ".cpp", ".h")
@@ -298,3 +328,18 @@ def test_named_python_names_exist(tree):
 def test_named_ops_exist(tree):
     bad = stale_op_names(tree)
     assert not bad, "dfgnn ops named in messages or docs that do not exist:\n" + "\n".join(bad)
+
+
+def test_only_the_score_folders_name_a_score(tree):
+    """Every score is a unit (docs/architecture.md): its kernels are files of
+    cuda/scores/, instantiations of the shared walks, so no file of the shared
+    folders is named after one."""
+    bad = score_named_files(tree)
+    assert not bad, "files outside cuda/scores/ named after a score:\n" + "\n".join(bad)
+
+
+def test_unity_groups_name_existing_files(tree):
+    """setup.py compiles each UNITY_GROUPS file inside a generated unit, not
+    alone: a moved file it still names would fail the build, not a test run."""
+    missing = [f for f in unity_group_files(tree) if not (tree / "cuda" / f).is_file()]
+    assert not missing, f"UNITY_GROUPS in setup.py names missing files: {missing}"

@@ -1,7 +1,7 @@
-// Tensor-core building blocks of the fp16 / bf16 GT forwards (gt_forward_mma.cu,
-// gt_forward_dense.cu): the mma.m16n8k16 wrapper, operand packing, and the sparse
+// Tensor-core building blocks of the fp16 / bf16 GT forwards (dot_forward_mma.cu,
+// dot_forward_dense.cu): the mma.m16n8k16 wrapper, operand packing, and the sparse
 // unit, one warp walking the edges of 8 destination rows 16 at a time.
-// The sparse unit's design is described in gt_forward_mma.cu.
+// The sparse unit's design is described in dot_forward_mma.cu.
 #pragma once
 #include "device/lane_group.cuh"
 #include "device/numerics.cuh"

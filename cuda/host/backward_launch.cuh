@@ -2,7 +2,7 @@
 // D for fp16 / bf16 inputs, scratch, the plan's launches (one or two; the dot score's
 // tensor-core walks through hooks), the split rows' merge and the parameter
 // gradient's sum. A score's file instantiates it for its functor
-// (scores/gatv2_backward.cu, kernels/gt_backward.cu).
+// (scores/gatv2_backward.cu, scores/dot_backward.cu).
 #pragma once
 
 #include <tuple>

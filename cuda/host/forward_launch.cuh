@@ -1,7 +1,7 @@
 // The host side of a score's CUDA-core forward (kernels/row_forward.cuh, SMMF;
 // kernels/edge_sddmm.cuh then softmax_spmm, PMF): the row shape, the SMMF's
 // two-rows, merge and EXTRAS variants, as the kernel plan says. A score's file
-// instantiates it for its functor (scores/<name>.cu, kernels/gt_forward.cu).
+// instantiates it for its functor (scores/<name>.cu, scores/dot_forward.cu).
 #pragma once
 
 #include <tuple>

@@ -20,7 +20,7 @@ void softmax_spmm(const at::Tensor& x, const float* score, float* partial, const
                   bool vector_rows, at::Tensor& out, float* out32, at::Tensor& lse2,
                   float* attn, double dropout, int64_t seed);
 
-// The dot score's forward (gt_forward.cu): (out, lse2, attn, out32) of
+// The dot score's forward (dot_forward.cu): (out, lse2, attn, out32) of
 // dot-product attention over L's CSR, with the kernels `plan` names (pmf,
 // vector_rows, two_rows, mma, dense_cells, merge_in_kernel); out32: out in
 // float32 where keep_out32 and q is fp16 / bf16, else undefined (ForwardCall).
@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gt_forward_cuda(
     double scale, double dropout, int64_t seed, bool need_attn, const KernelPlan& plan,
     bool keep_out32);
 
-// The tensor-core SMMF forward (gt_forward_mma.cu) for fp16 / bf16 and C in
+// The tensor-core SMMF forward (dot_forward_mma.cu) for fp16 / bf16 and C in
 // {32, 64, 128} on 16-byte aligned rows: writes out [N_dst, H, C] and lse2
 // [N_dst, H] whatever the work items (a warp owns 8 whole rows of any length),
 // without dropout and attention weights; out32 (nullable) receives the rows in
@@ -43,7 +43,7 @@ void gt_forward_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // tile, kTileMetaInts ints per tile before the edge masks.
 constexpr int kTileRows = 64;
 constexpr int kTileMetaInts = 8;
-// The same call over dense tiles (gt_forward_dense.cu): blocks of 64 rows whose
+// The same call over dense tiles (dot_forward_dense.cu): blocks of 64 rows whose
 // key window the layout's tile plan (L.tiles, pyg_dfgnn/ops/tiles.py) has, and
 // holds at most `cells_per_edge` window cells per edge, run dense, the others
 // on the sparse units (blocks without edges too). Needs L.tiles (checked by
@@ -62,7 +62,7 @@ struct GradsOut {
   at::Tensor dq, dk, dv;
 };
 
-// The dot score's backward (gt_backward.cu): (dq, dk, dv) with the walks `plan`
+// The dot score's backward (dot_backward.cu): (dq, dk, dv) with the walks `plan`
 // names (bwd_one_launch, mma_backward, bwd_merge_in_kernel, vector_rows);
 // out32: the forward's rows in float32 (fp16 / bf16 inputs: D comes from them,
 // out_dsum in host/backward_launch.cuh; fp32: unused).
@@ -72,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     double scale, double dropout, int64_t seed, const KernelPlan& plan,
     const GradsOut* into = nullptr);
 
-// The GT backward's dq walk on tensor cores (gt_backward_mma.cu): dq [N_dst, H, C]
+// The GT backward's dq walk on tensor cores (dot_backward_mma.cu): dq [N_dst, H, C]
 // and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from
 // the half inputs, lse2 and dsum (D [N_dst, H] in fp32, out_dsum). Needs
 // fp16 / bf16, C in {32, 64, 128}, 16-byte aligned rows and no dropout (a warp
@@ -81,12 +81,12 @@ bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
                         const LayoutView& L, at::Tensor& dq, float* pds, double scale);
-// The CSC walk on tensor cores (gt_backward_mma.cu): dk, dv [N_src, H, C] from the
+// The CSC walk on tensor cores (dot_backward_mma.cu): dk, dv [N_src, H, C] from the
 // dq walk's pds, dO and q; walks whole columns (L's CSC work items unused).
 void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const float* pds,
                          const LayoutView& L, at::Tensor& dk, at::Tensor& dv, double scale);
 
-// The additive score (GAT; gat_forward.cu, gat_backward.cu): the plan's pmf,
+// The additive score (GAT; additive_forward.cu, additive_backward.cu): the plan's pmf,
 // vector_rows, two_rows, merge_in_kernel (forward) and bwd_merge_in_kernel. A
 // defined a_edge [E, H] (CSR order) adds the per-edge term (the additive_edge
 // score); the backward then returns its gradient fourth: (d a_dst, d a_src, dx

@@ -3,7 +3,7 @@
 // with the per-node terms a_dst = a_dst^T W x_i, a_src = a_src^T W x_j computed
 // densely ([N, H]), and with edge features (AdditiveEdgeScore, GATConv's
 // edge_dim) a per-edge term a_edge_ij = a_edge^T W_e e_ij ([E, H], CSR order). A
-// score of scalars: its walks (kernels/gat_forward.cu, gat_backward.cu) weigh
+// score of scalars: its walks (scores/additive_forward.cu, additive_backward.cu) weigh
 // one edge per lane and split the backward by the LeakyReLU branch, so they are
 // their own walk policy, not the row walks of scores/score.cuh; these functors
 // are what they ask of the score per node and edge, and the walks are templates

@@ -6,7 +6,7 @@
 //     [E, H] in CSR edge order; GATConv with edge_dim); the backward also
 //     returns d a_edge;
 // params (negative_slope). Their functors are scores/additive.cuh, their walks
-// kernels/gat_forward.cu and gat_backward.cu.
+// scores/additive_forward.cu and additive_backward.cu.
 #pragma once
 
 #include <tuple>

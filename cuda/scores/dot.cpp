@@ -1,7 +1,7 @@
 // The dot score's host entry points and registration (host/score_ops.h):
 // inputs (q [N_dst, H, C], k, v [N_src, H, C]), params (scale). Its functor is
-// scores/dot.cuh; its kernels are instantiated in kernels/gt_forward.cu and
-// gt_backward.cu (beside the tensor-core and dense-tile kernels that only this
+// scores/dot.cuh; its kernels are instantiated in scores/dot_forward.cu and
+// dot_backward.cu (beside the tensor-core and dense-tile kernels that only this
 // score has).
 #include "host/input_checks.h"
 #include "host/ops.h"

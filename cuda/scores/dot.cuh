@@ -1,7 +1,7 @@
 // The dot-product score (TransformerConv, Graph Transformer; AGNN's fp16 / bf16
 // path on normalised rows): s_ij = scale q_i . k_j, summed value v_j. The
 // interface is described in scores/score.cuh. Its tensor-core and dense-tile
-// kernels (gt_forward_mma.cu, gt_forward_dense.cu, gt_backward_mma.cu) are its
+// kernels (dot_forward_mma.cu, dot_forward_dense.cu, dot_backward_mma.cu) are its
 // own.
 #pragma once
 

@@ -318,7 +318,7 @@ class Plan:
             reset between replays).
         bwd_one_launch (bool): the backward's CSR and CSC walks in one launch.
         mma_backward (bool): the backward's two walks on tensor cores
-            (``cuda/kernels/gt_backward_mma.cu``; needs what ``mma`` needs and
+            (``cuda/scores/dot_backward_mma.cu``; needs what ``mma`` needs and
             ``bwd_one_launch=False``; a warp walks 8 whole rows or columns).
         bwd_merge_in_kernel (bool): the backward's split rows merge in its
             kernels (fp32 kernels carry the merge, outside graph capture).

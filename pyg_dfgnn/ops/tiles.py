@@ -1,5 +1,5 @@
 r"""Tile plan of a graph for the dense-tile fp16 / bf16 GT forward
-(``cuda/kernels/gt_forward_dense.cu``; ``docs/design.md``, "Tensor cores and dense tiles").
+(``cuda/scores/dot_forward_dense.cu``; ``docs/design.md``, "Tensor cores and dense tiles").
 
 The kernel runs blocks of :data:`TILE_ROWS` consecutive destination rows. On batch
 graphs (PATTERN-, CLUSTER-, MNIST-like) a block's in-neighbours lie in a narrow

@@ -3,7 +3,7 @@ r"""The additive score of GAT (``GATConv``):
 :math:`a^\top W x`, summing :math:`W x_j`. Its functor is
 ``cuda/scores/additive.cuh``, its host entry points ``cuda/scores/additive.cpp``
 and its walks (one scalar per edge, the LeakyReLU branch split of the backward)
-``cuda/kernels/gat_forward.cu`` and ``gat_backward.cu``."""
+``cuda/scores/additive_forward.cu`` and ``additive_backward.cu``."""
 from __future__ import annotations
 
 from typing import Optional

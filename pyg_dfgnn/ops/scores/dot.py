@@ -2,7 +2,7 @@ r"""The dot-product score of Graph Transformers (``TransformerConv``):
 :math:`s_{ij} = \mathrm{scale}\; \mathbf{q}_i \cdot \mathbf{k}_j`, summing
 :math:`\mathbf{v}_j` (paper eq. 1-2). Its functor is ``cuda/scores/dot.cuh``, its
 host entry points ``cuda/scores/dot.cpp``, and its walks and its tensor-core and
-dense-tile kernels ``cuda/kernels/gt_*.cu``."""
+dense-tile kernels ``cuda/scores/dot_forward*.cu`` and ``dot_backward*.cu``."""
 from __future__ import annotations
 
 import math
@@ -108,12 +108,12 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     .. note::
         In float16 / bfloat16 with ``C`` in {32, 64, 128}, no dropout, no returned
         attention and no row longer than a work item (the batch graphs), the SMMF
-        forward runs on tensor cores (``cuda/kernels/gt_forward_mma.cu``); the softmax
+        forward runs on tensor cores (``cuda/scores/dot_forward_mma.cu``); the softmax
         weights then enter the aggregation rounded to the input dtype, as in flash
         attention. Blocks of 64 rows whose in-neighbours lie in a window of at most
         512 consecutive source rows, with at most 24 window cells per edge and no
         duplicate edge, run the window as one dense tile masked by the edges
-        (``cuda/kernels/gt_forward_dense.cu``), on graphs whose median block has at most
+        (``cuda/scores/dot_forward_dense.cu``), on graphs whose median block has at most
         20 cells per edge (``docs/kernels.md``). The tile plan
         (:mod:`pyg_dfgnn.ops.tiles`) is built on the first such call and cached on
         the layout. On graphs under 2^16 edges the backward runs its CSR (dQ) and

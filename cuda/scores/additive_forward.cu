@@ -79,7 +79,7 @@ gat_fwd_kernel(const typename S::T* __restrict__ a_dst, const typename S::T* __r
     a_cur = a_next;
   }
   os.l = group_sum<G>(os.l, mask);
-  // No O32: the additive backward computes D with d a_dst (gat_backward.cu).
+  // No O32: the additive backward computes D with d a_dst (additive_backward.cu).
   os.template finish<MERGE && !(G < 32 && NV == 2)>(g, H, C, chunk, rowptr, out, nullptr, lse2,
                                                      attn, partial, partial_ml, counters);
 }

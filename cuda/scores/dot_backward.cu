@@ -2,7 +2,7 @@
 //   dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P'_ij dO_i
 // on the walks the plan names: the CUDA-core walks over the dot functor
 // (kernels/row_backward.cuh: dq then dkv, or both in one launch) or the
-// tensor-core walks (gt_backward_mma.cu), with D from the forward's fp32 rows in
+// tensor-core walks (dot_backward_mma.cu), with D from the forward's fp32 rows in
 // fp16 / bf16 (out_dsum, host/backward_launch.cuh, says why D must not come from
 // the rounded output).
 #include "host/backward_launch.cuh"
@@ -12,7 +12,7 @@
 namespace dfgnn {
 namespace {
 
-// The plan's tensor-core walks (gt_backward_mma.cu): a warp walks 8 whole rows
+// The plan's tensor-core walks (dot_backward_mma.cu): a warp walks 8 whole rows
 // or columns (the work items and their partials are unused: a split row is one
 // warp's), and the second walk needs the first one's weights.
 struct DotMmaWalks {

@@ -1,7 +1,7 @@
 // Forward pass of dot-product attention on tensor cores (fp16 / bf16):
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
 //
-// Why: the CUDA-core SMMF kernel (gt_forward.cu) spends per edge and channel a
+// Why: the CUDA-core SMMF kernel (dot_forward.cu) spends per edge and channel a
 // widening convert and an FMA for q . k, another pair for p v, and a shuffle
 // reduction per edge; in bf16 that, not the bytes, bounded the batch graphs (bf16
 // only 1.1-1.2x faster than fp32 there).

@@ -2,7 +2,7 @@
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
 //
 // Why: on the batch graphs (PATTERN-, CLUSTER-, MNIST-like: 1024 small graphs, one
-// after the other) the sparse tensor-core forward (gt_forward_mma.cu) gathers a k
+// after the other) the sparse tensor-core forward (dot_forward_mma.cu) gathers a k
 // and a v row per edge and is bound by L1 wavefronts: PATTERN's 6 M edges move
 // 3.1 GB through L1. But the in-neighbours of 64
 // consecutive destination rows there lie in a window of a few hundred consecutive
@@ -27,7 +27,7 @@
 // where none of its 64 rows has. The tensor cores do about 64 W / E_b times the
 // useful work (W the window, E_b the block's edges), so a block runs dense only
 // where the plan has it (W <= 512, no duplicate edge) and that ratio is at most
-// `cells_per_edge`; the other blocks run the sparse units of gt_forward_mma.cu in
+// `cells_per_edge`; the other blocks run the sparse units of dot_forward_mma.cu in
 // the same launch. Heads: a block walks its rows' heads one after the other,
 // sharing the masks (one head at a time was faster than 2 or 4 per pass at 4 x 32:
 // fewer registers, no spills).

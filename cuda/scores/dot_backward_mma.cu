@@ -1,5 +1,5 @@
 // Backward pass of dot-product attention on tensor cores (fp16 / bf16), the two
-// walks of the two-launch backward (gt_backward.cu) with mma.m16n8k16:
+// walks of the two-launch backward (dot_backward.cu) with mma.m16n8k16:
 //   dq walk (CSR):  dQ_i = scale * sum_{j -> i} dS_ij k_j,
 //                   dS_ij = P_ij (dO_i . v_j - D_i),  P_ij = 2^(scale2 q_i . k_j - lse2_i),
 //                   and each edge's (P_ij, dS_ij) in fp32 into pds [E, H] (CSR order);
@@ -37,7 +37,7 @@
 namespace dfgnn {
 namespace {
 
-constexpr int kMmaBwdBlock = 32;  // one warp per block, as the forward (gt_forward_mma.cu)
+constexpr int kMmaBwdBlock = 32;  // one warp per block, as the forward (dot_forward_mma.cu)
 
 // Where unit `unit` (8 rows, one head) of a walk over the index pointer `ptr`
 // (rowptr or colptr, n + 1 entries) lies, as lane (g, t) of its warp sees it.

@@ -1,7 +1,7 @@
 // The dot score's forward (scores/dot.cuh):
 //   out_i = sum_{j -> i} softmax_j(scale * q_i . k_j) * v_j      (paper eq. 1-2)
-// on the kernels the plan names: the tensor-core forward (gt_forward_mma.cu) or
-// its dense-tile variant (gt_forward_dense.cu), else the CUDA-core walks over
+// on the kernels the plan names: the tensor-core forward (dot_forward_mma.cu) or
+// its dense-tile variant (dot_forward_dense.cu), else the CUDA-core walks over
 // the dot functor, SMMF (kernels/row_forward.cuh) or PMF (edge_sddmm.cuh, then
 // softmax_spmm).
 #include "host/forward_launch.cuh"
