@@ -13,7 +13,10 @@ One process per GPU (NCCL), or per CPU share (gloo). Two tasks:
 
 The model is two attention convs (``--model gat | gt``, 4 heads) built from PyG's
 convs (``--impl native``) or from the fused ones (``--impl fused``); on CPU the
-fused convs run their pure-PyTorch reference path. ``--batch-size`` is per rank,
+fused convs run their pure-PyTorch reference path. Training batches are prefetched
+(:class:`pyg_dfgnn.loader.LayoutPrefetchLoader`: pinned, copied and, for the fused
+convs, their layouts built on a side stream one step ahead; ``--no-prefetch`` copies
+in the step and builds on the first conv's call). ``--batch-size`` is per rank,
 so N ranks train on N times the batch of one process per step (to compare the
 accuracy with one process at batch B, give N ranks B / N each); the reported
 throughput (seeds or graphs per second) counts every rank's samples.
@@ -107,14 +110,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="at most this many test batches per rank, 0 = all (default: 0)")
     p.add_argument("--workers", type=int, default=0,
                    help="data loader worker processes per rank (default: 0)")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                   help="copy each training batch to the device in the step and let the fused "
+                        "convs build its layout on their first call, instead of pinning, "
+                        "copying and (fused) building the layout of the next batch on a side "
+                        "stream while the current one trains (default: prefetch)")
     p.add_argument("--warmup", type=int, default=None,
                    help="first steps left out of the throughput (default: 3)")
     p.add_argument("--amp", choices=("none", "bf16"), default="none",
                    help="bf16: forward and loss under torch.autocast in bfloat16 (default: none)")
     p.add_argument("--time-split", action="store_true",
                    help="synchronise after each batch transfer and each step to report the "
-                        "median data and compute (forward, backward, all-reduce, optimiser) "
-                        "time per step, and time an all-reduce of the gradients alone")
+                        "median data (the loader, the copy and, with prefetching, the next "
+                        "batch's layout) and compute (forward, backward, all-reduce, "
+                        "optimiser) time per step, and time an all-reduce of the gradients "
+                        "alone")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--check-params", action="store_true",
                    help="at the end, all-gather a checksum of the parameters and fail unless "
@@ -178,7 +188,7 @@ def node_task(args, rank: int, world: int):
     train = train[: train.numel() // world * world]  # equal shares: equal steps per rank
     test = data.test_mask.nonzero().flatten()
     kw = dict(num_neighbors=args.fanout, num_workers=args.workers,
-              persistent_workers=args.workers > 0)
+              persistent_workers=args.workers > 0, pin_memory=_pins(args))
     train_loader = NeighborLoader(data, input_nodes=train[rank::world], shuffle=True,
                                   batch_size=args.batch_size, drop_last=True, **kw)
     test_loader = NeighborLoader(data, input_nodes=test[rank::world],
@@ -199,12 +209,19 @@ def graph_task(args, rank: int, world: int):
     test = generators.sbm_dataset("pattern", args.test_graphs, seed=args.seed + 1)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
-    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
+    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0,
+              pin_memory=_pins(args))
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler,
                               drop_last=True, **kw)
     # Evaluation needs no collective per batch, so the shares may differ in size.
     test_loader = DataLoader(test[rank::world], batch_size=args.batch_size, **kw)
     return train_loader, test_loader, sampler, train[0].num_features, 2
+
+
+def _pins(args) -> bool:
+    """Whether the loaders pin their batches (in their own thread with workers):
+    the prefetcher's copies to the GPU are non-blocking only from pinned memory."""
+    return args.prefetch and args.device == "cuda"
 
 
 def _outputs(model, batch, task: str):
@@ -284,6 +301,11 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         model = Net(conv_class(args.model, args.impl), in_ch, args.hidden, args.heads,
                     classes, args.dropout).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if args.prefetch:
+            # The next batch is copied, and its layout built, on a side stream while
+            # the current step runs: the step neither waits for the copy nor builds.
+            from pyg_dfgnn.loader import LayoutPrefetchLoader, layout_variants
+            train_loader = LayoutPrefetchLoader(train_loader, device, layout_variants(model))
         initial = param_checksum(model) if args.check_params else None
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
         torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
@@ -305,7 +327,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
                 if step == args.warmup:  # timing starts after the warm-up steps
                     _sync(device)
                     t0, samples = time.perf_counter(), 0
-                batch = batch.to(device)
+                if not args.prefetch:
+                    batch = batch.to(device)
                 if args.time_split:
                     _sync(device)
                     t_step = time.perf_counter()
@@ -365,7 +388,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "unit": "seeds/s" if args.task == "node" else "graphs/s",
         "throughput": samples / slowest.item() if step > args.warmup else math.nan,
         "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
-        "param_checksum_initial": initial, "amp": args.amp, **split,
+        "param_checksum_initial": initial, "amp": args.amp, "prefetch": args.prefetch,
+        "workers": args.workers, **split,
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
           f"{step} steps, final loss {report['final_loss']:.4f}, test accuracy "

@@ -457,6 +457,17 @@ class GraphLayout:
         new.derived = self.derived.to(device)
         return new
 
+    def record_stream(self, stream) -> None:
+        """Marks every GPU tensor of the layout as used on ``stream``
+        (:meth:`torch.Tensor.record_stream`): a layout built on one stream and read
+        on another keeps its memory until the work queued on ``stream`` when it is
+        freed has run. PyG's ``Data.record_stream`` calls this for a stored layout."""
+        tensors = (self.rowptr, self.col, self._edge_perm, self._edge_index, self._csr_row,
+                   *(self._csc or ()), *self.derived.tensors())
+        for t in tensors:
+            if t is not None and t.is_cuda:
+                t.record_stream(stream)
+
     def cuda(self, device=None, *args, **kwargs) -> "GraphLayout":
         return self.to(torch.device("cuda") if device is None else device)
 

@@ -378,6 +378,18 @@ def test_time_split_and_bf16_autocast_on_cpu(tmp_path):
     assert rep["compute_ms"] > 0 and rep["data_ms"] >= 0 and rep["allreduce_ms"] > 0
 
 
+def test_prefetched_layouts_train_the_same_parameters_on_cpu(tmp_path):
+    """The default prefetch (layouts built one batch ahead) and ``--no-prefetch``
+    (built on the first conv's call) train bit-identical parameters."""
+    args = ("--task", "graph", "--model", "gat", "--device", "cpu", "--nprocs", "2")
+    ahead = _example(tmp_path, *args)
+    in_step = _example(tmp_path, *args, "--no-prefetch")
+    assert ahead["prefetch"] and not in_step["prefetch"]
+    _check_ddp_report(ahead, 2)
+    assert ahead["param_checksums"] == in_step["param_checksums"]
+    assert ahead["final_loss"] == in_step["final_loss"]
+
+
 def test_benchmark_table_scales_over_one_rank_and_native():
     table = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["table"]
     runs = [dict(task="graph", model="gat", impl=impl, world_size=w, batch_size_per_rank=64,

@@ -1,0 +1,81 @@
+"""Mini-batch loading for the fused layers: batches copied to the GPU and their
+layouts built one step ahead, on a side stream (docs/multi_gpu.md, "The data path")."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch_geometric.loader import PrefetchLoader
+
+from .layout_cache import get_layout
+from .transforms import CacheLayout
+
+
+class LayoutPrefetchLoader(PrefetchLoader):
+    r"""PyG's :class:`~torch_geometric.loader.PrefetchLoader` that also builds each
+    batch's :class:`~pyg_dfgnn.layout.GraphLayout` while the previous batch trains.
+
+    For each batch of ``loader`` it pins the batch, copies it to ``device`` with
+    non-blocking copies on a side stream (as ``PrefetchLoader``), then applies
+    :class:`~pyg_dfgnn.transforms.CacheLayout` on that stream: the layout build
+    and its one host synchronisation wait for that batch's copy alone, not for the
+    training step queued on the current stream, and the fused layers of the step
+    find the layout cached on ``batch.edge_index`` (the layout they would build on
+    their first call, built by the same code). Every tensor of the batch and of
+    its layouts is marked as used on the current stream
+    (:meth:`torch.Tensor.record_stream`), so their memory is not handed to a later
+    batch's copy while a step still reads it.
+
+    Yielded batches are on ``device``, which must be the current device (as for
+    ``PrefetchLoader``); on the CPU the layouts are built in the loop, one batch
+    ahead, without streams. Batches without an ``edge_index`` (``HeteroData``)
+    are only prefetched. A loader with ``pin_memory=True`` (and
+    workers) pins in its own thread; the pin here then finds the batch pinned.
+
+    Args:
+        loader: a loader of :class:`~torch_geometric.data.Data` batches (PyG's
+            ``DataLoader``, ``NeighborLoader``, ...).
+        device (torch.device, optional): where batches go (default: the GPU if
+            there is one).
+        self_loops (sequence of bool): the layout variants to build, as
+            :class:`CacheLayout` takes them (``True`` for ``FusedGATConv``,
+            ``FusedGATv2Conv`` and ``FusedAGNNConv`` with ``add_self_loops``,
+            ``False`` for the others); :func:`layout_variants` reads them off a
+            model. Empty: batches are only prefetched.
+        with_csc (bool): also build the CSC the backward reads (training).
+    """
+
+    def __init__(self, loader, device: Optional[torch.device] = None,
+                 self_loops: Sequence[bool] = (False, True), with_csc: bool = True):
+        super().__init__(loader, device)
+        self.self_loops = tuple(bool(s) for s in self_loops)
+        self.cache = CacheLayout(self.self_loops, with_csc) if self.self_loops else None
+
+    def non_blocking_transfer(self, batch: Any) -> Any:
+        batch = super().non_blocking_transfer(batch)  # on the side stream, if any
+        if self.cache is None or getattr(batch, "edge_index", None) is None:
+            return batch
+        batch = self.cache(batch)
+        if self.device_helper.stream is not None:
+            batch.record_stream(self._consumer)
+            n = batch.num_nodes
+            for loops in self.self_loops:
+                get_layout(batch.edge_index, (n, n), loops).record_stream(self._consumer)
+        return batch
+
+    def __iter__(self):
+        # The transfers run inside the side stream's context; the stream the
+        # batches are used on is the one current when iteration starts.
+        gpu = self.device_helper.is_gpu
+        self._consumer = self.device_helper.module.current_stream() if gpu else None
+        yield from super().__iter__()
+
+
+def layout_variants(model: torch.nn.Module) -> tuple:
+    r"""The ``self_loops`` variants the fused convs of ``model`` read: ``True``
+    where a conv adds self-loops, ``False`` where it does not; empty without fused
+    convs (nothing to build ahead)."""
+    from .nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
+    fused = (FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv)
+    return tuple(sorted({bool(getattr(m, "add_self_loops", False))
+                         for m in model.modules() if isinstance(m, fused)}))
