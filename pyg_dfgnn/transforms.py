@@ -20,7 +20,8 @@ class CacheLayout(BaseTransform):
     :class:`~torch_geometric.transforms.ToDevice`): a ``.to()`` copy of
     ``edge_index`` is a new tensor and gets its own layout on first use. Batches
     from a ``DataLoader`` are new tensors too: their layout is built on the first
-    layer's call and shared by the other layers of the model. Layouts built under
+    layer's call and shared by the other layers of the model, or one step ahead
+    by :class:`pyg_dfgnn.loader.LayoutPrefetchLoader`. Layouts built under
     ``torch.inference_mode`` hold plain tensors, so training can reuse them. The
     cached layout follows later edits of ``edge_index`` as described in
     docs/layout_cache.md (``data.dfgnn_layout`` keeps the layout of the edges it
