@@ -66,6 +66,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "then synchronises)")
     p.add_argument("--hidden", type=int, default=32, help="channels per head")
     p.add_argument("--workers", type=int, default=4, help="data loader workers per rank")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                   help="pass --no-prefetch to the example: batches copied and layouts built "
+                        "in the step (default: prefetched on a side stream)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
     datasets.add_data_argument(p, "ogbn-arxiv/ (--tasks node)")
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
@@ -87,6 +90,8 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
            "--amp", amp, "--json", str(path)]
     if args.time_split:
         cmd.append("--time-split")
+    if not args.prefetch:
+        cmd.append("--no-prefetch")
     if args.data:
         cmd += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
@@ -164,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
-        "workers": args.workers, "runs": reports,
+        "workers": args.workers, "prefetch": args.prefetch, "runs": reports,
     }
     md = table(reports)
     (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
