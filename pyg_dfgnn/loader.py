@@ -23,8 +23,8 @@ class LayoutPrefetchLoader(PrefetchLoader):
     find the layout cached on ``batch.edge_index`` (the layout they would build on
     their first call, built by the same code). Every tensor of the batch and of
     its layouts is marked as used on the current stream
-    (:meth:`torch.Tensor.record_stream`), so their memory is not handed to a later
-    batch's copy while a step still reads it.
+    (:meth:`torch.Tensor.record_stream`, also where no layout is built), so their
+    memory is not handed to a later batch's copy while a step still reads it.
 
     Yielded batches are on ``device``, which must be the current device (as for
     ``PrefetchLoader``); on the CPU the layouts are built in the loop, one batch
@@ -50,24 +50,26 @@ class LayoutPrefetchLoader(PrefetchLoader):
         super().__init__(loader, device)
         self.self_loops = tuple(bool(s) for s in self_loops)
         self.cache = CacheLayout(self.self_loops, with_csc) if self.self_loops else None
+        self._consumer = None  # the stream batches are used on (set by __iter__)
 
     def non_blocking_transfer(self, batch: Any) -> Any:
         batch = super().non_blocking_transfer(batch)  # on the side stream, if any
-        if self.cache is None or getattr(batch, "edge_index", None) is None:
-            return batch
-        batch = self.cache(batch)
-        if self.device_helper.stream is not None:
+        graph = self.cache is not None and getattr(batch, "edge_index", None) is not None
+        if graph:
+            batch = self.cache(batch)
+        if self._consumer is not None and hasattr(batch, "record_stream"):
             batch.record_stream(self._consumer)
-            n = batch.num_nodes
-            for loops in self.self_loops:
-                get_layout(batch.edge_index, (n, n), loops).record_stream(self._consumer)
+            if graph:
+                n = batch.num_nodes
+                for loops in self.self_loops:
+                    get_layout(batch.edge_index, (n, n), loops).record_stream(self._consumer)
         return batch
 
     def __iter__(self):
         # The transfers run inside the side stream's context; the stream the
         # batches are used on is the one current when iteration starts.
-        gpu = self.device_helper.is_gpu
-        self._consumer = self.device_helper.module.current_stream() if gpu else None
+        helper = self.device_helper
+        self._consumer = helper.module.current_stream() if helper.is_gpu else None
         yield from super().__iter__()
 
 
