@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.typing import SparseTensor, torch_sparse
-from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
+from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor
 from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import extension
@@ -289,9 +289,10 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     ``[2, E]`` tensor or an ``EdgeIndex`` where ``conv.add_self_loops``) in the
     order of ``layout``'s :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, as a
     ``GATConv``-like layer's ``forward`` hands them to its ``edge_update``: with
-    self-loops, PyG's own ``remove_self_loops`` and ``add_self_loops``
-    (``conv.fill_value``, one loop per node below :math:`\min(N_s, N_t)`), in
-    every call as in PyG; ``feats`` as they are otherwise.
+    self-loops, the input's loops removed (as PyG's ``remove_self_loops``, without
+    its host synchronisation) and PyG's ``add_self_loops`` (``conv.fill_value``, one
+    loop per node below :math:`\min(N_s, N_t)`), in every call as in PyG;
+    ``feats`` as they are otherwise.
 
     Raises:
         RuntimeError: as PyG's ``add_self_loops`` (a reducing ``fill_value``
@@ -300,9 +301,14 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     if not conv.add_self_loops:
         return feats
     ei = adj if type(adj) is Tensor else adj.as_subclass(Tensor)
-    ei, feats = remove_self_loops(ei, feats)
-    _, feats = add_self_loops(ei, feats, fill_value=conv.fill_value,
-                              num_nodes=min(layout.num_src, layout.num_dst))
+    n_loops = min(layout.num_src, layout.num_dst)
+    # remove_self_loops, with the count of the edges it keeps taken from the
+    # layout (its edges less the loops it appended): a boolean mask's selection
+    # waits for the GPU to count them (a host synchronisation per layer and call)
+    # and has a data-dependent shape under torch.compile.
+    kept = torch.nonzero_static(ei[0] != ei[1], size=layout.num_edges - n_loops).view(-1)
+    _, feats = add_self_loops(ei.index_select(1, kept), feats.index_select(0, kept),
+                              fill_value=conv.fill_value, num_nodes=n_loops)
     return feats
 
 
