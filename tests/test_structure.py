@@ -170,6 +170,36 @@ def score_named_files(root: Path) -> list:
             if p.is_file() and any(p.stem == n or p.stem.startswith(n + "_") for n in names)]
 
 
+#: An entry point's name after a score's: the score's name, then a direction or
+#: ``_cuda`` (``gt_forward_cuda``, ``gt_backward_dq_mma``, ``cosine_forward_cuda``);
+#: device helpers such as ``dot_frag`` do not match.
+_ENTRY = r"\b((?:{names})_\w*?(?:forward|backward|fwd|bwd|cuda)\w*)\b"
+
+
+def _code(text: str) -> str:
+    """C++ source without its comments and string literals (their lines kept)."""
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"',
+                  lambda m: " " + "\n" * m.group(0).count("\n"), text, flags=re.S)
+
+
+def score_entry_points(root: Path) -> list:
+    """``file:line: name`` for each score's entry point (``_ENTRY``) that the code
+    of cuda/'s shared folders declares, defines or calls: a score's entry points
+    are declared in its header under cuda/scores/ and called from there."""
+    scores = root / "cuda" / "scores"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(scores.iterdir())
+                     if p.suffix in _CPP)
+    names = set(re.findall(r"DFGNN_REGISTER_SCORE\((\w+)", text)) | set(_LAYER_NAMES)
+    entry = re.compile(_ENTRY.format(names="|".join(sorted(names, key=len, reverse=True))))
+    bad = []
+    for folder in _SHARED:
+        for p in sorted((root / "cuda" / folder).rglob("*")):
+            if p.suffix in _CPP:
+                code = _code(p.read_text(encoding="utf-8"))
+                bad += [_at(root, p, code, m, m.group(1)) for m in entry.finditer(code)]
+    return bad
+
+
 def unity_group_files(root: Path) -> list:
     """``setup.py``'s UNITY_GROUPS entries, read without running it: the files it
     compiles as one translation unit, relative to cuda/."""
@@ -336,6 +366,14 @@ def test_only_the_score_folders_name_a_score(tree):
     folders is named after one."""
     bad = score_named_files(tree)
     assert not bad, "files outside cuda/scores/ named after a score:\n" + "\n".join(bad)
+
+
+def test_only_the_score_folders_declare_a_score_entry_point(tree):
+    """A score's host entry points (``gt_forward_cuda``, ``gat_backward_cuda``,
+    ``cosine_forward_cuda``) are declared in its own header under cuda/scores/,
+    so no shared file declares, defines or calls one."""
+    bad = score_entry_points(tree)
+    assert not bad, "score entry points outside cuda/scores/:\n" + "\n".join(bad)
 
 
 def test_unity_groups_name_existing_files(tree):

@@ -38,10 +38,10 @@
 #include "device/split_merge.cuh"
 #include "device/work_items.cuh"
 #include "host/dispatch.cuh"
-#include "host/ops.h"
 #include "host/scratch.h"
 #include "host/split_merge.h"
 #include "scores/additive.cuh"
+#include "scores/additive_host.h"
 
 namespace dfgnn {
 namespace {

@@ -22,8 +22,8 @@
 #include "device/work_items.cuh"
 #include "host/dispatch.cuh"
 #include "host/forward_call.h"
-#include "host/ops.h"
 #include "scores/additive.cuh"
+#include "scores/additive_host.h"
 
 namespace dfgnn {
 namespace {

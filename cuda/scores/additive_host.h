@@ -13,10 +13,28 @@
 #include <vector>
 
 #include "host/input_checks.h"
-#include "host/ops.h"
+#include "host/params.h"
 #include "host/score_ops.h"
+#include "host/tensor.h"
 
 namespace dfgnn {
+
+// The walks' entry points (additive_forward.cu, additive_backward.cu): the
+// plan's pmf, vector_rows, two_rows, merge_in_kernel (forward) and
+// bwd_merge_in_kernel. A defined a_edge [E, H] (CSR order) adds the per-edge
+// term (the additive_edge score); the backward then returns its gradient
+// fourth: (d a_dst, d a_src, dx [, d a_edge]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
+    const at::Tensor& a_dst, const at::Tensor& a_src, const at::Tensor& x, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed, bool need_attn,
+    const KernelPlan& plan, const at::Tensor& a_edge);
+
+std::vector<at::Tensor> gat_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& a_dst, const at::Tensor& a_src,
+    const at::Tensor& x, const at::Tensor& out, const at::Tensor& lse2, const LayoutView& L,
+    double negative_slope, double dropout, int64_t seed, const KernelPlan& plan,
+    const at::Tensor& a_edge);
+
 namespace additive_host {
 
 template <bool EDGE> struct Names;

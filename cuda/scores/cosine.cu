@@ -17,6 +17,7 @@
 #include "host/ops.h"
 #include "host/score_ops.h"
 #include "scores/cosine.cuh"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 

@@ -11,6 +11,8 @@
 #include <type_traits>
 
 #include "device/numerics.cuh"
+#include "host/params.h"
+#include "host/tensor.h"
 #include "scores/score.cuh"
 
 namespace dfgnn {
@@ -52,5 +54,14 @@ template <typename S> struct CosineScore {
     __device__ __forceinline__ float finish(float s, float rnorm_j) const { return s * rnorm_j; }
   };
 };
+
+// AGNN's attention over x (scores/cosine.cu): softmax of beta cos(x_i, x_j) over
+// the in-edges, aggregating the unnormalised x_j; SMMF, no dropout, fp32. Returns
+// (out, lse2, attn, rnorm), lse2 as the dot score's (scores/dot_host.h) for q = beta k,
+// k = x / max(||x||, eps), scale 1. The plan's vector_rows, two_rows and
+// merge_in_kernel; pmf raises.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
+    const at::Tensor& x, const at::Tensor& beta, double eps, const LayoutView& L,
+    bool need_attn, const KernelPlan& plan);
 
 }  // namespace dfgnn

@@ -6,6 +6,7 @@
 #include "host/input_checks.h"
 #include "host/ops.h"
 #include "host/score_ops.h"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 namespace {

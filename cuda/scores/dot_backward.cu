@@ -6,8 +6,8 @@
 // fp16 / bf16 (out_dsum, host/backward_launch.cuh, says why D must not come from
 // the rounded output).
 #include "host/backward_launch.cuh"
-#include "host/ops.h"
 #include "scores/dot.cuh"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 namespace {

@@ -32,7 +32,7 @@
 // fp16 / bf16, C in {32, 64, 128}, no dropout.
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
-#include "host/ops.h"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 namespace {

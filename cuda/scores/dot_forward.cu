@@ -5,8 +5,8 @@
 // the dot functor, SMMF (kernels/row_forward.cuh) or PMF (edge_sddmm.cuh, then
 // softmax_spmm).
 #include "host/forward_launch.cuh"
-#include "host/ops.h"
 #include "scores/dot.cuh"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 

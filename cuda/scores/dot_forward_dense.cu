@@ -36,6 +36,7 @@
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 namespace {

@@ -28,7 +28,7 @@
 // {32, 64, 128}, 16-byte rows); the others run the CUDA-core walks.
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
-#include "host/ops.h"
+#include "scores/dot_host.h"
 
 namespace dfgnn {
 namespace {
