@@ -1,6 +1,6 @@
 // Scalar numerics of the kernels: the base-2 constants, conversions between the
-// storage types and fp32 registers, the ATen -> CUDA type map, GAT's LeakyReLU
-// score and the one-instruction exp2 of the online softmax.
+// storage types and fp32 registers, the ATen -> CUDA type map and the
+// one-instruction exp2 of the online softmax.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,17 +29,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 template <typename T> struct cuda_type { using type = T; };
 template <> struct cuda_type<at::Half> { using type = __half; };
 template <> struct cuda_type<at::BFloat16> { using type = __nv_bfloat16; };
-
-// LeakyReLU of GAT's additive score and its derivative (at the pre-activation).
-__device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }
-__device__ __forceinline__ float leaky_grad(float x, float slope) { return x > 0.f ? 1.f : slope; }
-// A GAT score in base 2, rounded once: __fmul_rn is never contracted into an FMA
-// with the subtraction that follows, so the forward's row maximum and lse2 and the
-// backward's recomputed exp2(score - lse2) see the same value, and a one-edge row
-// gets P = 1 exactly (its score gradient is then exactly 0, as in PyG).
-__device__ __forceinline__ float gat_score2(float pre, float slope) {
-  return __fmul_rn(leaky_relu(pre, slope), kLog2e);
-}
 
 // 2^x as one MUFU.EX2 (ex2.approx.ftz): exp2f adds a compare and two predicated
 // multiplies per call to keep results below 2^-126 (subnormal) exact. Those are

@@ -16,6 +16,16 @@
 
 namespace dfgnn {
 
+// LeakyReLU of the additive score (at the pre-activation).
+__device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }
+// The score in base 2, rounded once: __fmul_rn is never contracted into an FMA
+// with the subtraction that follows, so the forward's row maximum and lse2 and the
+// backward's recomputed exp2(score - lse2) see the same value, and a one-edge row
+// gets P = 1 exactly (its score gradient is then exactly 0, as in PyG).
+__device__ __forceinline__ float gat_score2(float pre, float slope) {
+  return __fmul_rn(leaky_relu(pre, slope), kLog2e);
+}
+
 template <typename T_> struct AdditiveScore {
   using T = T_;
   static constexpr bool kEdge = false;  // no per-edge term
