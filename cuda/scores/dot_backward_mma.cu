@@ -9,7 +9,7 @@
 // Why: the CUDA-core walks spend per edge and channel widening converts and FMAs
 // (q . k, dO . v, dS k; P dO, dS q) and a shuffle reduction per edge for each
 // dot product; bf16 forward+backward was only 0.96-1.28x fp32 on batch and
-// power-law graphs. Both walks are the forward's sparse unit (device/mma.cuh,
+// power-law graphs. Both walks are the forward's sparse unit (scores/dot_mma.cuh,
 // gt_mma_unit) rearranged: one warp owns 8 consecutive rows (dq: destinations,
 // dkv: sources) of one head and walks their edges, contiguous in CSR / CSC, 16
 // at a time:

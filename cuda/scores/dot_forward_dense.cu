@@ -37,6 +37,7 @@
 #include "host/dispatch.cuh"
 #include "host/ops.h"
 #include "scores/dot_host.h"
+#include "scores/dot_mma.cuh"
 
 namespace dfgnn {
 namespace {

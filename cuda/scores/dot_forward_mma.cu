@@ -26,9 +26,9 @@
 // Runs where the kernel plan says so (pyg_dfgnn/ops/plan.py: by default calls
 // without split rows; never with dropout or returned attention weights, and C in
 // {32, 64, 128}, 16-byte rows); the others run the CUDA-core walks.
-#include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "scores/dot_host.h"
+#include "scores/dot_mma.cuh"
 
 namespace dfgnn {
 namespace {
