@@ -14,7 +14,6 @@
 // terms, summed in a fixed order.
 #include "host/forward_launch.cuh"
 #include "host/input_checks.h"
-#include "host/ops.h"
 #include "host/score_ops.h"
 #include "scores/cosine.cuh"
 #include "scores/dot_host.h"

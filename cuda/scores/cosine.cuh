@@ -64,4 +64,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cosine_forward_cuda(
     const at::Tensor& x, const at::Tensor& beta, double eps, const LayoutView& L,
     bool need_attn, const KernelPlan& plan);
 
+// Row L2 normalisation (scores/cosine_normalize.cu): k = x / max(||x||, eps),
+// q = beta k, rnorm [N, H] = +-1 / max(||x||, eps) (negative: clamped); beta is a
+// 1-element float32 tensor. The backward returns dx and the per-row terms of dbeta.
+// `vector_rows`: 16-byte row accesses (x's rows must be 16-byte aligned) or
+// scalar ones, as the calling plan says. `op` names the op in errors (the cosine
+// score's forward, or its backward, which recomputes k and q).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2norm_forward_cuda(const char* op,
+                                                                   const at::Tensor& x,
+                                                                   const at::Tensor& beta,
+                                                                   double eps, bool vector_rows);
+// rnorm [N, H] of l2norm_forward_cuda alone (no k, q written).
+at::Tensor l2norm_rnorm_cuda(const at::Tensor& x, double eps, bool vector_rows);
+
+std::tuple<at::Tensor, at::Tensor> l2norm_backward_cuda(const at::Tensor& dk, const at::Tensor& dq,
+                                                        const at::Tensor& k,
+                                                        const at::Tensor& rnorm,
+                                                        const at::Tensor& beta,
+                                                        bool vector_rows);
+
 }  // namespace dfgnn

@@ -10,7 +10,7 @@
 #include "device/fragments.cuh"
 #include "device/lane_group.cuh"
 #include "host/dispatch.cuh"
-#include "host/ops.h"
+#include "scores/cosine.cuh"
 
 namespace dfgnn {
 namespace {
