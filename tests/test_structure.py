@@ -153,8 +153,9 @@ def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
 # ------------------------------------------------------- each score is a unit
 #: The folders of cuda/ that every score shares; a score's own files are in scores/.
 _SHARED = ("device", "glue", "host", "kernels")
-#: Short names the kernels give a score after its layer (``gt_bwd_dq_mma_kernel``).
-_LAYER_NAMES = {"gt": "dot", "gat": "additive", "agnn": "cosine"}
+#: Short names the kernels give a score after its layer (``gt_bwd_dq_mma_kernel``)
+#: or after its own step (``l2norm_fwd_kernel``, the cosine score's normalisation).
+_LAYER_NAMES = {"gt": "dot", "gat": "additive", "agnn": "cosine", "l2norm": "cosine"}
 
 
 def score_named_files(root: Path) -> list:
@@ -197,6 +198,31 @@ def score_entry_points(root: Path) -> list:
             if p.suffix in _CPP:
                 code = _code(p.read_text(encoding="utf-8"))
                 bad += [_at(root, p, code, m, m.group(1)) for m in entry.finditer(code)]
+    return bad
+
+
+#: Device helpers of the shared folders whose names start with a score's but
+#: mean the dot product of two rows, not the dot score.
+_DOT_PRODUCT = {"dot_frag", "dot_packed", "dot_packed2"}
+
+
+def score_identifiers(root: Path) -> list:
+    """``file:line: name`` for each identifier in the code of cuda/'s shared
+    folders that starts with a score's name or short name (``gat_score2``,
+    ``gt_mma_unit``, ``l2norm_launch``): a score's kernels, device functions and
+    entry points live in its files under cuda/scores/."""
+    scores = root / "cuda" / "scores"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(scores.iterdir())
+                     if p.suffix in _CPP)
+    names = set(re.findall(r"DFGNN_REGISTER_SCORE\((\w+)", text)) | set(_LAYER_NAMES)
+    ident = re.compile(r"\b(?:{})_\w+".format("|".join(sorted(names, key=len, reverse=True))))
+    bad = []
+    for folder in _SHARED:
+        for p in sorted((root / "cuda" / folder).rglob("*")):
+            if p.suffix in _CPP:
+                code = _code(p.read_text(encoding="utf-8"))
+                bad += [_at(root, p, code, m, m.group(0)) for m in ident.finditer(code)
+                        if m.group(0) not in _DOT_PRODUCT]
     return bad
 
 
@@ -374,6 +400,13 @@ def test_only_the_score_folders_declare_a_score_entry_point(tree):
     so no shared file declares, defines or calls one."""
     bad = score_entry_points(tree)
     assert not bad, "score entry points outside cuda/scores/:\n" + "\n".join(bad)
+
+
+def test_only_the_score_folders_name_a_score_in_code(tree):
+    """No kernel, device function or entry point of the shared folders carries a
+    score's name: each is code of one score, so it lives in that score's files."""
+    bad = score_identifiers(tree)
+    assert not bad, "score names in the code outside cuda/scores/:\n" + "\n".join(bad)
 
 
 def test_unity_groups_name_existing_files(tree):
