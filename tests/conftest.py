@@ -89,6 +89,18 @@ def load_benchmark(name: str):
     return importlib.import_module(f"benchmarks.{name}")
 
 
+def fail_for(monkeypatch, module, name: str, first, error: Exception) -> None:
+    r"""Replaces ``module.name`` so that a call whose first argument is ``first``
+    raises ``error``; other calls go through (a benchmark's one failing case)."""
+    real = getattr(module, name)
+
+    def patched(arg, *args, **kwargs):
+        if arg == first:
+            raise error
+        return real(arg, *args, **kwargs)
+    monkeypatch.setattr(module, name, patched)
+
+
 def rel_err(a: Tensor, b: Tensor) -> float:
     r"""``||a - b|| / ||b||`` in float64 (absolute error when ``b`` is zero).
 

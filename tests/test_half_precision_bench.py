@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import load_benchmark
+from conftest import fail_for, load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +110,7 @@ def test_main_on_cpu_tiny(hp, tmp_path):
 def test_failed_row_and_time_limit(hp, pb, tmp_path, monkeypatch):
     """A row whose op raises keeps its error and null timings; the run goes on. A
     FlexAttention case past --time-limit-s is skipped."""
-    real = pb.make_case
-
-    def make_case(model, *args, **kw):
-        if model == "gatv2":
-            raise RuntimeError("out of memory\nsecond line")
-        return real(model, *args, **kw)
-    monkeypatch.setattr(pb, "make_case", make_case)
+    fail_for(monkeypatch, pb, "make_case", "gatv2", RuntimeError("out of memory\nsecond line"))
     doc = run_main(hp, tmp_path / "out", "--graphs", "MNIST", "--layers",
                    "gatv2-4x32,dot-1x128", "--dtypes", "bf16", "--time-limit-s", "0")
     bad, dot = doc["rows"]

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import load_benchmark
+from conftest import fail_for, load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -237,13 +237,7 @@ def test_ncu_failure_is_recorded(pb, tmp_path, monkeypatch):
 
 
 def test_one_failing_graph_leaves_the_others(pb, tmp_path, monkeypatch):
-    real = pb.load_graph
-
-    def load(name, *a, **kw):
-        if name == "GitHub":
-            raise FileNotFoundError("no MUSAE here")
-        return real(name, *a, **kw)
-    monkeypatch.setattr(pb, "load_graph", load)
+    fail_for(monkeypatch, pb, "load_graph", "GitHub", FileNotFoundError("no MUSAE here"))
     doc = run_main(pb, tmp_path / "out", "--graphs", "GitHub,ogbn-arxiv", "--cases",
                    "gt:bfloat16")
     assert "no MUSAE here" in doc["graphs"]["GitHub"]["error"]
