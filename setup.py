@@ -229,7 +229,8 @@ def _configure():
 # scores' walks) stay translation units of their own, so that a parallel build
 # keeps them apart (docs/build.md has the measurements).
 UNITY_GROUPS = {
-    "support": ["host/plan_checks.cu", "host/split_merge.cu", "scores/cosine_normalize.cu",
+    "support": ["host/plan_checks.cu", "host/split_merge.cu", "host/out_dsum.cu",
+                "scores/cosine_normalize.cu",
                 "kernels/softmax_spmm.cu", "glue/build_record.cu"],
     "dot_tensor_cores": ["scores/dot_forward_mma.cu", "scores/dot_forward_dense.cu",
                          "scores/dot_backward_mma.cu"],

@@ -408,7 +408,9 @@ def test_half_backward_row_sums_in_fp32(dtype, dropout, launches, plan_override,
     out = ops.gt_attention(lay, q, k, v, dropout=dropout, training=True)
     poison()
     names = _kernel_names(lambda: out.backward(g))
-    assert not any("dsum" in n for n in names)  # no walk for D: the forward's fp32 rows
+    # no walk for D: one pass over the forward's fp32 rows
+    assert not any("row_bwd_dsum" in n for n in names)
+    assert any("out_dsum_kernel" in n for n in names)
     assert any("row_bwd_one_launch_kernel" in n for n in names) == (launches == 1)
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

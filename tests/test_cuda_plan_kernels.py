@@ -41,6 +41,7 @@ ROLES = [
     (r"l2norm_bwd_kernel", "cosine:normalize_bwd"),
     (r"reduce_slots_kernel<[^>]*true>", "merge_softmax_partials"),
     (r"reduce_slots_kernel<[^>]*false>", "combine_partials"),
+    (r"out_dsum_kernel", "out_dsum"),
 ]
 
 

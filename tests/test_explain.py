@@ -61,7 +61,7 @@ def test_plan_names_its_kernels_and_reasons():
     small, big = _layout(300, 3000), _layout(20_000, 300_000)
     p = plan.plan_for(small, BF16, 64)
     assert p.mma and [k for k, _ in p.kernels()] == ["dot:fwd_mma"]
-    assert [k for k, _ in p.kernels(backward=True)] == ["dot:bwd_one_launch"]
+    assert [k for k, _ in p.kernels(backward=True)] == ["out_dsum", "dot:bwd_one_launch"]
     assert dict(p.why)["bwd_launches"].endswith("one launch")
     p = plan.plan_for(big, torch.float32, 64)
     assert p.two_rows and "two rows per warp" in p.kernels()[0][1]

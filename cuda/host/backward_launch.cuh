@@ -10,6 +10,7 @@
 #include "host/dispatch.cuh"
 #include "host/ops.h"
 #include "host/scratch.h"
+#include "host/out_dsum.h"
 #include "host/split_merge.h"
 #include "kernels/row_backward.cuh"
 
@@ -48,14 +49,14 @@ template <template <class> class Score> using ScoreProbe = Score<RowShape<float,
 // of a row are close (duplicate or similar neighbours) dS = P (dP - D) keeps
 // only their difference with D, and D from O rounded to fp16 / bf16 loses most
 // of its bits (dK off by a median 1.2e-2 relative on a small graph with
-// duplicate edges, against 2e-7 with O in fp32; docs/backward.md). Two ATen
-// launches over [N_dst, H, C], against a CSR walk over [E, H, C] before.
+// duplicate edges, against 2e-7 with O in fp32; docs/backward.md). One pass
+// over [N_dst, H, C] (host/out_dsum.cu).
 inline at::Tensor out_dsum(const char* op, const at::Tensor& grad_out, const at::Tensor& out32) {
   if (grad_out.scalar_type() == at::kFloat) return {};
   TORCH_CHECK(out32.defined(), op, ": an fp16 / bf16 backward takes D = dO . O from the "
               "forward's float32 rows, and the call has none (a forward without the CSC "
               "keeps none)");
-  return grad_out.mul(out32).sum(-1);
+  return out_dsum_cuda(grad_out.contiguous(), out32);
 }
 
 // No tensor-core walks (every score but the dot score's mma_backward).

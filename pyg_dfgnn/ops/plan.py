@@ -379,8 +379,7 @@ class Plan:
             # Per-edge inputs get their gradient in the CSR walk, one edge at a time
             # (the dot_edge and gatv2_edge scores' rows), or in a kernel of their own
             # (the additive_edge score's terms). In half precision the walks take
-            # D_i = dO_i . O_i from the forward's fp32 rows (two ATen launches, no
-            # kernel of ours: docs/backward.md).
+            # D_i = dO_i . O_i from the forward's fp32 rows (docs/backward.md).
             edge = bool(_spec.get(name).edge_inputs)
             dq = "dq and the edge rows' gradients" if edge else "dq"
             res = []
@@ -395,6 +394,9 @@ class Plan:
                                                     "and LeakyReLU"))
                 res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
+                if self.half:
+                    res.append(("out_dsum", "D_i = dO_i . O_i per row and head, from the "
+                                            "forward's fp32 rows"))
                 if self.bwd_one_launch:
                     res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
                                 "walks side by side in one launch, the CSC walk recomputing "
