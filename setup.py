@@ -233,7 +233,7 @@ UNITY_GROUPS = {
                 "scores/cosine_normalize.cu",
                 "kernels/softmax_spmm.cu", "glue/build_record.cu"],
     "dot_tensor_cores": ["scores/dot_forward_mma.cu", "scores/dot_forward_dense.cu",
-                         "scores/dot_backward_mma.cu"],
+                         "scores/dot_backward_mma.cu", "scores/dot_backward_dense.cu"],
     "layout_cosine": ["kernels/layout_build.cu", "scores/cosine.cu"],
 }
 

@@ -1,5 +1,5 @@
 r"""The per-graph data a :class:`~pyg_dfgnn.layout.GraphLayout` derives from its
-index tensors and keeps for the kernels: work items, the dense-tile plan,
+index tensors and keeps for the kernels: work items, the dense-tile plans,
 degree statistics, kernel plans and the fused ops' prepared arguments.
 
 Everything derived lives in one :class:`Derived` object (``layout.derived``) with
@@ -35,6 +35,23 @@ class TilePlan(NamedTuple):
     min_fraction: float = 0.0
 
 
+class BackwardTiles(NamedTuple):
+    r"""What the dense-tile backward (``cuda/scores/dot_backward_dense.cu``) reads
+    beside the graph's tile plan (:func:`pyg_dfgnn.ops.tiles.layout_tiles_t`).
+
+    Attributes:
+        tiles_t (Tensor, optional): the tile plan of the transposed graph (blocks
+            of 64 source rows, windows of destination rows); ``None`` where no
+            block can run dense.
+        rank_pos (Tensor, optional): ``[E]`` int32, the CSR position of the edge
+            of rank ``p`` (each row's edges ordered by source, ``p`` counted from
+            the row's first edge); ``None`` where the CSR rows are sorted by
+            source (the identity).
+    """
+    tiles_t: Optional[Tensor]
+    rank_pos: Optional[Tensor]
+
+
 #: Key of :attr:`Derived.work`: ``(kind, chunk, long_first, order)``, ``kind``
 #: ``"row"`` (the CSR, by destination) or ``"col"`` (the CSC, by source), ``order``
 #: one of :data:`pyg_dfgnn.node_order.ITEM_ORDERS`.
@@ -51,17 +68,21 @@ class Derived:
         node_rank (dict): int64 node ranks of the work-item orders
             (:mod:`pyg_dfgnn.node_order`) per :data:`RankKey`.
         tile_plan (TilePlan, optional): the dense-tile plan once built.
+        tile_plan_t (BackwardTiles, optional): the dense-tile backward's
+            transposed plan and rank map once built.
         max_out_degree (int, optional): largest out-degree once computed.
         plans (dict): kernel plans (:class:`pyg_dfgnn.ops.plan.Plan`) by their key.
         calls (dict): the fused ops' prepared layout arguments by their key
             (tuples of this layout's tensors; rebuilt rather than moved).
     """
-    __slots__ = ("work", "node_rank", "tile_plan", "max_out_degree", "plans", "calls")
+    __slots__ = ("work", "node_rank", "tile_plan", "tile_plan_t", "max_out_degree", "plans",
+                 "calls")
 
     def __init__(self):
         self.work: Dict[WorkKey, Work] = {}
         self.node_rank: Dict[RankKey, Tensor] = {}
         self.tile_plan: Optional[TilePlan] = None
+        self.tile_plan_t: Optional[BackwardTiles] = None
         self.max_out_degree: Optional[int] = None
         self.plans: Dict[Hashable, object] = {}
         self.calls: Dict[Hashable, tuple] = {}
@@ -89,6 +110,9 @@ class Derived:
         if self.tile_plan is not None:
             tp = self.tile_plan
             new.tile_plan = tp._replace(tiles=None if tp.tiles is None else tp.tiles.to(device))
+        if self.tile_plan_t is not None:
+            new.tile_plan_t = BackwardTiles(*(None if t is None else t.to(device)
+                                              for t in self.tile_plan_t))
         new.max_out_degree = self.max_out_degree
         return new
 
@@ -100,3 +124,5 @@ class Derived:
         yield from self.node_rank.values()
         if self.tile_plan is not None and self.tile_plan.tiles is not None:
             yield self.tile_plan.tiles
+        if self.tile_plan_t is not None:
+            yield from (t for t in self.tile_plan_t if t is not None)

@@ -30,6 +30,8 @@ ROLES = [
     (r"row_bwd_dkv_kernel<dfgnn::(\w+)<", "{s}:dkv_walk"),
     (r"gt_bwd_dq_mma_kernel", "dot:dq_mma"),
     (r"gt_bwd_dkv_mma_kernel", "dot:dkv_mma"),
+    (r"gt_bwd_dq_dense_kernel", "dot:dq_dense"),
+    (r"gt_bwd_dkv_dense_kernel", "dot:dkv_dense"),
     (r"gat_fwd_kernel<dfgnn::(\w+)<", "{s}:smmf"),
     (r"gat_score_kernel<dfgnn::(\w+)<", "{s}:sddmm"),
     (r"gat_bwd_dst_kernel<dfgnn::(\w+)<", "{s}:bwd_dst"),
@@ -110,6 +112,30 @@ def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_ove
     plans = [r.plan for r in records if r.plan is not None]
     assert len(plans) == 1, records
     p = plans[0]
+    want = {k for k, _ in p.kernels()} | {k for k, _ in p.kernels(backward=True)}
+    seen = {role(e.name, p.score) for e in prof.events()
+            if e.device_type.name == "CUDA" and "dfgnn::" in e.name}
+    assert seen == want, f"plan {sorted(want - seen)} not run; run {sorted(seen - want)} not in plan"
+
+
+@pytest.mark.parametrize("dense_backward", [None, False])
+def test_plan_names_the_dense_tile_kernels(dense_backward, plan_override):
+    """A PATTERN-like batch runs the dense-tile forward and, by default, the
+    dense-tile backward (dense_backward=False: the sparse tensor-core walks)."""
+    from benchmarks.generators import sbm_batch
+    ei, batch, _, _ = sbm_batch("pattern", 48, seed=1)
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (batch.numel(), batch.numel()))
+    if dense_backward is not None:
+        plan_override(dense_backward=dense_backward)
+    run = _inputs("dot", lay, 2, 64, torch.bfloat16)
+    with ops.recording() as records:
+        run("smmf").float().sum().backward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run("smmf").float().sum().backward()
+        torch.cuda.synchronize()
+    p = [r.plan for r in records if r.plan is not None][0]
+    assert p.dense_cells > 0 and p.dense_backward == (dense_backward is None)
     want = {k for k, _ in p.kernels()} | {k for k, _ in p.kernels(backward=True)}
     seen = {role(e.name, p.score) for e in prof.events()
             if e.device_type.name == "CUDA" and "dfgnn::" in e.name}

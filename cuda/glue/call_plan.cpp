@@ -14,11 +14,11 @@ namespace {
 
 constexpr const char* kTensorNames[] = {"rowptr", "col", "row_items", "row_combine", "csr_row",
                                         "tiles", "colptr", "row", "perm", "col_items",
-                                        "col_combine"};
+                                        "col_combine", "tiles_t", "rank_pos"};
 constexpr const char* kIntNames[] = {"n_src", "chunk", "row_slots", "col_slots", "pmf",
                                      "vector_rows", "two_rows", "mma", "merge_in_kernel",
                                      "bwd_one_launch", "mma_backward", "bwd_merge_in_kernel",
-                                     "normalize_first"};
+                                     "normalize_first", "dense_backward"};
 constexpr const char* kFloatNames[] = {"dense_cells"};
 
 template <size_t N, typename V>
@@ -65,6 +65,20 @@ void check_index(const at::Tensor& t, const char* name, int64_t numel, const at:
               " must be a contiguous 1-D tensor, got shape ", shape(t.sizes()));
   TORCH_CHECK(numel < 0 || t.numel() == numel, "dfgnn.Plan: ", name, " must have ", num(numel),
               " entries, got ", num(t.numel()));
+}
+
+// A tile plan (pyg_dfgnn/ops/tiles.py) over n_rows rows (`what`: their kind):
+// int32, its blocks' entries and masks, and 16-byte aligned (the kernels read
+// entries as int4).
+void check_tiles(const at::Tensor& t, const char* name, int64_t n_rows, const char* what,
+                 const at::Tensor& ref) {
+  check_index(t, name, -1, ref);
+  const int64_t n_tiles = (n_rows + kTileRows - 1) / kTileRows;
+  TORCH_CHECK(t.numel() >= kTileMetaInts * n_tiles && t.numel() < INT32_MAX, "dfgnn.Plan: ",
+              name, " must hold ", num(kTileMetaInts), " ints per ", num(kTileRows), " ", what,
+              " rows (", num(kTileMetaInts * n_tiles), ") and its masks, got ", num(t.numel()));
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dfgnn.Plan: ", name,
+              " must be 16-byte aligned (a tensor of its own, not a view at an offset)");
 }
 
 Work work(const at::Tensor& items, const at::Tensor& combine, int64_t slots, const char* what,
@@ -132,6 +146,8 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
   p.mma_backward = flag(ints, "mma_backward");
   p.bwd_merge_in_kernel = flag(ints, "bwd_merge_in_kernel");
   p.normalize_first = flag(ints, "normalize_first");
+  // Optional: absent where the plan has no dense-tile backward.
+  p.dense_backward = ints.contains("dense_backward") && flag(ints, "dense_backward");
   auto dc = floats.find("dense_cells");
   p.dense_cells = dc == floats.end() ? 0.0 : dc->value();
 
@@ -149,6 +165,7 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
        {std::make_tuple(p.pmf, has.pmf, "pmf"), std::make_tuple(p.mma, has.mma, "mma"),
         std::make_tuple(p.mma_backward, has.mma, "mma_backward"),
         std::make_tuple(p.dense_cells > 0.0, has.dense_tiles, "dense_cells"),
+        std::make_tuple(p.dense_backward, has.dense_tiles && has.mma, "dense_backward"),
         std::make_tuple(p.two_rows, has.two_rows, "two_rows"),
         std::make_tuple(p.bwd_one_launch, has.one_launch_backward, "bwd_one_launch")})
     TORCH_CHECK(!asked || there, "dfgnn.Plan: ", what, " is set, but the ", score_name,
@@ -160,15 +177,25 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
               L.tiles.defined() ? " with" : " without", " a tile plan");
   if (L.tiles.defined()) {
     TORCH_CHECK(p.mma, "dfgnn.Plan: dense tiles run in the tensor-core forward: they need mma=1");
-    check_index(L.tiles, "tiles", -1, L.rowptr);
-    const int64_t n_tiles = (n_dst + kTileRows - 1) / kTileRows;
-    TORCH_CHECK(L.tiles.numel() >= kTileMetaInts * n_tiles && L.tiles.numel() < INT32_MAX,
-                "dfgnn.Plan: tiles must hold ", num(kTileMetaInts), " ints per ",
-                num(kTileRows), " destination rows (", num(kTileMetaInts * n_tiles),
-                ") and its masks, got ", num(L.tiles.numel()));
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(L.tiles.data_ptr()) % 16 == 0,
-                "dfgnn.Plan: tiles must be 16-byte aligned (a tensor of its own, not a view at "
-                "an offset)");
+    check_tiles(L.tiles, "tiles", n_dst, "destination", L.rowptr);
+  }
+  // The dense-tile backward: both tile plans and the tensor-core walks (its
+  // sparse blocks run their units); the transposed plan comes with the CSC, that
+  // is where the call records a backward.
+  L.tiles_t = opt_tensor(t, "tiles_t");
+  L.rank_pos = opt_tensor(t, "rank_pos");
+  TORCH_CHECK(!p.dense_backward || (p.mma_backward && L.tiles.defined()), "dfgnn.Plan: "
+              "dense_backward runs in the tensor-core backward over the forward's dense tiles: "
+              "it needs mma_backward=1 and dense_cells > 0");
+  TORCH_CHECK(L.tiles_t.defined() == (p.dense_backward && has_csc), "dfgnn.Plan: the "
+              "transposed tile plan (tiles_t) comes iff dense_backward=1 and the CSC is given, "
+              "got dense_backward=", num(p.dense_backward), L.tiles_t.defined() ? " with" :
+              " without", " tiles_t", has_csc ? " and with" : " and without", " the CSC");
+  TORCH_CHECK(!L.rank_pos.defined() || L.tiles_t.defined(), "dfgnn.Plan: rank_pos is the "
+              "dense-tile backward's: it comes only with tiles_t");
+  if (L.tiles_t.defined()) {
+    check_tiles(L.tiles_t, "tiles_t", n_src, "source", L.rowptr);
+    if (L.rank_pos.defined()) check_index(L.rank_pos, "rank_pos", num_edges, L.rowptr);
   }
 }
 

@@ -17,7 +17,8 @@ struct Work {
 
 // One call's graph layout: the CSR by destination with its work items, what the
 // plan adds to it (PMF's per-edge destinations, the dense-tile plan), and the CSC
-// by source with its work items where the call walks it (undefined otherwise).
+// by source with its work items where the call walks it (undefined otherwise),
+// and the dense-tile backward's transposed tile plan and rank map with it.
 struct LayoutView {
   at::Tensor rowptr;   // [N_dst + 1]
   at::Tensor col;      // [E] source of each CSR edge
@@ -28,6 +29,9 @@ struct LayoutView {
   at::Tensor row;      // [E] destination of each CSC edge
   at::Tensor perm;     // [E] CSR position of each CSC edge
   Work cw;             // the CSC's work items
+  at::Tensor tiles_t;  // the transposed graph's tile plan (64-source blocks), or undefined
+  at::Tensor rank_pos; // [E] CSR position of the edge of rank p (row's edges by source), or
+                       // undefined where the CSR rows are sorted by source (identity)
   int64_t chunk = 0;   // edges per work item, both walks
 };
 
@@ -42,6 +46,7 @@ struct KernelPlan {
   bool merge_in_kernel = true;  // split rows merged by the forward kernel (else merge launches)
   bool bwd_one_launch = false;  // the backward's CSR and CSC walks in one launch
   bool mma_backward = false;    // the dot score's backward walks on tensor cores
+  bool dense_backward = false;  // ... over the dense tiles of both tile plans (needs the above)
   bool bwd_merge_in_kernel = true;  // split rows merged by the backward kernels
   bool normalize_first = false;     // rows normalised, then the dot score's kernels (cosine)
 };

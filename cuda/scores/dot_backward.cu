@@ -2,7 +2,8 @@
 //   dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P'_ij dO_i
 // on the walks the plan names: the CUDA-core walks over the dot functor
 // (kernels/row_backward.cuh: dq then dkv, or both in one launch) or the
-// tensor-core walks (dot_backward_mma.cu), with D from the forward's fp32 rows in
+// tensor-core walks (dot_backward_mma.cu) or their dense-tile form
+// (dot_backward_dense.cu), with D from the forward's fp32 rows in
 // fp16 / bf16 (out_dsum, host/backward_launch.cuh, says why D must not come from
 // the rounded output).
 #include "host/backward_launch.cuh"
@@ -12,20 +13,25 @@
 namespace dfgnn {
 namespace {
 
-// The plan's tensor-core walks (dot_backward_mma.cu): a warp walks 8 whole rows
-// or columns (the work items and their partials are unused: a split row is one
-// warp's), and the second walk needs the first one's weights.
+// The plan's tensor-core walks (dot_backward_mma.cu), or their dense-tile form
+// (dot_backward_dense.cu) where the plan's dense_backward says so: a warp walks 8
+// whole rows or columns, a dense block 64 (the work items and their partials are
+// unused: a split row is one warp's), and the second launch's sparse units need
+// the first one's weights.
 struct DotMmaWalks {
-  bool on;
+  bool on, dense;
   const at::Tensor &grad_out, &q, &k, &v, &lse2;
   const LayoutView& L;
   const float* dsum;
-  double scale;
+  double scale, cells;
   void dq(at::Tensor& dq, float* pds) const {
-    gt_backward_dq_mma(grad_out, q, k, v, lse2, dsum, L, dq, pds, scale);
+    if (dense) gt_backward_dq_dense(grad_out, q, k, v, lse2, dsum, L, cells, dq, pds, scale);
+    else gt_backward_dq_mma(grad_out, q, k, v, lse2, dsum, L, dq, pds, scale);
   }
   void dkv(at::Tensor& dk, at::Tensor& dv, const float* pds) const {
-    gt_backward_dkv_mma(grad_out, q, pds, L, dk, dv, scale);
+    if (dense)
+      gt_backward_dkv_dense(grad_out, q, k, v, lse2, dsum, pds, L, cells, dk, dv, scale);
+    else gt_backward_dkv_mma(grad_out, q, pds, L, dk, dv, scale);
   }
 };
 
@@ -50,12 +56,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
               "{32, 64, 128}, dropout 0, bwd_one_launch=False and vector_rows=True (16-byte "
               "aligned rows), got bwd_one_launch=", plan.bwd_one_launch ? "True" : "False",
               ", dropout=", std::to_string(dropout));
+  TORCH_CHECK(!plan.dense_backward || (plan.mma_backward && plan.dense_cells > 0.0 &&
+                                       L.tiles.defined() && L.tiles_t.defined()),
+              op, ": dense_backward=True (the dense-tile backward) needs mma_backward, "
+              "dense_cells > 0 and both tile plans (the layout's and its transpose's)");
   // D_i in fp32 for half inputs, from the forward's fp32 rows (out_dsum).
   const at::Tensor dsum_t = out_dsum(op, grad_out, out32);
   const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const BackwardArgs a{op, grad_out, out, lse2, q, k, L, plan, dropout, seed};
-  const DotMmaWalks mma{plan.mma_backward, grad_out, q, k, v, lse2, L, dsum, scale};
+  const DotMmaWalks mma{plan.mma_backward, plan.dense_backward, grad_out, q, k, v, lse2, L,
+                        dsum, scale, plan.dense_cells};
   RowGrads r = row_backward<DotScore>(a, into, dsum, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DotParams<T>{cptr<T>(q), cptr<T>(k), cptr<T>(v), sc, scale2};

@@ -36,56 +36,12 @@
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"
+#include "scores/dot_dense.cuh"
 #include "scores/dot_host.h"
 #include "scores/dot_mma.cuh"
 
 namespace dfgnn {
 namespace {
-
-constexpr int kDenseRows = kTileRows;  // destination rows per block (4 warps x 16)
-constexpr int kDenseThreads = 128;
-constexpr int kDenseKeys = 32;       // keys per shared-memory chunk of k and v (two buffers)
-constexpr int kDenseMaxWidth = 512;  // widest key window run dense
-constexpr int kMaxChunks = kDenseMaxWidth / kDenseKeys;  // 16 chunk bits per warp in the plan
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N committed groups of this thread are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// Byte offset of 16-byte chunk x of row r in a tile of NX chunks per row. An
-// ldmatrix reads one chunk column of 8 consecutive rows; the XOR spreads those
-// over the 8 distinct 16-byte bank groups (rows of 128 bytes or more: x ^ r;
-// rows of 64 bytes, two per 128-byte line: x ^ (r / 2)).
-template <int NX> __device__ __forceinline__ int swizzle(int r, int x) {
-  static_assert(NX == 4 || NX % 8 == 0, "rows of 64 or a multiple of 128 bytes");
-  static_assert(kDenseThreads % (8 * NX) == 0, "a copy pass keeps each thread's swizzle");
-  const int pos = NX == 4 ? x ^ ((r >> 1) & 3) : x ^ (r & 7);
-  return (r * NX + pos) * 16;
-}
 
 // Rows [r0, r0 + 64) of n_rows, one head after the other, C channels per head.
 // `plan`: the layout's tile plan (pyg_dfgnn/ops/tiles.py), kTileMetaInts ints per
@@ -109,10 +65,6 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
   const int64_t r0 = (int64_t)blockIdx.x * kDenseRows;
   const int nrows = (int)min((int64_t)kDenseRows, n_rows - r0);
 
-  // The block's entry of the plan: window [lo, lo + width), edges, mask offset,
-  // 16 chunk bits per warp (chunks where its rows have an edge). Whatever the
-  // plan holds, the block reads only inside k, v and the plan: a window outside
-  // the source rows or masks past plan_len send it to the sparse units.
   // q of rows g, g + 8 (head h) as A fragments, straight from global memory:
   // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8). Head 0's loads go out
   // first, before the plan entry they do not depend on.
@@ -132,18 +84,9 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     }
   };
   load_q(0);
-  const int4* meta = reinterpret_cast<const int4*>(plan + (int64_t)kTileMetaInts * blockIdx.x);
-  const int4 meta0 = __ldg(meta), meta1 = __ldg(meta + 1);
-  const int lo = meta0.x, width = meta0.y, n_edges = meta0.z, moff = meta0.w;
-  const int n_chunks = (width + kDenseKeys - 1) / kDenseKeys;
-  const unsigned valid = (1u << max(0, min(n_chunks, kMaxChunks))) - 1u;
-  const unsigned w01 = (unsigned)meta1.x, w23 = (unsigned)meta1.y;
-  const unsigned any_chunks = (w01 | (w01 >> 16) | w23 | (w23 >> 16)) & valid;
-  const bool dense = lo >= 0 && width > 0 && width <= kDenseMaxWidth && n_edges > 0 &&
-                     (int64_t)lo + width <= n_src && moff >= 0 &&
-                     (int64_t)moff + (int64_t)n_chunks * kDenseRows <= plan_len && any_chunks &&
-                     (float)nrows * (float)width <= cells_per_edge * (float)n_edges;
-  if (!dense) {  // block-uniform: the sparse units of 8 rows, two per warp
+  // The block's plan entry (dense_entry says what it holds and checks).
+  const DenseEntry e = dense_entry(plan, plan_len, n_src, nrows, cells_per_edge, warp);
+  if (!e.dense) {  // block-uniform: the sparse units of 8 rows, two per warp
     for (int u = 0; u < 2; ++u) {
       const int64_t blk = r0 / kMmaRows + 2 * warp + u;
       if (blk * kMmaRows >= n_rows) break;
@@ -152,41 +95,22 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     }
     return;
   }
-  const unsigned chunks = ((warp < 2 ? w01 : w23) >> (16 * (warp & 1))) & valid;
-  const int hi = lo + width - 1;
-  const int first = __ffs(any_chunks) - 1;
+  const int lo = e.lo, hi = e.lo + e.width - 1;
 
-  // k and v rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi). A
-  // pass of the block copies kPassRows whole rows; this thread's piece px of row
-  // pr + j kPassRows lands at the same swizzled column in every pass.
-  constexpr int kPassRows = kDenseThreads / NX;
-  const int px = tid % NX, pr = tid / NX;
-  const int pd = swizzle<NX>(pr, px);
+  // k and v rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi).
   auto issue = [&](int h, int ci, int b) {
-    const int key = lo + ci * kDenseKeys + pr;
-    const unsigned kb = sbase + b * kBuf + pd;
-    const int64_t base = (int64_t)key * HC + (int64_t)h * C + 8 * px;
-#pragma unroll
-    for (int j = 0; j < kDenseKeys / kPassRows; ++j) {
-      const bool ok = key + j * kPassRows <= hi;
-      const int64_t off = ok ? base + (int64_t)j * kPassRows * HC : 0;
-      cp_async16(kb + j * kPassRows * RB, k + off, ok);
-      cp_async16(kb + kDenseKeys * RB + j * kPassRows * RB, v + off, ok);
-    }
+    const unsigned kb = sbase + b * kBuf;
+    copy_rows<T, C, kDenseKeys>(kb, kb + kDenseKeys * RB, k, v, lo + ci * kDenseKeys, hi + 1,
+                                HC, (int64_t)h * C);
     cp_async_commit();
   };
-  issue(0, first, 0);
+  issue(0, e.first, 0);
 
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix and row this lane addresses
   const int row_a = 16 * warp + g, row_b = row_a + 8;  // this lane's rows in the block
-  // Edge masks of chunk ci: bit j of word ma (mb) is the pair (row_a (row_b), key
-  // lo + 32 ci + j); rows past the end have none.
-  const unsigned* masks = reinterpret_cast<const unsigned*>(plan) + moff;
   for (int h = 0; h < H; ++h) {
     const int64_t ch0 = (int64_t)h * C;
-    if (h > 0) issue(h, first, 0);  // the previous head ended with both buffers free
-    unsigned ma = __ldg(masks + first * kDenseRows + row_a);
-    unsigned mb = __ldg(masks + first * kDenseRows + row_b);
+    if (h > 0) issue(h, e.first, 0);  // the previous head ended with both buffers free
     if (h > 0) load_q(h);
 
     float acc[2 * KS][4];  // 8-channel tiles of rows g (0, 1) and g + 8 (2, 3)
@@ -194,24 +118,11 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
     for (int b = 0; b < 2 * KS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows g, g + 8 (l: lane partial)
 
-    // Chunks with edges, in order; the first is in flight in buffer 0. The next
-    // chunk (and its masks) loads into the other buffer while this one is computed.
-    int ci = first, buf = 0;
-    unsigned rest = any_chunks & (any_chunks - 1u);
-    unsigned na = 0u, nb = 0u;
-    while (true) {
-      const int nxt = rest ? __ffs(rest) - 1 : -1;
-      rest &= rest - 1;
-      if (nxt >= 0) {
-        issue(h, nxt, buf ^ 1);
-        na = __ldg(masks + nxt * kDenseRows + row_a);
-        nb = __ldg(masks + nxt * kDenseRows + row_b);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();  // chunk ci is in buffer buf for every warp
-      if ((chunks >> ci) & 1u) {  // warp-uniform
+    // Chunk ci with the edge masks ma, mb: bit j is the pair (row_a (row_b), key
+    // lo + 32 ci + j); rows past the end have none.
+    walk_chunks(e, plan, row_a, row_b, [&](int ci, int b) { issue(h, ci, b); },
+                [&](int ci, int buf, unsigned ma, unsigned mb) {
+      if ((e.chunks >> ci) & 1u) {  // warp-uniform
         const unsigned kbuf = sbase + buf * kBuf, vbuf = kbuf + kDenseKeys * RB;
         // SDDMM: s[n] = rows g, g + 8 x keys 8 n + 2t, + 1 of the chunk.
         float s[4][4];
@@ -268,29 +179,9 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
           }
         }
         // SpMM: P (the S accumulators are the A fragments' layout) times V.
-#pragma unroll
-        for (int kb = 0; kb < 2; ++kb) {
-          const uint32_t a0 = pack2<T>(s[2 * kb][0], s[2 * kb][1]);
-          const uint32_t a1 = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
-          const uint32_t a2 = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
-          const uint32_t a3 = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
-          const int key = 16 * kb + mr + 8 * (mi & 1);
-#pragma unroll
-          for (int cb = 0; cb < KS; ++cb) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, vbuf + swizzle<NX>(key, 2 * cb + (mi >> 1)));
-            mma_16816<T>(acc[2 * cb], a0, a1, a2, a3, b[0], b[1]);
-            mma_16816<T>(acc[2 * cb + 1], a0, a1, a2, a3, b[2], b[3]);
-          }
-        }
+        chunk_spmm<T, C>(acc, s, vbuf, lane);
       }
-      __syncthreads();  // buffer buf is free for the next issue
-      if (nxt < 0) break;
-      ci = nxt;
-      buf ^= 1;
-      ma = na;
-      mb = nb;
-    }
+    });
 
     // Row sums over the quad, then out = acc / l and lse2 = m + log2(l).
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -41,7 +41,8 @@ void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       float* out32, at::Tensor& lse2, double scale);
 
 // The dot score's backward (dot_backward.cu): (dq, dk, dv) with the walks `plan`
-// names (bwd_one_launch, mma_backward, bwd_merge_in_kernel, vector_rows);
+// names (bwd_one_launch, mma_backward, dense_backward, bwd_merge_in_kernel,
+// vector_rows);
 // out32: the forward's rows in float32 (fp16 / bf16 inputs: D comes from them,
 // out_dsum in host/backward_launch.cuh; fp32: unused).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
@@ -63,5 +64,20 @@ void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const a
 // dq walk's pds, dO and q; walks whole columns (L's CSC work items unused).
 void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const float* pds,
                          const LayoutView& L, at::Tensor& dk, at::Tensor& dv, double scale);
+// The same two launches over dense tiles (dot_backward_dense.cu; the plan's
+// dense_backward): the dq launch over the layout's tile plan (L.tiles), writing
+// pds for every edge (through L.rank_pos where defined), the dkv launch over the
+// transposed graph's (L.tiles_t), recomputing P and dS in its dense blocks; a
+// block whose window holds more than `cells_per_edge` cells per edge runs the
+// sparse units of the two walks above. Needs what those need, both tile plans
+// and the CSC.
+void gt_backward_dq_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
+                          const LayoutView& L, double cells_per_edge, at::Tensor& dq,
+                          float* pds, double scale);
+void gt_backward_dkv_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
+                           const float* pds, const LayoutView& L, double cells_per_edge,
+                           at::Tensor& dk, at::Tensor& dv, double scale);
 
 }  // namespace dfgnn

@@ -41,7 +41,7 @@ import torch
 from ..node_order import ITEM_ORDERS
 from ..work_items import chunk_for
 from . import spec as _spec
-from .tiles import layout_tiles
+from .tiles import layout_tiles, layout_tiles_t
 
 STRATEGIES = ("auto", "smmf", "pmf")
 RULES = ("measured", "paper")
@@ -93,6 +93,7 @@ _FIELDS = {
     "mma": "a bool (the fp16 / bf16 tensor-core GT forward)",
     "mma_backward": "a bool (the fp16 / bf16 GT backward's walks on tensor cores)",
     "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
+    "dense_backward": "a bool (the tensor-core GT backward over dense tiles)",
     "bwd_launches": "1 or 2 (kernel launches of the GT backward)",
     "direct_entry": "a bool (eager calls through the extension's direct entry)",
 }
@@ -151,6 +152,13 @@ def override(**fields) -> Iterator[None]:
         dense_tiles (str or float): ``"off"``, ``"force"`` (every block that can)
             or a bound on window cells per edge per block; the dense-tile forward
             then runs wherever the tensor-core forward does.
+        dense_backward (bool): the tensor-core GT backward over dense tiles
+            (``cuda/scores/dot_backward_dense.cu``): its dq launch over the
+            forward's tile plan, its dkv launch over the transposed graph's, the
+            blocks too sparse for the bound of ``dense_tiles`` on the tensor-core
+            walks' units. By default on wherever the forward runs dense tiles
+            and ``mma_backward`` holds (neither has dropout) and the transposed
+            graph has a block that can run dense.
         bwd_launches (int): ``1`` or ``2`` kernel launches of the GT backward.
         direct_entry (bool): eager forward calls through the extension's direct
             entry (default) or ``torch.ops.dfgnn``'s Python wrapper.
@@ -330,6 +338,12 @@ class Plan:
             are then the dot score's.
         split_cols (bool): some source's column is longer than a work item
             (the backward's CSC walk merges its items' partial results).
+        dense_backward (bool): the tensor-core backward's two launches over dense
+            tiles (``cuda/scores/dot_backward_dense.cu``): the dq launch over
+            the forward's tile plan, the dkv launch over the transposed graph's
+            (``layout.derived.tile_plan_t``), each block dense up to
+            ``dense_cells`` window cells per edge, else on the walks' units
+            (needs ``mma_backward`` and ``dense_cells > 0``).
     """
     score: str
     half: bool
@@ -349,6 +363,7 @@ class Plan:
     why: Tuple[Tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
     normalize_first: bool = False
     split_cols: bool = False
+    dense_backward: bool = False
 
     @property
     def pmf(self) -> bool:
@@ -362,7 +377,8 @@ class Plan:
                 "bwd_one_launch": int(self.bwd_one_launch),
                 "mma_backward": int(self.mma_backward),
                 "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel),
-                "normalize_first": int(self.normalize_first)}
+                "normalize_first": int(self.normalize_first),
+                "dense_backward": int(self.dense_backward)}
 
     def kernels(self, backward: bool = False) -> List[Tuple[str, str]]:
         r"""``(kernel, what it does)`` for each kernel the forward (or the
@@ -401,6 +417,14 @@ class Plan:
                     res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
                                 "walks side by side in one launch, the CSC walk recomputing "
                                 "its weights"))
+                elif self.mma_backward and self.dense_backward:
+                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles ({dq}; "
+                                                 "too sparse blocks walk 8 whole rows per "
+                                                 "warp); saves (P', dS) per edge and head"),
+                            (f"{name}:dkv_dense", "tensor cores over dense 64-source tiles of "
+                                                  "the transposed graph, recomputing the "
+                                                  "weights (too sparse blocks: SpMM with the "
+                                                  "saved ones)")]
                 elif self.mma_backward:
                     res += [(f"{name}:dq_mma", f"CSR walk on tensor cores ({dq}), 8 whole rows "
                                                "per warp; saves (P', dS) per edge and head"),
@@ -575,6 +599,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
         why.append(("bwd_launches", "tensor-core walks" if mma_bwd else
                     f"{layout.num_edges} edges {'<' if one_launch else '>='} "
                     f"{ONE_LAUNCH_BWD_MAX_EDGES}: {'one launch' if bwd_one_launch else 'two'}"))
+    dense_bwd, final_t = _dense_backward(layout, o, dense_cells > 0 and bool(mma_bwd), why)
+    final = final and final_t
     merge = smmf and not capturing
     bwd_merge = dtype == torch.float32 and not capturing
     first = spec.normalize_first is not None and bool(spec.normalize_first(dtype, method))
@@ -584,7 +610,36 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec,
                 bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
                 bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first,
-                split_cols=layout.max_out_degree > chunk), final
+                split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd), final
+
+
+def _dense_backward(layout, o: dict, possible: bool, why: list) -> Tuple[bool, bool]:
+    """``(dense_backward, final)``: the tensor-core backward over dense tiles
+    wherever the forward runs them (``possible``: dense tiles and
+    ``mma_backward``) and the transposed graph has a block that can run dense,
+    unless the ``dense_backward`` override says no."""
+    asked = o.get("dense_backward")
+    if asked is False or not possible:
+        if asked:
+            raise ValueError("plan.override(dense_backward=True): the dense-tile backward "
+                             "needs the dense-tile forward (dense_tiles) and the tensor-core "
+                             "backward (mma_backward)")
+        if possible:
+            why.append(("dense_backward", "off (override)"))
+        return False, True
+    entry = layout_tiles_t(layout)
+    if entry is None:  # a tile plan not built inside torch.compile
+        return False, False
+    if entry.tiles_t is None:
+        if asked:
+            raise ValueError("plan.override(dense_backward=True): no 64-source block of the "
+                             "transposed graph can run dense")
+        why.append(("dense_backward", "off: no 64-source block of the transposed graph can "
+                                      "run dense"))
+        return False, True
+    why.append(("dense_backward", "dense tiles in the backward too: dq over the forward's "
+                                  "tiles, dk and dv over the transposed graph's"))
+    return True, True
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:

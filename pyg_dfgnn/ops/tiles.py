@@ -29,6 +29,12 @@ Format: one ``int32`` tensor. For block ``b`` (rows ``64 b .. 64 b + 63``), ints
 Then the masks of each block with a window, ``ceil(width / 32)`` chunks of
 :data:`TILE_ROWS` words: bit ``j`` of word ``offset + 64 c + r`` is set when row
 ``64 b + r`` has an in-edge from source row ``lo + 32 c + j``.
+
+The dense-tile backward (``cuda/scores/dot_backward_dense.cu``) reads this plan
+in its dq launch and the same format built over the transposed graph (the CSC:
+blocks of 64 source rows, windows of destination rows) in its dkv launch
+(:func:`layout_tiles_t`), with a map from each edge's rank in its row (by
+source: the rank of its mask bit) to its CSR position (:func:`rank_positions`).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..derived import TilePlan
+from ..derived import BackwardTiles, TilePlan
 
 #: Destination rows per block of the dense-tile kernel (``kDenseRows``).
 TILE_ROWS = 64
@@ -199,3 +205,48 @@ def tile_plan(layout) -> Optional[Tensor]:
     and cached; ``None`` on CPU layouts or where no block can run dense."""
     entry = layout_tiles(layout)
     return None if entry is None else entry.tiles
+
+
+def rank_positions(col: Tensor, csr_row: Tensor, num_src: int) -> Optional[Tensor]:
+    r"""``[E]`` int32: the CSR position of the edge of rank ``p``, where each row's
+    edges are ranked by source from the row's first position (``rowptr[r] +
+    rank``); ``None`` where every row is sorted by source already (the identity).
+
+    The dense-tile backward's dq launch knows an edge by its mask bit, whose rank
+    among the row's bits is the edge's rank by source; it writes the edge's
+    weights at this position. The layout keeps each row's edges in their input
+    order (a stable sort by destination), so the rows need not be sorted. One
+    host synchronisation (the sortedness test), and a sort of ``E`` int64 keys
+    where a row is not sorted.
+    """
+    E = col.numel()
+    if E < 2:
+        return None
+    key = csr_row.long() * max(num_src, 1) + col.long()
+    if not bool((key[1:] < key[:-1]).any()):
+        return None
+    return torch.sort(key, stable=True).indices.to(torch.int32)
+
+
+def layout_tiles_t(layout) -> Optional[BackwardTiles]:
+    r"""The layout's :class:`~pyg_dfgnn.derived.BackwardTiles`: the tile plan of
+    the transposed graph (:func:`build_tile_plan` over the CSC: blocks of
+    :data:`TILE_ROWS` source rows, windows of destination rows) and the rank map
+    of :func:`rank_positions`, built on first use and kept in
+    ``layout.derived.tile_plan_t``. ``None`` on CPU layouts and inside a
+    ``torch.compile`` region while not built yet (as :func:`layout_tiles`)."""
+    if not layout.col.is_cuda:
+        return None
+    entry = layout.derived.tile_plan_t
+    if entry is None:
+        if torch.compiler.is_compiling():
+            return None
+        # The source of each CSC edge: col through the CSC's CSR positions.
+        src = layout.col[layout.perm.long()]
+        tiles_t = build_tile_plan(layout.colptr, layout.row, src, layout.num_src,
+                                  layout.num_dst)
+        del src
+        rank_pos = None if tiles_t is None else rank_positions(layout.col, layout.csr_row,
+                                                               layout.num_src)
+        entry = layout.derived.tile_plan_t = BackwardTiles(tiles_t, rank_pos)
+    return entry
