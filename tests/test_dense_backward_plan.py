@@ -2,11 +2,13 @@
 reads and how the kernel plan picks it: the transposed graph's tile plan, the
 map from an edge's rank in its row to its CSR position, the plan field
 dense_backward (rule, override, flags, kernel names, why) and the plan object's
-parts. The tile plans live on CUDA layouts only, so the plan tests stand in
-tile plans for a CPU layout."""
+parts, and the C++ plan object's checks of them (with the extension). The
+tile plans live on CUDA layouts only, so the plan tests stand in tile plans
+for a CPU layout."""
 import pytest
 import torch
 
+import pyg_dfgnn
 from pyg_dfgnn.derived import BackwardTiles, Derived
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import calls, plan, tiles
@@ -233,3 +235,33 @@ def test_mask_ranks_find_each_edges_csr_position(sort):
                         seen += 1
                 rank += bin(word).count("1")
     assert seen > lay.num_edges // 2  # most edges sit in dense blocks
+
+
+@pytest.mark.skipif(not pyg_dfgnn.HAS_EXTENSION,
+                    reason="needs the compiled extension pyg_dfgnn._C")
+def test_plan_object_checks_the_transposed_plan(tiled):
+    """The C++ plan object takes tiles_t exactly where dense_backward is set and
+    the CSC comes (a call that records a backward), and checks it and rank_pos."""
+    lay = tiled.lay
+    p = plan.plan_for(lay, BF16, 64)
+    t, ints, floats = calls.plan_parts(lay, p, need_grad=True)
+
+    def build(tensors=t, flags=ints):
+        return torch.classes.dfgnn.Plan("dot", tensors, flags, floats)
+    build()  # well formed
+    build(*calls.plan_parts(lay, p, need_grad=False)[:2])  # no backward: no tiles_t
+    no_t = {k: v for k, v in t.items() if k not in ("tiles_t", "rank_pos")}
+    with pytest.raises(RuntimeError, match="tiles_t"):
+        build(no_t)
+    with pytest.raises(RuntimeError, match="tiles_t"):
+        build(flags={**ints, "dense_backward": 0})
+    with pytest.raises(RuntimeError, match="needs mma_backward=1"):
+        build(flags={**ints, "mma_backward": 0})
+    with pytest.raises(RuntimeError, match="rank_pos is the dense-tile backward's"):
+        build({**no_t, "rank_pos": t["rank_pos"]}, {**ints, "dense_backward": 0})
+    with pytest.raises(RuntimeError, match="tiles_t must hold"):
+        build({**t, "tiles_t": t["tiles_t"][:8].clone()})
+    with pytest.raises(RuntimeError, match="rank_pos must have"):
+        build({**t, "rank_pos": t["rank_pos"][:-1].clone()})
+    with pytest.raises(RuntimeError, match="tiles_t must be 16-byte aligned"):
+        build({**t, "tiles_t": torch.zeros(t["tiles_t"].numel() + 1, dtype=torch.int32)[1:]})

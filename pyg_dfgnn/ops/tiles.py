@@ -241,8 +241,9 @@ def layout_tiles_t(layout) -> Optional[BackwardTiles]:
     if entry is None:
         if torch.compiler.is_compiling():
             return None
-        # The source of each CSC edge: col through the CSC's CSR positions.
-        src = layout.col[layout.perm.long()]
+        # The source of each CSC edge: col through the CSC's CSR positions (an
+        # int32 index: no int64 copy of perm).
+        src = layout.col.index_select(0, layout.perm)
         tiles_t = build_tile_plan(layout.colptr, layout.row, src, layout.num_src,
                                   layout.num_dst)
         del src
