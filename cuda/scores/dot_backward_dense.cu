@@ -36,6 +36,10 @@
 // included: an edge's CSR position is its row's first edge plus its rank among
 // the row's edges ordered by source (its bit's rank in the row's masks), mapped
 // through rank_pos where the layout's CSR rows are not sorted by source.
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <atomic>
+
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"
@@ -314,10 +318,18 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
       constexpr int kC = decltype(C_)::value;
       constexpr int kSmem = dense_bwd_smem<kC, T>(KV);
       auto kern = KV ? gt_bwd_dkv_dense_kernel<T, kC> : gt_bwd_dq_dense_kernel<T, kC>;
-      // Above 48 KB (C = 128: 64 KB) the block opts in to more dynamic shared memory.
-      if (kSmem > 48 * 1024)
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kSmem));
+      // Above 48 KB (C = 128: 64 KB) the kernel opts in to more dynamic shared
+      // memory, once per device (the attribute lives in the device's context; a
+      // driver call on every call would lengthen the host-bound small-graph path).
+      if constexpr (kSmem > 48 * 1024) {
+        static std::atomic<uint64_t> opted{0};  // bit d: done on device d
+        const int dev = c10::cuda::current_device();
+        if (dev >= 64 || !((opted.load() >> dev) & 1u)) {
+          C10_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              kSmem));
+          if (dev < 64) opted.fetch_or(uint64_t{1} << dev);
+        }
+      }
       kern<<<ceil_div(n_res, kDenseRows), kDenseThreads, kSmem, stream>>>(a);
       check_launch();
     };
