@@ -3,9 +3,9 @@ r"""The kernel plan: which fused kernels a call runs, decided in one place.
 A :class:`Plan` holds the kernel choices of a call: the fusion method (SMMF or
 PMF, paper §4.2), the work-item chunk and order, vector or scalar row accesses,
 two rows per warp, the tensor-core and dense-tile forward, how split rows are
-merged, and the backward's launches and tensor-core walks. :func:`plan_for`
-computes it once per (layout, score, dtype, head size, flags) from everything the
-CUDA side could look at and keeps it in the layout's
+merged, and the backward's launches, tensor-core walks and dense tiles.
+:func:`plan_for` computes it once per (layout, score, dtype, head size, flags)
+from everything the CUDA side could look at and keeps it in the layout's
 :class:`~pyg_dfgnn.derived.Derived`; the ops pass it to ``torch.ops.dfgnn`` in the
 plan object (:mod:`pyg_dfgnn.ops.calls`), and the C++ side runs what it says or
 raises where a call cannot run it; that includes the cosine score's choice between
