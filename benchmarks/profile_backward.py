@@ -91,9 +91,10 @@ PROFILE_STEPS = 5
 #: Bytes of the L2 flush before each profiled step (the H100's L2 is 50 MB).
 FLUSH_BYTES = 256 * 2**20
 #: The backward kernels (``cuda/kernels/row_backward.cuh``,
-#: ``dot_backward_mma.cu``, ``additive_backward.cu``).
+#: ``dot_backward_mma.cu``, ``dot_backward_dense.cu``, ``additive_backward.cu``).
 NCU_KERNELS = "row_bwd_dq_kernel|row_bwd_dkv_kernel|" \
               "row_bwd_one_launch_kernel|gt_bwd_dq_mma_kernel|gt_bwd_dkv_mma_kernel|" \
+              "gt_bwd_dq_dense_kernel|gt_bwd_dkv_dense_kernel|" \
               "gat_bwd_dst_kernel|gat_bwd_src_kernel"
 #: A few counters: each needs replays of the kernel, so the set stays small.
 NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -114,6 +115,7 @@ KERNEL_PHASE = {"row_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
                 "row_bwd_dq_kernel": "gt_bwd_dq", "row_bwd_dkv_kernel": "gt_bwd_dkv",
                 "row_bwd_one_launch_kernel": "gt_bwd_one_launch",
                 "gt_bwd_dq_mma_kernel": "gt_bwd_dq", "gt_bwd_dkv_mma_kernel": "gt_bwd_dkv",
+                "gt_bwd_dq_dense_kernel": "gt_bwd_dq", "gt_bwd_dkv_dense_kernel": "gt_bwd_dkv",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
 FORWARD_PHASES = ("gt_fwd", "gat_fwd")

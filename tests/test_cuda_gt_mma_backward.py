@@ -58,7 +58,9 @@ def test_mma_backward_matches_reference_and_cuda_cores(graph, H, C, dtype, plan_
     g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
     with torch.no_grad():
         g[::5] *= 10  # rows of different gradient scales
-    plan_override(mma_backward=True)
+    # The sparse walks themselves: on the batch (dense tiles) the plan would run
+    # their dense-tile form (test_cuda_dense_backward.py).
+    plan_override(mma_backward=True, dense_backward=False)
     tc, names = _grads(lay, q, k, v, g)
     assert DQ_KERNEL in names and DKV_KERNEL in names
     plan_override(mma_backward=False)
@@ -80,7 +82,7 @@ def test_mma_backward_matches_reference_and_cuda_cores(graph, H, C, dtype, plan_
 
 def test_mma_backward_is_deterministic(plan_override):
     """One writer per output element (no atomics): two backwards agree bitwise."""
-    plan_override(chunk=CHUNK, mma_backward=True)
+    plan_override(chunk=CHUNK, mma_backward=True, dense_backward=False)
     torch.manual_seed(3)
     lay = _graph("dense")
     q, k, v = qkv(lay, 2, 64, torch.bfloat16, requires_grad=True)
