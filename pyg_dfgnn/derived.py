@@ -52,17 +52,21 @@ class Derived:
             (:mod:`pyg_dfgnn.node_order`) per :data:`RankKey`.
         tile_plan (TilePlan, optional): the dense-tile plan once built.
         max_out_degree (int, optional): largest out-degree once computed.
+        edge_pos (Tensor, optional): ``[E]`` int64, the CSR position of each input
+            edge (the inverse of the layout's ``edge_perm``) once computed.
         plans (dict): kernel plans (:class:`pyg_dfgnn.ops.plan.Plan`) by their key.
         calls (dict): the fused ops' prepared layout arguments by their key
             (tuples of this layout's tensors; rebuilt rather than moved).
     """
-    __slots__ = ("work", "node_rank", "tile_plan", "max_out_degree", "plans", "calls")
+    __slots__ = ("work", "node_rank", "tile_plan", "max_out_degree", "edge_pos", "plans",
+                 "calls")
 
     def __init__(self):
         self.work: Dict[WorkKey, Work] = {}
         self.node_rank: Dict[RankKey, Tensor] = {}
         self.tile_plan: Optional[TilePlan] = None
         self.max_out_degree: Optional[int] = None
+        self.edge_pos: Optional[Tensor] = None
         self.plans: Dict[Hashable, object] = {}
         self.calls: Dict[Hashable, tuple] = {}
 
@@ -90,6 +94,7 @@ class Derived:
             tp = self.tile_plan
             new.tile_plan = tp._replace(tiles=None if tp.tiles is None else tp.tiles.to(device))
         new.max_out_degree = self.max_out_degree
+        new.edge_pos = None if self.edge_pos is None else self.edge_pos.to(device)
         return new
 
     def tensors(self):
@@ -100,3 +105,5 @@ class Derived:
         yield from self.node_rank.values()
         if self.tile_plan is not None and self.tile_plan.tiles is not None:
             yield self.tile_plan.tiles
+        if self.edge_pos is not None:
+            yield self.edge_pos
