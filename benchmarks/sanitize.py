@@ -249,16 +249,7 @@ def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     _check(name + " out", out, ref, tol)
     _check(name + " dx", x.grad, x64.grad, tol)
-    tol_beta = tol
-    if dtype != torch.float32:
-        # dbeta sums a term per edge that nearly cancels on some draws (0.68 off in
-        # bf16 on one super-node draw, 3e-3 on the next): its half-precision error
-        # is compared with the reference's own in the same dtype, as the layers'.
-        xn = x.detach().cpu().requires_grad_()
-        bn = beta.detach().cpu().requires_grad_()
-        ops.agnn_attention(lay64, xn, None, bn).backward(g.cpu())
-        tol_beta = max(tol, NATIVE_FACTOR * _rel(bn.grad.reshape(1), b64.grad.reshape(1)))
-    _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol_beta)
+    _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol)
 
 
 def layers_case(dtype, autocast):
