@@ -1,14 +1,15 @@
 r"""Per-edge rows moved between a layout's input edge order and its CSR order
 (:meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`) as scatters.
 
-On CUDA (torch 2.11, NVIDIA H200) a row gather by a permutation of 6.07M edges
-(PATTERN) takes 3.65 ms whatever the row width (4 to 128 floats): ``index_select``,
-advanced indexing, ``gather`` and ``embedding`` all run one gather kernel whose
-time follows the number of rows. The same move written as a scatter through the
-inverse permutation (``index_copy_``) takes 0.38 ms for 4 floats per row, 0.44 ms
-for 16 and 2.6 ms for 128 (``docs/scores.md``, "Per-edge inputs"). A permutation
-has no repeated index, so the scatter is deterministic, and its gradient is the
-scatter the other way. On the CPU the gather is the faster for rows up to 16 floats.
+On CUDA a row gather by a permutation of 6.07M edges takes 3.65 ms whatever the row
+width (4 to 128 floats): ``index_select``, advanced indexing, ``gather`` and
+``embedding`` all run one gather kernel whose time follows the number of rows. The
+same move written as a scatter through the inverse permutation (``index_copy_``)
+takes 0.12 to 0.38 ms for 4 floats per row, 0.39 to 0.44 ms for 16 and 2.5 ms for
+128 (PATTERN's permutation, a random one; ``docs/scores.md``, "Per-edge inputs"). A
+permutation has no repeated index, so the scatter is deterministic, and its gradient
+is the scatter the other way. On the CPU the gather is the faster for rows up to 16
+floats.
 """
 from __future__ import annotations
 
