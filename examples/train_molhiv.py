@@ -304,7 +304,7 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
 
     Every step reads a new ``edge_index`` (a copy made before the timing), so the
     fused step builds its layout in each, as in training, where every batch is
-    new. Each batch holds ``batch_size`` molecules; where ``train_idx`` holds
+    new. The implementations' timed steps alternate, one step each in turn. Each batch holds ``batch_size`` molecules; where ``train_idx`` holds
     fewer than ``warmup + steps`` batches, they repeat.
 
     Returns:
@@ -331,6 +331,7 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
         batches = [b.to(device) for b in itertools.islice(itertools.cycle(loader),
                                                           warmup + steps)]
         timed = range(warmup, warmup + steps)
+        runs = {}
         for impl in impls:
             model = copy.deepcopy(base)
             if impl == "fused":
@@ -338,34 +339,44 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
             model.train()
             opt = torch.optim.Adam(model.parameters(), lr=lr)
             torch.manual_seed(seed)
-            edges = [b.edge_index.clone() for b in batches]
+            runs[impl] = {"model": model, "opt": opt, "wall": [], "span": [],
+                          "edges": [b.edge_index.clone() for b in batches]}
 
+        def step_of(run):
             def step(i: int) -> None:
-                opt.zero_grad(set_to_none=True)
-                _loss(model, batches[i], edges[i]).backward()
-                opt.step()
+                run["opt"].zero_grad(set_to_none=True)
+                _loss(run["model"], batches[i], run["edges"][i]).backward()
+                run["opt"].step()
+            return step
 
+        for impl in impls:
             for i in range(warmup):
-                step(i)
-            wall, span = [], []
-            for i in timed:
+                step_of(runs[impl])(i)
+        # The implementations alternate step by step (each going first in turn): the
+        # host's speed drifts within seconds, and a drift then reaches both alike.
+        for n, i in enumerate(timed):
+            order = impls if n % 2 == 0 else tuple(reversed(impls))
+            for impl in order:
+                run = runs[impl]
                 _sync(device)
                 t0 = time.perf_counter()
                 with Timer(device) as t:
-                    step(i)
+                    step_of(run)(i)
                 _sync(device)
-                wall.append((time.perf_counter() - t0) * 1e3)
-                span.append(t.elapsed())
+                run["wall"].append((time.perf_counter() - t0) * 1e3)
+                run["span"].append(t.elapsed())
+        for impl in impls:
+            run = runs[impl]
             gpu = None
             if cuda:
-                edges = [b.edge_index.clone() for b in batches]  # new layouts again
-                gpu = kernel_categories(step, timed)["gpu_ms"]
+                run["edges"] = [b.edge_index.clone() for b in batches]  # new layouts again
+                gpu = kernel_categories(step_of(run), timed)["gpu_ms"]
             row = {"batch_size": bs, "impl": impl, "steps": steps,
                    "molecules": statistics.fmean(batches[i].num_graphs for i in timed),
                    "nodes": statistics.fmean(batches[i].num_nodes for i in timed),
                    "edges": statistics.fmean(batches[i].edge_index.size(1) for i in timed),
-                   "wall_ms": statistics.median(wall),
-                   "event_ms": statistics.median(span) if cuda else None,
+                   "wall_ms": statistics.median(run["wall"]),
+                   "event_ms": statistics.median(run["span"]) if cuda else None,
                    "gpu_ms": gpu, "host_ms": None, "host_share": None}
             if gpu is not None:
                 row["host_ms"] = row["wall_ms"] - gpu
