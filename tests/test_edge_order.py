@@ -87,3 +87,30 @@ def test_cached_inverse_moves_and_copies_with_the_layout():
         assert torch.equal(edge_order.permute_rows(e, other.edge_perm, other.derived.edge_pos),
                            want)
     assert any(t is lay.derived.edge_pos for t in lay.derived.tensors())
+
+
+@pytest.mark.parametrize("dtype", (torch.float64, torch.bfloat16))
+def test_compact_is_the_boolean_selection_with_its_gradient(dtype):
+    gen = torch.Generator().manual_seed(2)
+    ei = torch.randint(0, 20, (2, 300), generator=gen)
+    keep = ei[0] != ei[1]
+    x = torch.randn(300, 5, generator=gen).to(dtype).requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    ei_k, got = edge_order.compact(keep, int(keep.sum()), ei, x)
+    want = x_ref[keep]
+    assert torch.equal(ei_k, ei[:, keep]) and torch.equal(got, want)
+    g = torch.randn(want.shape, generator=gen).to(dtype)
+    got.backward(g)
+    want.backward(g)
+    assert torch.equal(x.grad, x_ref.grad)  # zeros on the dropped rows
+
+
+def test_compact_keeps_everything_or_nothing():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    x = torch.randn(3, 2, requires_grad=True)
+    ei_k, got = edge_order.compact(torch.ones(3, dtype=torch.bool), 3, ei, x)
+    assert torch.equal(ei_k, ei) and torch.equal(got, x)
+    ei_k, got = edge_order.compact(torch.zeros(3, dtype=torch.bool), 0, ei, x)
+    assert ei_k.shape == (2, 0) and got.shape == (0, 2)
+    got.sum().backward()
+    assert torch.equal(x.grad, torch.zeros(3, 2))
