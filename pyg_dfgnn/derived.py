@@ -71,12 +71,14 @@ class Derived:
         tile_plan_t (BackwardTiles, optional): the dense-tile backward's
             transposed plan and rank map once built.
         max_out_degree (int, optional): largest out-degree once computed.
+        edge_pos (Tensor, optional): ``[E]`` int64, the CSR position of each input
+            edge (the inverse of the layout's ``edge_perm``) once computed.
         plans (dict): kernel plans (:class:`pyg_dfgnn.ops.plan.Plan`) by their key.
         calls (dict): the fused ops' prepared layout arguments by their key
             (tuples of this layout's tensors; rebuilt rather than moved).
     """
-    __slots__ = ("work", "node_rank", "tile_plan", "tile_plan_t", "max_out_degree", "plans",
-                 "calls")
+    __slots__ = ("work", "node_rank", "tile_plan", "tile_plan_t", "max_out_degree", "edge_pos",
+                 "plans", "calls")
 
     def __init__(self):
         self.work: Dict[WorkKey, Work] = {}
@@ -84,6 +86,7 @@ class Derived:
         self.tile_plan: Optional[TilePlan] = None
         self.tile_plan_t: Optional[BackwardTiles] = None
         self.max_out_degree: Optional[int] = None
+        self.edge_pos: Optional[Tensor] = None
         self.plans: Dict[Hashable, object] = {}
         self.calls: Dict[Hashable, tuple] = {}
 
@@ -114,6 +117,7 @@ class Derived:
             new.tile_plan_t = BackwardTiles(*(None if t is None else t.to(device)
                                               for t in self.tile_plan_t))
         new.max_out_degree = self.max_out_degree
+        new.edge_pos = None if self.edge_pos is None else self.edge_pos.to(device)
         return new
 
     def tensors(self):
@@ -126,3 +130,5 @@ class Derived:
             yield self.tile_plan.tiles
         if self.tile_plan_t is not None:
             yield from (t for t in self.tile_plan_t if t is not None)
+        if self.edge_pos is not None:
+            yield self.edge_pos

@@ -170,8 +170,9 @@ def test_plan_runs_what_the_score_has(plan_override):
     p = records[0].plan
     assert (p.method, p.mma, p.two_rows, p.bwd_one_launch, p.mma_backward) == \
         ("smmf", False, False, False, False) and p.dense_cells == 0
-    assert [k for k, _ in p.kernels(backward=True)][:2] == \
-        [f"{SCORE}:dq_walk", f"{SCORE}:dkv_walk"]
+    # bf16: D from the forward's float32 rows first (out_dsum), then the two walks
+    assert [k for k, _ in p.kernels(backward=True)][:3] == \
+        ["out_dsum", f"{SCORE}:dq_walk", f"{SCORE}:dkv_walk"]
     with pytest.raises(ValueError, match="no PMF path"):
         call(lay, *leaves, strategy="pmf")
     for field in (dict(bwd_launches=1), dict(mma=True), dict(mma_backward=True),

@@ -267,3 +267,31 @@ def test_processed_hiv_is_what_rdkit_parses(processed):
     assert size < 1024 * len(datasets.moleculenet_hiv(processed))
     with pytest.raises(FileExistsError):
         datasets.process_hiv(processed, limit=10)
+
+
+def test_compile_wraps_both_models_in_training_and_sweep(mh, monkeypatch):
+    """--compile: every model that trains or is timed runs through
+    torch.compile(dynamic=True); the parameters trained are the model's own."""
+    calls = []
+
+    def fake_compile(model, **kwargs):
+        calls.append((type(model).__name__, kwargs))
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    mols = _molecules()
+    torch.manual_seed(0)
+    base = mh.MoleculeModel("gat", hidden=16, heads=2, layers=2, dropout=0.1)
+    rows = mh.sweep(base, mols, torch.arange(16), [4], ["native", "fused"], steps=2,
+                    lr=1e-2, seed=0, device=torch.device("cpu"), warmup=1, compiled=True)
+    assert len(rows) == 2 and len(calls) == 2
+    model = mh.MoleculeModel("gat", hidden=16, heads=2, layers=2, dropout=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    n = len(mols)
+    loaders = mh.make_loaders(mols, {"train": torch.arange(n // 2),
+                                     "val": torch.arange(n // 2, 3 * n // 4),
+                                     "test": torch.arange(3 * n // 4, n)}, 4, 0)
+    mh.train_one(model, loaders, 1, 1e-2, 0, torch.device("cpu"), progress=False,
+                 compiled=True)
+    assert calls[-1] == ("MoleculeModel", {"dynamic": True}) and len(calls) == 3
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))

@@ -13,7 +13,7 @@ from torch_geometric.typing import SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor
 from torch_geometric.utils.sparse import set_sparse_value
 
-from .. import extension
+from .. import edge_order, extension
 from ..ops.plan import STRATEGIES
 
 # MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
@@ -292,7 +292,8 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     self-loops, the input's loops removed (as PyG's ``remove_self_loops``, without
     its host synchronisation) and PyG's ``add_self_loops`` (``conv.fill_value``, one
     loop per node below :math:`\min(N_s, N_t)`), in every call as in PyG;
-    ``feats`` as they are otherwise.
+    ``feats`` as they are otherwise. On CUDA the loops are dropped by scatters
+    (:func:`pyg_dfgnn.edge_order.compact`).
 
     Raises:
         RuntimeError: as PyG's ``add_self_loops`` (a reducing ``fill_value``
@@ -306,9 +307,14 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     # layout (its edges less the loops it appended): a boolean mask's selection
     # waits for the GPU to count them (a host synchronisation per layer and call)
     # and has a data-dependent shape under torch.compile.
-    kept = torch.nonzero_static(ei[0] != ei[1], size=layout.num_edges - n_loops).view(-1)
-    _, feats = add_self_loops(ei.index_select(1, kept), feats.index_select(0, kept),
-                              fill_value=conv.fill_value, num_nodes=n_loops)
+    keep, num_kept = ei[0] != ei[1], layout.num_edges - n_loops
+    if feats.is_cuda and not torch.compiler.is_compiling():
+        # Scatters: a CUDA row gather costs a fixed time per row (pyg_dfgnn.edge_order).
+        ei, feats = edge_order.compact(keep, num_kept, ei, feats)
+    else:
+        kept = torch.nonzero_static(keep, size=num_kept).view(-1)
+        ei, feats = ei.index_select(1, kept), feats.index_select(0, kept)
+    _, feats = add_self_loops(ei, feats, fill_value=conv.fill_value, num_nodes=n_loops)
     return feats
 
 

@@ -216,7 +216,11 @@ def recording():
 
 def record(spec: ScoreSpec, layout, plan: Optional[_plan.Plan], need_grad: bool,
            value: Tensor, why: str = "") -> None:
-    """Adds a call to the innermost :func:`recording` block, if any."""
+    """Adds a call to the innermost :func:`recording` block, if any; none while
+    ``torch.compile`` traces (a trace runs once for many calls, and some
+    versions' Dynamo cannot read a context variable)."""
+    if torch.compiler.is_compiling():
+        return
     records = _RECORDS.get()
     if records is not None:
         records.append(CallRecord(spec.name, layout, plan, need_grad, value.dtype,
