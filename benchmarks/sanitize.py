@@ -403,7 +403,7 @@ def _node_cases(G, gen, args) -> None:
             gt_case(f"gt batch mma {dt} C{C} tc-bwd", *G["batch"], 2, C, dt, mma_bwd=True,
                     dense_bwd=False)
             gt_case(f"gt batch dense {dt} C{C} dense-bwd", *G["batch"], 2, C, dt,
-                    dense="force", mma_bwd=True)
+                    dense="force", mma_bwd=True, dense_bwd=True)
         for kind in ("super_node", "bipartite"):
             gt_case(f"gt {kind} {dt} H2C64 tc-bwd", *G[kind], 2, 64, dt, mma_bwd=True)
     gt_case("gt batch fp32 attn", *G["batch"], 4, 32, f32, attn=True)

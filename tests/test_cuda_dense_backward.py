@@ -97,9 +97,11 @@ def test_dense_backward_matches_reference(graph, dtype, H, C, plan_override):
         # Rows whole (chunk 512), the tensor-core walks on this small graph, every
         # block dense that can be.
         plan_override(chunk=512, mma_backward=True, dense_tiles="force")
+    if C not in plan.DENSE_BACKWARD_HEAD_SIZES:
+        plan_override(dense_backward=True)  # not by default: forced
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     p = plan.plan_for(lay, dtype, C)
-    assert p.dense_backward, p.why  # PATTERN-like: by the default rules
+    assert p.dense_backward, p.why  # PATTERN-like, 128 channels: by the default rules
     entry = tiles.layout_tiles_t(lay)
     assert (entry.rank_pos is None) == (graph == "pattern_sorted")
     if graph == "mixed":  # dense and sparse blocks in both plans
@@ -135,12 +137,13 @@ def test_dense_backward_matches_reference(graph, dtype, H, C, plan_override):
 
 @pytest.mark.parametrize("sort", [False, True])
 @pytest.mark.parametrize("dtype", HALF)
-def test_dense_backward_writes_every_edges_weights(dtype, sort):
+def test_dense_backward_writes_every_edges_weights(dtype, sort, plan_override):
     """The dq launch's dense blocks write each edge's (P, dS) at the CSR position
     of its rank in its row (through the rank map where rows are unsorted): with
     every block of the transposed plan sent to the sparse units, which read
     those weights, dk and dv still match the reference."""
     ei, ns, nd = _pattern(sort)
+    plan_override(dense_backward=True)  # 64 channels: not by default
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     assert plan.plan_for(lay, dtype, 64).dense_backward
     entry = tiles.layout_tiles_t(lay)

@@ -718,7 +718,8 @@ def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
         split, split_ints, _ = plan_parts(lay, torch.bfloat16, 64)
     assert split_ints["row_slots"] > 0
     pmf = {"pmf": 1}
-    no_tiles = {"tiles": None, "dense_cells": 0.0}
+    no_tiles = {"tiles": None, "dense_cells": 0.0, "dense_backward": 0, "tiles_t": None,
+                "rank_pos": None}
     two_rows = {"two_rows": 1, "mma": 0, **no_tiles}
     split_items = {"row_items": split["row_items"], "row_combine": split["row_combine"],
                    "row_slots": split_ints["row_slots"]}

@@ -171,7 +171,7 @@ def test_dense_backward_override(tiled):
         assert [k for k, _ in p.kernels(backward=True)] == ["out_dsum", "dot:dq_mma",
                                                             "dot:dkv_mma"]
         assert dict(p.why)["dense_backward"] == "off (override)"
-    assert plan.plan_for(lay, BF16, 64).dense_backward  # the override is part of the key
+    assert plan.plan_for(lay, BF16, 128).dense_backward  # the override is part of the key
     with plan.override(dense_backward=True):
         assert plan.plan_for(lay, BF16, 64).dense_backward
         with plan.override(mma_backward=False), pytest.raises(ValueError, match="dense_backward"):
@@ -181,18 +181,30 @@ def test_dense_backward_override(tiled):
             pass
 
 
+def test_dense_backward_by_default_for_the_measured_head_sizes(tiled):
+    """Off by default where the dense dq measured slower (32 channels) or was not
+    measured (64); the override forces it there."""
+    assert plan.DENSE_BACKWARD_HEAD_SIZES == (128,)
+    for C in (32, 64):
+        p = plan.plan_for(tiled.lay, BF16, C)
+        assert p.dense_cells > 0 and p.mma_backward and not p.dense_backward
+        assert dict(p.why)["dense_backward"].startswith(f"off: heads of {C} channels")
+        with plan.override(dense_backward=True):
+            assert plan.plan_for(tiled.lay, BF16, C).dense_backward
+
+
 def test_dense_backward_off_without_a_dense_transposed_block(tiled):
     tiled.tiles_t = BackwardTiles(None, None)
-    p = plan.plan_for(tiled.lay, BF16, 64)
+    p = plan.plan_for(tiled.lay, BF16, 128)
     assert p.dense_cells > 0 and p.mma_backward and not p.dense_backward
     assert "no 64-source block" in dict(p.why)["dense_backward"]
     with plan.override(dense_backward=True), pytest.raises(ValueError, match="64-source"):
-        plan.plan_for(tiled.lay, BF16, 64)
+        plan.plan_for(tiled.lay, BF16, 128)
 
 
 def test_plan_parts_carry_the_transposed_plan_with_the_csc(tiled):
     lay = tiled.lay
-    p = plan.plan_for(lay, BF16, 64)
+    p = plan.plan_for(lay, BF16, 128)
     tensors, ints, _ = calls.plan_parts(lay, p, need_grad=True)
     assert tensors["tiles_t"] is tiled.tiles_t.tiles_t
     assert tensors["rank_pos"] is tiled.tiles_t.rank_pos

@@ -75,6 +75,12 @@ DENSE_MIN_FRACTION = 0.5
 #: faster on PATTERN / CLUSTER (4.3 / 5.9) and MNIST-like (17.6), slower on
 #: CIFAR10- (23.9) and COCO-SP-like (24.7) batches.
 DENSE_MAX_MEDIAN_CELLS = 20.0
+#: Head sizes whose fp16 / bf16 backward runs over dense tiles by default. On a
+#: PATTERN-like bf16 batch the two dense launches take 0.51 ms at 1 x 128 against
+#: 0.92 ms of sparse tensor-core walks, but at 4 x 32 the dense dq alone takes
+#: 1.26 ms against the sparse dq's 0.59 (its dkv, 0.28 against 0.62, gains); 64
+#: channels are unmeasured. ``plan.override(dense_backward=True)`` forces the others.
+DENSE_BACKWARD_HEAD_SIZES = (128,)
 #: Inside a dense-tile launch, a block whose window holds more cells per edge
 #: than this runs the sparse units.
 DENSE_BLOCK_MAX_CELLS = 24.0
@@ -599,7 +605,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
         why.append(("bwd_launches", "tensor-core walks" if mma_bwd else
                     f"{layout.num_edges} edges {'<' if one_launch else '>='} "
                     f"{ONE_LAUNCH_BWD_MAX_EDGES}: {'one launch' if bwd_one_launch else 'two'}"))
-    dense_bwd, final_t = _dense_backward(layout, o, dense_cells > 0 and bool(mma_bwd), why)
+    dense_bwd, final_t = _dense_backward(layout, o, dense_cells > 0 and bool(mma_bwd), why,
+                                         head_size)
     final = final and final_t
     merge = smmf and not capturing
     bwd_merge = dtype == torch.float32 and not capturing
@@ -613,11 +620,14 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                 split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd), final
 
 
-def _dense_backward(layout, o: dict, possible: bool, why: list) -> Tuple[bool, bool]:
+def _dense_backward(layout, o: dict, possible: bool, why: list,
+                    head_size: int) -> Tuple[bool, bool]:
     """``(dense_backward, final)``: the tensor-core backward over dense tiles
     wherever the forward runs them (``possible``: dense tiles and
-    ``mma_backward``) and the transposed graph has a block that can run dense,
-    unless the ``dense_backward`` override says no."""
+    ``mma_backward``), the head size is one of :data:`DENSE_BACKWARD_HEAD_SIZES`
+    and the transposed graph has a block that can run dense, unless the
+    ``dense_backward`` override says otherwise (``True`` also forces other head
+    sizes)."""
     asked = o.get("dense_backward")
     if asked is False or not possible:
         if asked:
@@ -626,6 +636,11 @@ def _dense_backward(layout, o: dict, possible: bool, why: list) -> Tuple[bool, b
                              "backward (mma_backward)")
         if possible:
             why.append(("dense_backward", "off (override)"))
+        return False, True
+    if asked is None and head_size not in DENSE_BACKWARD_HEAD_SIZES:
+        why.append(("dense_backward", f"off: heads of {head_size} channels (the dense "
+                                      f"backward runs by default for "
+                                      f"{', '.join(map(str, DENSE_BACKWARD_HEAD_SIZES))})"))
         return False, True
     entry = layout_tiles_t(layout)
     if entry is None:  # a tile plan not built inside torch.compile
