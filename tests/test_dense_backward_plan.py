@@ -255,7 +255,7 @@ def test_plan_object_checks_the_transposed_plan(tiled):
     """The C++ plan object takes tiles_t exactly where dense_backward is set and
     the CSC comes (a call that records a backward), and checks it and rank_pos."""
     lay = tiled.lay
-    p = plan.plan_for(lay, BF16, 64)
+    p = plan.plan_for(lay, BF16, 128)
     t, ints, floats = calls.plan_parts(lay, p, need_grad=True)
 
     def build(tensors=t, flags=ints):
