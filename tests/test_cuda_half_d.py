@@ -15,7 +15,7 @@ import torch
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import spec as _spec
-from conftest import layer_grad_floor, rel_err_floor
+from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
 from test_cuda_gt import DEV, poison, random_graph, rel_err
 
 pytestmark = pytest.mark.cuda
@@ -107,8 +107,31 @@ def test_half_gradients_with_alike_neighbours(score, strategy, fields, dtype, pl
     # a gradient that is 0 in exact arithmetic holds the rounding noise of the
     # terms it sums: compared against the inputs' largest gradient (conftest)
     floor = layer_grad_floor([want for _, want in pairs])
+    native = _native_agnn_grads(lay, ins, g) if score == "cosine" else None
     for i, (got, want) in enumerate(pairs):
-        assert rel_err_floor(got, want, floor) < 1e-2, (score, i)
+        bound = 1e-2
+        if native is not None:
+            # d beta sums dS_ij cos_ij over rows of alike cosines, nearly 0: rounding
+            # the normalised rows to the half type alone moves it by more than its
+            # value (a float64 emulation: 136 % on these inputs), in any half
+            # evaluation. Over 1e-2 it may be NATIVE_FACTOR times PyG's AGNNConv's
+            # own error in the same dtype.
+            bound = max(bound, NATIVE_FACTOR * rel_err_floor(native[i], want, floor))
+        assert rel_err_floor(got, want, floor) < bound, (score, i)
+
+
+def _native_agnn_grads(lay, ins, g):
+    """Gradients of x and beta of PyG's AGNNConv evaluated in the half dtype of
+    ``ins`` (one conv per head; beta shared by the heads, as the op's)."""
+    from torch_geometric.nn import AGNNConv
+    x, beta = ins
+    xs = x.detach().clone().requires_grad_()
+    b = torch.nn.Parameter(beta.detach().clone().to(x.dtype))
+    for h in range(x.size(1)):
+        conv = AGNNConv(requires_grad=True, add_self_loops=False).to(DEV)
+        conv.beta = b  # one parameter for every head
+        conv(xs[:, h], lay.edge_index).backward(g[:, h])
+    return xs.grad, b.grad.float().reshape(beta.shape)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32,) + HALF)
