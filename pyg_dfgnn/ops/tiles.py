@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..derived import BackwardTiles, TilePlan
+from .reference import csr_dst
 
 #: Destination rows per block of the dense-tile kernel (``kDenseRows``).
 TILE_ROWS = 64
@@ -228,6 +229,15 @@ def rank_positions(col: Tensor, csr_row: Tensor, num_src: int) -> Optional[Tenso
     return torch.sort(key, stable=True).indices.to(torch.int32)
 
 
+def transposed_tile_plan(layout) -> Optional[Tensor]:
+    r""":func:`build_tile_plan` over ``layout``'s CSC (the transposed graph: blocks
+    of :data:`TILE_ROWS` source rows, windows of destination rows), any device."""
+    # The source of each CSC edge, from the column pointers: a gather of col
+    # through perm would cost a fixed time per edge on CUDA (pyg_dfgnn.edge_order).
+    src = csr_dst(layout.colptr, layout.num_edges)
+    return build_tile_plan(layout.colptr, layout.row, src, layout.num_src, layout.num_dst)
+
+
 def layout_tiles_t(layout) -> Optional[BackwardTiles]:
     r"""The layout's :class:`~pyg_dfgnn.derived.BackwardTiles`: the tile plan of
     the transposed graph (:func:`build_tile_plan` over the CSC: blocks of
@@ -241,12 +251,7 @@ def layout_tiles_t(layout) -> Optional[BackwardTiles]:
     if entry is None:
         if torch.compiler.is_compiling():
             return None
-        # The source of each CSC edge: col through the CSC's CSR positions (an
-        # int32 index: no int64 copy of perm).
-        src = layout.col.index_select(0, layout.perm)
-        tiles_t = build_tile_plan(layout.colptr, layout.row, src, layout.num_src,
-                                  layout.num_dst)
-        del src
+        tiles_t = transposed_tile_plan(layout)
         rank_pos = None if tiles_t is None else rank_positions(layout.col, layout.csr_row,
                                                                layout.num_src)
         entry = layout.derived.tile_plan_t = BackwardTiles(tiles_t, rank_pos)
