@@ -20,18 +20,23 @@ import torch
 from torch import Tensor
 
 
-class _PermuteRows(torch.autograd.Function):
+class _ScatterRows(torch.autograd.Function):
+    r"""``out[index[j]] = values[j]`` into ``rows`` new rows; the gradient row
+    ``back[p]`` of ``values`` is the output gradient's row ``p``, the others 0 (none
+    where ``back`` has a row for each of ``values``': a permutation)."""
+
     @staticmethod
-    def forward(ctx, values: Tensor, perm: Tensor, pos: Tensor) -> Tensor:
-        ctx.save_for_backward(perm)
-        return torch.empty_like(values, memory_format=torch.contiguous_format).index_copy_(
-            0, pos, values)
+    def forward(ctx, values: Tensor, index: Tensor, rows: int, back: Tensor) -> Tensor:
+        ctx.save_for_backward(back)
+        ctx.num_rows = values.size(0)
+        return values.new_empty((rows, *values.shape[1:])).index_copy_(0, index, values)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (perm,) = ctx.saved_tensors
-        return (torch.empty_like(grad, memory_format=torch.contiguous_format).index_copy_(
-            0, perm, grad), None, None)
+        (back,) = ctx.saved_tensors
+        shape = (ctx.num_rows, *grad.shape[1:])
+        gx = grad.new_empty(shape) if back.numel() == ctx.num_rows else grad.new_zeros(shape)
+        return gx.index_copy_(0, back, grad[:back.numel()]), None, None, None
 
 
 def permute_rows(values: Tensor, perm: Tensor, pos: Tensor) -> Tensor:
@@ -45,7 +50,7 @@ def permute_rows(values: Tensor, perm: Tensor, pos: Tensor) -> Tensor:
         perm (Tensor): ``[E]`` int64, a permutation of ``0 .. E - 1``.
         pos (Tensor): ``[E]`` int64, ``inverse(perm)``.
     """
-    return _PermuteRows.apply(values, perm, pos)
+    return _ScatterRows.apply(values, pos, perm.numel(), perm)
 
 
 def inverse(perm: Tensor) -> Tensor:
@@ -53,22 +58,6 @@ def inverse(perm: Tensor) -> Tensor:
     same dtype and device."""
     return torch.empty_like(perm).index_copy_(
         0, perm, torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype))
-
-
-class _CompactRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values: Tensor, keep: Tensor, dest: Tensor, num_kept: int) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.num_kept = num_kept
-        out = values.new_empty((num_kept + 1, *values.shape[1:]))
-        return out.index_copy_(0, dest, values)[:num_kept]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        kept = torch.nonzero_static(keep, size=ctx.num_kept).view(-1)
-        shape = (keep.numel(), *grad.shape[1:])
-        return grad.new_zeros(shape).index_copy_(0, kept, grad), None, None, None
 
 
 def compact(keep: Tensor, num_kept: int, edge_index: Tensor,
@@ -87,4 +76,5 @@ def compact(keep: Tensor, num_kept: int, edge_index: Tensor,
     """
     dest = torch.where(keep, keep.cumsum(0) - 1, num_kept)
     ei = edge_index.new_empty((2, num_kept + 1)).index_copy_(1, dest, edge_index)[:, :num_kept]
-    return ei, _CompactRows.apply(values, keep, dest, num_kept)
+    kept = torch.nonzero_static(keep, size=num_kept).view(-1)  # the gradient's rows
+    return ei, _ScatterRows.apply(values, dest, num_kept + 1, kept)[:num_kept]
