@@ -209,6 +209,20 @@ def make_loaders(dataset, split: Dict[str, Tensor], batch_size: int, seed: int,
             for part, idx in split.items()}
 
 
+def on_device(loader, model: nn.Module, device: torch.device, with_csc: bool = True):
+    r"""``loader``'s batches copied to ``device`` one step ahead, each with the
+    layouts that ``model``'s fused convs read already cached on its
+    ``edge_index`` (:class:`~pyg_dfgnn.loader.LayoutPrefetchLoader`; a native
+    model's batches are only prefetched). Under ``torch.compile`` a layer that
+    finds no cached layout builds one at a graph break, every step, in every
+    layer; built here, outside the compiled region, the model stays one graph.
+    ``with_csc``: also build the CSC that the backward reads (training)."""
+    from pyg_dfgnn.loader import LayoutPrefetchLoader, layout_variants
+
+    return LayoutPrefetchLoader(loader, device, self_loops=layout_variants(model),
+                                with_csc=with_csc)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -229,8 +243,7 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> float:
     r"""ROC-AUC (:func:`roc_auc`) of ``model`` over ``loader``'s molecules."""
     model.eval()
     ys, scores = [], []
-    for batch in loader:
-        batch = batch.to(device)
+    for batch in on_device(loader, model, device, with_csc=False):
         scores.append(model(batch.x, batch.edge_index, batch.edge_attr, batch.batch,
                             batch.num_graphs).cpu())
         ys.append(batch.y.cpu())
@@ -248,13 +261,16 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         ROC-AUC, ``best_epoch`` (1-based), ``median_step_ms``,
         ``mean_step_ms``, ``median_epoch_s``, the per-step ``losses``, and per
         epoch ``epoch_s`` (the pass over ``loaders["train"]``: batching, the
-        copies to the device and the steps; evaluation left out),
+        copies to the device, the fused layers' layouts (:func:`on_device`) and
+        the steps; evaluation left out; a step's time leaves out the first
+        three, done one step ahead),
         ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``. With ``compiled``
         the model runs under ``torch.compile(dynamic=True)`` (its parameters are
         ``model``'s).
     """
     torch.manual_seed(seed)  # the same dropout masks for every implementation
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    train_batches = on_device(loaders["train"], model, device)
     if compiled:
         model = torch.compile(model, dynamic=True)
     losses: List[float] = []
@@ -268,8 +284,7 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         model.train()
         first = len(losses)
         t_epoch = time.perf_counter()
-        for batch in loaders["train"]:
-            batch = batch.to(device)
+        for batch in train_batches:
             _sync(device)
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -316,7 +331,8 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
 
     Every step reads a new ``edge_index`` (a copy made before the timing), so the
     fused step builds its layout in each, as in training, where every batch is
-    new. The implementations' timed steps alternate, one step each in turn.
+    new: inside the timed step, before the model's call (outside a compiled
+    region, :func:`on_device`). The implementations' timed steps alternate, one step each in turn.
     ``compiled``: both under ``torch.compile(dynamic=True)`` (the warm-up steps
     compile). Each batch holds ``batch_size`` molecules; where ``train_idx`` holds
     fewer than ``warmup + steps`` batches, they repeat.
@@ -335,8 +351,12 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
     """
     import itertools
 
+    from torch_geometric.data import Data
+
     from benchmarks.minibatch import Timer, kernel_categories
+    from pyg_dfgnn.loader import layout_variants
     from pyg_dfgnn.nn import fuse
+    from pyg_dfgnn.transforms import CacheLayout
 
     cuda = device.type == "cuda"
     rows: List[Dict[str, object]] = []
@@ -352,14 +372,19 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
                 fuse(model)
             model.train()
             opt = torch.optim.Adam(model.parameters(), lr=lr)
+            variants = layout_variants(model)
             if compiled:
                 model = torch.compile(model, dynamic=True)
             torch.manual_seed(seed)
             runs[impl] = {"model": model, "opt": opt, "wall": [], "span": [],
+                          "cache": CacheLayout(variants) if variants else None,
                           "edges": [b.edge_index.clone() for b in batches]}
 
         def step_of(run):
             def step(i: int) -> None:
+                if run["cache"] is not None:
+                    run["cache"](Data(edge_index=run["edges"][i],
+                                      num_nodes=batches[i].num_nodes))
                 run["opt"].zero_grad(set_to_none=True)
                 _loss(run["model"], batches[i], run["edges"][i]).backward()
                 run["opt"].step()

@@ -295,3 +295,43 @@ def test_compile_wraps_both_models_in_training_and_sweep(mh, monkeypatch):
                  compiled=True)
     assert calls[-1] == ("MoleculeModel", {"dynamic": True}) and len(calls) == 3
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def _random_molecules(mh, sizes):
+    """Chains of random atoms and bonds (no RDKit): what the encoders read."""
+    from torch_geometric.data import Data
+    out = []
+    for i, n in enumerate(sizes):
+        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+        ei = torch.cat([ei, ei.flip(0)], 1)
+        x = torch.stack([torch.randint(0, v, (n,)) for v in mh.ATOM_VOCAB], 1)
+        ea = torch.stack([torch.randint(0, v, (ei.size(1),)) for v in mh.BOND_VOCAB], 1)
+        out.append(Data(x=x, edge_index=ei, edge_attr=ea, y=torch.tensor([[float(i % 2)]])))
+    return out
+
+
+@pytest.mark.parametrize("conv", ["gat", "transformer"])
+def test_on_device_batches_keep_the_compiled_fused_model_one_graph(mh, conv):
+    """A fresh batch's layouts, built by on_device ahead of the step, are found
+    by every fused conv inside torch.compile: the model traces as one graph. A
+    batch straight from the loader makes each layer build its layout at a graph
+    break."""
+    from torch_geometric.loader import DataLoader
+
+    from pyg_dfgnn.nn import fuse
+
+    torch.manual_seed(0)
+    model = mh.MoleculeModel(conv, hidden=16, heads=2, layers=2, dropout=0.0)
+    fuse(model)
+    loader = DataLoader(_random_molecules(mh, [5, 7, 9, 4]), batch_size=4)
+
+    def run(m, b):
+        return m(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs).sum()
+
+    torch._dynamo.reset()
+    plain = torch._dynamo.explain(run)(model, next(iter(loader)))
+    torch._dynamo.reset()
+    ahead = torch._dynamo.explain(run)(model, next(iter(mh.on_device(
+        loader, model, torch.device("cpu")))))
+    assert plain.graph_break_count >= 2
+    assert (ahead.graph_count, ahead.graph_break_count) == (1, 0)
