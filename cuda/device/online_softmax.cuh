@@ -104,6 +104,17 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void step(const int (&j)[U], const float (&s)[U],
                                        const P (&x)[U][NV], int e0, int H, int h, float p,
                                        uint64_t seed, float* __restrict__ attn, int gl) {
+    step<FULL, false>(j, s, x, x, e0, H, h, p, seed, attn, gl);
+  }
+
+  // As above with edge u's row x[u] + y[u], each weighed into the fp32
+  // accumulator apart (the edge rows beside the value rows, scores/score.cuh,
+  // kEdgeBeside). TWO = false: y is not read.
+  template <bool FULL = false, bool TWO = true>
+  __device__ __forceinline__ void step(const int (&j)[U], const float (&s)[U],
+                                       const P (&x)[U][NV], const P (&y)[U][NV], int e0, int H,
+                                       int h, float p, uint64_t seed, float* __restrict__ attn,
+                                       int gl) {
     float mc = m;
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -122,6 +133,7 @@ struct OnlineSoftmax {
           if (attn != nullptr && gl == 0) attn[(int64_t)(e0 + u) * H + h] = s[u];
         }
         axpy_packed<T, VEC, NV>(w, x[u], acc);
+        if constexpr (TWO) axpy_packed<T, VEC, NV>(w, y[u], acc);
       }
     }
     m = mc;

@@ -118,15 +118,14 @@ __device__ __forceinline__ void row_bwd_dq(
           // (the key alone with kEdgeInKeyOnly: dS ds/dk), whole in this item
           // (each edge lies in one item).
           float de[NV][VEC];
-          if constexpr (kEdgeInKeyOnlyOf<Score>) {
+          if constexpr (kEdgeApartOf<Score>)
             dst.key_grad(ds, kf[u], ef[u], de);
-          } else {
+          else
             dst.key_grad(ds, kf[u], de);
-            axpy_frag<VEC, NV>(pe * z, gf, de);
-          }
+          if constexpr (!kEdgeInKeyOnlyOf<Score>) axpy_frag<VEC, NV>(pe * z, gf, de);
           store_row<T, VEC, G, NV>(o.e + (int64_t)(e0 + u) * HC + head_off, gl, nvec, de, 1.f);
         }
-        if constexpr (kEdgeInKeyOnlyOf<Score>)
+        if constexpr (kEdgeApartOf<Score>)
           dst.grad(ds, kf[u], ef[u], acc, pg);
         else
           dst.grad(ds, kf[u], acc, pg);

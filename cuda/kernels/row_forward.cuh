@@ -68,6 +68,8 @@ row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
     for (int u = 0; u < U; ++u) s[u] = dst.finish(s[u], src_scalar_of<Score>(j[u], sc, u));
     if constexpr (Score::kValueIsKey)
       os.template step<FULL>(j, s, kf, e0, H, h, p, seed, attn, gl);
+    else if constexpr (kEdgeBesideOf<Score>)  // value_j + e_ij, summed in fp32
+      os.template step<FULL>(j, s, vf, ef, e0, H, h, p, seed, attn, gl);
     else
       os.template step<FULL>(j, s, vf, e0, H, h, p, seed, attn, gl);
   };

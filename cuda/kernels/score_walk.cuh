@@ -1,8 +1,8 @@
 // What the walks over a destination row's edges (the SMMF forward, D, the dq
 // walk) gather per edge for a score (scores/score.cuh): its key row, its value
 // row unless the key is the value, its per-source scalar, and its edge row
-// (kEdgeRows), added to both, or with kEdgeInKeyOnly handed beside the key row
-// to the score's functors, which sum the two in fp32.
+// (kEdgeRows), added to both, or with kEdgeBeside / kEdgeInKeyOnly handed beside
+// the key row to the score's functors, which sum the two in fp32.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ namespace dfgnn {
 // positions are e0 + u, every load issued before any is used; vf is left alone
 // where the score sums its key rows, sc where it has no per-source scalar. A
 // score's edge rows (kEdgeRows) land in ef and are added to kf and vf, or with
-// kEdgeInKeyOnly left there. FULL: all U edges exist (j[u] >= 0 is known, not
+// kEdgeBeside / kEdgeInKeyOnly left there. FULL: all U edges exist (j[u] >= 0 is known, not
 // tested).
 template <typename Score, int U, bool FULL>
 __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp, const int (&j)[U],
@@ -55,7 +55,7 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < Score::NV; ++r) vf[u][r] = kf[u][r];
-  } else if constexpr (kEdge) {
+  } else if constexpr (kEdge && !kEdgeBesideOf<Score>) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (FULL || j[u] >= 0) {
@@ -66,19 +66,20 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   }
 }
 
-// dst.partial at edge u's gathered key row: with kEdgeInKeyOnly the edge row
-// goes beside it (gather_src_rows).
+// dst.partial at edge u's gathered key row: with kEdgeBeside / kEdgeInKeyOnly the
+// edge row goes beside it (gather_src_rows).
 template <typename Score, typename Dst, typename R>
 __device__ __forceinline__ float key_partial(const Dst& dst, const R& kf, const R& ef) {
-  if constexpr (kEdgeInKeyOnlyOf<Score>)
+  if constexpr (kEdgeApartOf<Score>)
     return dst.partial(kf, ef);
   else
     return dst.partial(kf);
 }
 
 // This lane's shares of the U edges' scores s[u] (key_partial) and of dP =
-// dO_i . value_j (dp[u], gf: the lane's fp32 slice of dO_i); 0 past the item's
-// end.
+// dO_i . value_j (dp[u], gf: the lane's fp32 slice of dO_i; with kEdgeBeside
+// dO_i . (value_j + e_ij), the two dot products summed in fp32); 0 past the
+// item's end.
 template <typename Score, int U, bool FULL, typename Dst>
 __device__ __forceinline__ void lane_scores_dp(
     const Dst& dst, const float (&gf)[Score::NV][Score::VEC], const int (&j)[U],
@@ -94,6 +95,8 @@ __device__ __forceinline__ void lane_scores_dp(
       dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, kf[u]) : 0.f;
     else
       dp[u] = FULL || j[u] >= 0 ? dot_packed<T, VEC, NV>(gf, vf[u]) : 0.f;
+    if constexpr (kEdgeBesideOf<Score>)
+      if (FULL || j[u] >= 0) dp[u] += dot_packed<T, VEC, NV>(gf, ef[u]);
   }
 }
 

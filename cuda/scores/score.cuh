@@ -40,11 +40,13 @@
 //     // Optional, per-edge inputs (kEdgeRows, below):
 //     static constexpr bool kEdgeRows = true;
 //     static constexpr bool kEdgeInKeyOnly = true;  // optional: the key only, not the value
+//     static constexpr bool kEdgeBeside = true;     // optional: key and value, summed in fp32
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
 //     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
 //     // edge's gathered key row (edge row added), per edge. With kEdgeInKeyOnly
-//     // the edge row goes beside the gathered row instead: Dst::partial(key, edge),
-//     // Dst::grad(ds, key, edge, acc, param), Dst::key_grad(ds, key, edge, out) and
+//     // or kEdgeBeside the edge row goes beside the gathered row instead:
+//     // Dst::partial(key, edge), Dst::grad(ds, key, edge, acc, param) and
+//     // Dst::key_grad(ds, key, edge, out); kEdgeInKeyOnly also
 //     // Src::grad(ds, query, edge, acc)
 //   };
 //
@@ -71,6 +73,13 @@
 // the CSC walk is the SpMM with the saved (P', dS), which needs no edge rows,
 // so such a score has no one-launch backward (which recomputes the weights
 // there) and no edge-parallel (PMF) forward.
+//
+// With kEdgeBeside the walks hand the edge row beside the key row and the value
+// row rather than adding it in T: the functors sum key and edge in fp32, and the
+// walks add the edge row's share to dP (dO_i . e_ij) and to the weighted sum in
+// fp32 (k_j + e_ij rounded to fp16 / bf16 put the dot_edge score's dq 1 % off
+// float64, as for GATv2 below). The CSC walk reads no edge rows (its gradient
+// of k_j does not depend on e_ij).
 //
 // With kEdgeInKeyOnly the edge row enters the score alone: the score sees
 // k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
@@ -129,6 +138,18 @@ template <typename Score, typename = void> struct EdgeInKeyOnlyOf : std::false_t
 template <typename Score>
 struct EdgeInKeyOnlyOf<Score, std::enable_if_t<Score::kEdgeInKeyOnly>> : std::true_type {};
 template <typename Score> constexpr bool kEdgeInKeyOnlyOf = EdgeInKeyOnlyOf<Score>::value;
+
+// Whether Score's edge rows enter key and value beside the gathered rows, summed
+// in fp32 (kEdgeBeside; false where it does not say).
+template <typename Score, typename = void> struct EdgeBesideOf : std::false_type {};
+template <typename Score>
+struct EdgeBesideOf<Score, std::enable_if_t<Score::kEdgeBeside>> : std::true_type {};
+template <typename Score> constexpr bool kEdgeBesideOf = EdgeBesideOf<Score>::value;
+
+// Whether the walks hand Score's functors the edge row beside the key row
+// (kEdgeInKeyOnly or kEdgeBeside) rather than added to it.
+template <typename Score>
+constexpr bool kEdgeApartOf = kEdgeInKeyOnlyOf<Score> || kEdgeBesideOf<Score>;
 
 // Whether the walks write a value gradient dv apart from dk: the score sums a
 // row of its own (not its key row, nor its key row before the edge row).
