@@ -331,8 +331,9 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
 
     Every step reads a new ``edge_index`` (a copy made before the timing), so the
     fused step builds its layout in each, as in training, where every batch is
-    new: inside the timed step, before the model's call (outside a compiled
-    region, :func:`on_device`). The implementations' timed steps alternate, one step each in turn.
+    new: inside the timed step, before the model's call, so outside a compiled
+    region (as :func:`on_device` builds them for training, one step ahead). The
+    implementations' timed steps alternate, one step each in turn.
     ``compiled``: both under ``torch.compile(dynamic=True)`` (the warm-up steps
     compile). Each batch holds ``batch_size`` molecules; where ``train_idx`` holds
     fewer than ``warmup + steps`` batches, they repeat.
