@@ -68,6 +68,7 @@ from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
 from benchmarks import e2e
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.layout_cache import get_layout
+from pyg_dfgnn.loader import layout_variants
 from pyg_dfgnn.nn import fuse
 
 VARIANTS = ("native", "native_compile", "fused", "fused_compile")
@@ -233,12 +234,6 @@ class Timer:
         return self.ms
 
 
-def loop_variants(model: torch.nn.Module) -> List[bool]:
-    """The ``add_self_loops`` layout variants a model's attention layers read."""
-    return sorted({bool(getattr(m, "add_self_loops", False)) for m in model.modules()
-                   if isinstance(m, (GATConv, TransformerConv, AGNNConv))})
-
-
 def time_layout(batches: List[dict], loops: bool, warmup: int, device,
                 passes: int = 3) -> float:
     """Median ms of a layout build from a fresh ``edge_index``, over ``passes``
@@ -303,7 +298,7 @@ def run_variant(variant: str, base: torch.nn.Module, batches: List[dict], dtype:
     fused = variant.startswith("fused")
     if fused:
         fuse(model)
-    loops = loop_variants(model)
+    loops = layout_variants(model)
     if variant.endswith("compile"):
         # Fresh compiler caches: the layers' code objects are shared by every
         # configuration, and past the recompile limit dynamo would run them eagerly.
@@ -372,7 +367,7 @@ def run_config(data: Data, emb: Tensor, kind: str, num_seeds: int, fanouts: Sequ
     torch.manual_seed(0)
     base = Net(kind, len(fanouts), num_classes)
     row["layout_ms"] = {str(lp): time_layout(batches, lp, warmup, device)
-                        for lp in loop_variants(base)}
+                        for lp in layout_variants(fuse(base, inplace=False).model)}
     for v in variants:
         try:
             row["variants"][v] = run_variant(v, base, batches, dtype, warmup, device,
