@@ -169,6 +169,23 @@ def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
                  out, g, dropout)
 
 
+def gt_edge_tail_case(name, ei, ns, nd, H, C, D, dtype, dropout=0.0, chunk=None):
+    """The dot_edge_tail score (GT with ``[E, D]`` tails of every head's edge row,
+    CSR order); ``chunk``: edges per work item."""
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
+    q = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    a = torch.randn(lay.num_edges, D, device=DEV, dtype=dtype, requires_grad=True)
+    g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
+    with ops.plan.override(chunk=chunk):
+        out = ops.gt_attention(lay, q, k, v, edge=a, edge_order="csr", dropout=dropout,
+                               training=dropout > 0)
+        out.backward(g)
+    _check_score(name, "dot_edge_tail", lay, (q, k, v, a), ("q", "k", "v", "a"),
+                 (1.0 / C ** 0.5,), out, g, dropout)
+
+
 def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=False,
              chunk=None):
     """The additive score on a layout with self-loops where the graph is square;
@@ -446,7 +463,7 @@ def _node_cases(G, gen, args) -> None:
 
 def _edge_cases(G, args) -> None:
     """The cases of the scores with per-edge inputs (dot_edge, additive_edge,
-    gatv2_edge)."""
+    gatv2_edge, dot_edge_tail)."""
     f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
     # Last, so that the cases above draw the inputs they always drew (one global
     # generator): a case's tolerance holds for its inputs, not for every draw.
@@ -493,6 +510,17 @@ def _edge_cases(G, args) -> None:
         for autocast in (False, True)[:1 if args.no_layers else 2]:
             gat_edge_layer_case(f"gatv2 layer {kind} edge_dim 16 "
                                 f"{'bf16' if autocast else 'fp32'}", *G[kind], autocast, v2=True)
+    print("GT with edge tails")
+    for kind in ("small", "super_node", "bipartite", "batch"):
+        gt_edge_tail_case(f"gt_edge_tail {kind} fp32 H1C144D16", *G[kind], 1, 144, 16, f32)
+        gt_edge_tail_case(f"gt_edge_tail {kind} fp32 H1C7D3 scalar", *G[kind], 1, 7, 3, f32)
+        gt_edge_tail_case(f"gt_edge_tail {kind} bf16 H1C144D16", *G[kind], 1, 144, 16, b16)
+        gt_edge_tail_case(f"gt_edge_tail {kind} fp16 H4C48D16", *G[kind], 4, 48, 16, f16)
+        gt_edge_tail_case(f"gt_edge_tail {kind} fp32 dropout", *G[kind], 2, 48, 16, f32,
+                          dropout=0.3)
+    for dt in (f32, b16):
+        gt_edge_tail_case(f"gt_edge_tail small {dt} split rows chunk 4", *G["small"], 2, 48, 16,
+                          dt, chunk=4)
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ from pyg_dfgnn.nn import FusedTransformerConv
 from pyg_dfgnn.ops import calls, plan, reference
 from test_cuda_gt import (DEV, GRAPHS, _kernel_names, assert_matches_ref, dropout_keep,
                           opcheck_plan_op, poison, rel_err)
-from test_edge_inputs import EDGE_SCORES
+from test_edge_inputs import EDGE_SCORES, _transformer_edge_score
 
 pytestmark = pytest.mark.cuda
 
@@ -151,7 +151,7 @@ def test_dropout_is_the_kernels_mask_forward_and_backward(graph, dtype, monkeypa
         < tol[0]
 
 
-@pytest.mark.parametrize("score", ["dot_edge", "gatv2_edge"])
+@pytest.mark.parametrize("score", ["dot_edge", "dot_edge_tail", "gatv2_edge"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_deterministic(score, dtype, dropout):
@@ -225,7 +225,8 @@ def test_csr_order_rows_skip_the_gather_and_match(score):
     assert torch.equal(lay.to_csr_order(ge), ge_csr)
 
 
-@pytest.mark.parametrize("score,bound", [("dot_edge", 1.5), ("additive_edge", 0.25),
+@pytest.mark.parametrize("score,bound", [("dot_edge", 1.5), ("dot_edge_tail", 1.0),
+                                         ("additive_edge", 0.25),
                                          ("gatv2_edge", 1.5)])
 def test_memory_holds_no_edge_messages(score, bound):
     """Peak memory of a forward + backward beyond its inputs, in E x H x C fp32
@@ -331,7 +332,8 @@ def test_layer_matches_native(config, dtype):
     autocast = dtype == torch.bfloat16
     with ops.recording() as records:
         got = _layer_run(fused, x, adj, ea, torch.float32, autocast, **dict(kw))
-    assert [r.score for r in records] == ["dot_edge"] and records[0].plan is not None
+    score = _transformer_edge_score(fused, 16)
+    assert [r.score for r in records] == [score] and records[0].plan is not None
     base = None
     if autocast:
         base = _layer_run(native, x, adj, ea, torch.float32, True, **dict(kw))

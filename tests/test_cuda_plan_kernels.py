@@ -14,7 +14,8 @@ pytestmark = pytest.mark.cuda
 DEV = "cuda"
 
 #: The score a functor type serves (scores/<name>.cuh).
-FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "GATv2Score": "gatv2",
+FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "DotEdgeTailScore": "dot_edge_tail",
+            "GATv2Score": "gatv2",
             "GATv2EdgeScore": "gatv2_edge", "CosineScore": "cosine",
             "AdditiveScore": "additive", "AdditiveEdgeScore": "additive_edge"}
 #: (device function, the plan's name for it; {s}: the functor's score, {call}:
@@ -68,6 +69,10 @@ def _inputs(score, lay, H, C, dtype):
         e = t(lay.num_edges, H, C)
         return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), edge=e,
                                           strategy=s)
+    if score == "dot_edge_tail":
+        a = t(lay.num_edges, 16)
+        return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), edge=a,
+                                          strategy=s)
     if score == "gatv2":
         return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), strategy=s)
     if score == "gatv2_edge":  # the layout adds self-loops: the rows in CSR order
@@ -85,8 +90,8 @@ def _inputs(score, lay, H, C, dtype):
 
 
 CASES = [(score, dtype, strategy, chunk)
-         for score in ("dot", "dot_edge", "gatv2", "gatv2_edge", "cosine", "additive",
-                       "additive_edge")
+         for score in ("dot", "dot_edge", "dot_edge_tail", "gatv2", "gatv2_edge", "cosine",
+                       "additive", "additive_edge")
          for dtype in (torch.float32, torch.bfloat16)
          for strategy in ("smmf", "pmf")
          for chunk in (None, 8)
@@ -99,7 +104,8 @@ def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_ove
     n = 512
     ei = torch.randint(0, n, (2, 8 * n), generator=g)
     ei = torch.cat([ei, torch.stack([torch.arange(64), torch.zeros(64, dtype=torch.long)])], 1)
-    lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n), add_self_loops=score != "dot_edge")
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n),
+                                      add_self_loops=not score.startswith("dot_edge"))
     run = _inputs(score, lay, 2, 32, dtype)
     if chunk:
         plan_override(chunk=chunk)  # split rows

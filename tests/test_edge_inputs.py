@@ -55,6 +55,13 @@ def hand_formula(ei: Tensor, num_dst: int, q, k, v, e, scale):
     return out, alpha
 
 
+def tails_full(a: Tensor, heads: int, channels: int) -> Tensor:
+    """The ``[E, H, C]`` rows that tails ``a`` ``[E, D]`` stand for: zero, then
+    ``a`` in the last ``D`` channels of every head."""
+    E, D = a.shape
+    return torch.cat([a.new_zeros(E, heads, channels - D), a[:, None].expand(E, heads, D)], -1)
+
+
 def gat_hand_formula(ei: Tensor, num_dst: int, a_src, a_dst, x, e, slope):
     r"""``(out, alpha)`` of :math:`s_{ij} = LeakyReLU(a_{dst,i} + a_{src,j} +
     e_{ij})`, :math:`o_i = \sum_j softmax_j(s_{ij}) x_j` in the edge order of
@@ -130,7 +137,17 @@ EDGE_SCORES = {
         "scale", 0.37, hand_formula,
         lambda lay, t, e, p, train: reference.dot_attention(
             lay.rowptr, lay.col, *t, 0.37, p, training=train, edge=e)[0],
-        (0, 1, 2), r"\[E, H, C\]", False),
+        (0, 1, 2), r"\[E, H, C\]|\[E, D\]", False),
+    "dot_edge_tail": EdgeScore(
+        ops.gt_attention, "dot", ("q", "k", "v"),
+        lambda ns, nd, H, C: ((nd, H, C), (ns, H, C), (ns, H, C)),
+        lambda E, H, C: (E, max(1, C // 2)), "scale", 0.37,
+        lambda ei, nd, q, k, v, e, scale: hand_formula(
+            ei, nd, q, k, v, tails_full(e, q.size(1), q.size(2)), scale),
+        lambda lay, t, e, p, train: reference.dot_attention(
+            lay.rowptr, lay.col, *t, 0.37, p, training=train,
+            edge=tails_full(e, t[0].size(1), t[0].size(2)))[0],
+        (0, 1, 2), r"\[E, H, C\]|\[E, D\]", False),
     "additive_edge": EdgeScore(
         ops.gat_attention, "additive", ("a_src", "a_dst", "x"),
         lambda ns, nd, H, C: ((ns, H), (nd, H), (ns, H, C)), lambda E, H, C: (E, H),
@@ -321,6 +338,8 @@ def test_bad_inputs_raise_value_error(score, case, msg):
     names the shape)."""
     if case == "pmf" and EDGE_SCORES[score].pmf:
         pytest.skip(f"the {score} score has a PMF path")
+    if case == "heads" and score == "dot_edge_tail":
+        pytest.skip("tails [E, D] serve every head: no head count to get wrong")
     lay, nodes, e, kw = _bad_case(score, case)
     with pytest.raises(ValueError, match=EDGE_SCORES[score].shape_msg if msg == "shape" else msg):
         EDGE_SCORES[score].call(lay, nodes, e, **kw)
@@ -448,6 +467,8 @@ def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, ca
     fused op with ``score``, and its outputs, weights and gradients match in
     float64."""
     call = call or {}
+    if score == "dot_edge" and isinstance(fused, FusedTransformerConv) and ea is not None:
+        score = _transformer_edge_score(fused, ea.size(-1))
     with ops.recording() as records:
         got = _run(fused, x, ei, ns, nd, ea, kind, from_values, call)
     assert [r.score for r in records] == [score], "the layer did not run the fused op"
@@ -466,6 +487,20 @@ def _compare(native, fused, x, ei, ns, nd, ea, kind="coo", from_values=False, ca
         if b is not None:
             assert rel_err_floor(a, b, floor) < 1e-8, name
     return got, want
+
+
+def _transformer_edge_score(layer, edge_dim: int) -> str:
+    """The score a FusedTransformerConv runs with ``edge_dim`` features on the
+    CPU: tails where they move fewer bytes, else [E, H, C] rows."""
+    from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
+    tails = tails_pay(layer.heads, layer.out_channels, edge_dim)
+    return "dot_edge_tail" if tails else "dot_edge"
+
+
+def test_tails_pay_where_the_features_are_narrow():
+    from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
+    assert tails_pay(1, 128, 16) and tails_pay(4, 32, 16) and tails_pay(4, 5, 3)
+    assert not tails_pay(4, 32, 128) and not tails_pay(1, 5, 3) and not tails_pay(8, 16, 16)
 
 
 def _pair(*args, cls=FusedTransformerConv, **kwargs):
@@ -767,3 +802,27 @@ def test_compiled_layer_with_edge_features_new_graph_each_step():
     seen, targets = compiled_steps(EdgeModel())
     assert seen[1] == seen[-1], seen
     assert "pyg_dfgnn.dot_edge_attention.default" in targets
+
+
+@pytest.mark.parametrize("case", ["plain", "beta", "no_root_no_concat", "weights", "bipartite",
+                                  "csr", "sparse_coo_values", "super_node"])
+def test_layer_with_tails_matches_pyg(case):
+    """Narrow features run as tails (the dot_edge_tail score, no [E, H, C]
+    tensor) and match PyG in float64 with the layer's options."""
+    kwargs = dict(heads=2, edge_dim=3, beta=case == "beta",
+                  root_weight=case != "no_root_no_concat", concat=case != "no_root_no_concat")
+    ns = nd = 20
+    ei = random_graph(20, num_edges=90, num_isolated=2, num_duplicates=6)
+    if case == "super_node":
+        ei = torch.cat([ei, torch.stack([torch.randint(0, 20, (120,)), torch.full((120,), 3)])], 1)
+    f_src = (6, 7) if case == "bipartite" else 6
+    if case == "bipartite":
+        ns, nd = 14, 9
+        ei = random_graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4)
+    native, fused = _pair(f_src, 12, **kwargs)
+    assert _transformer_edge_score(fused, 3) == "dot_edge_tail"
+    x, ea = _features(ns, nd, 6, 7, 3, ei.size(1), bipartite=case == "bipartite")
+    kind = {"csr": "csr", "sparse_coo_values": "sparse_coo"}.get(case, "coo")
+    call = dict(return_attention_weights=True) if case == "weights" else None
+    _compare(native, fused, x, ei, ns, nd, ea, kind, from_values=case == "sparse_coo_values",
+             call=call)

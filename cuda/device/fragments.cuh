@@ -58,6 +58,26 @@ __device__ __forceinline__ void load_packed(const T* __restrict__ row, int gl, i
   }
 }
 
+// A row's tail: vectors first .. nvec - 1 of a row whose earlier vectors are
+// zero, loaded from `tail` (its vector first at tail[0]); lane gl's vectors below
+// `first` (and from nvec on) are zero.
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void load_packed_tail(const T* __restrict__ tail, int gl, int first,
+                                                 int nvec,
+                                                 typename Packed<T, VEC>::type (&x)[NV]) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    const bool in = t >= first && t < nvec;
+    if constexpr (VEC == 1) {
+      x[r] = in ? __ldg(tail + (t - first)) : from_float<T>(0.f);
+    } else {
+      x[r] = in ? __ldg(reinterpret_cast<const uint4*>(tail + (int64_t)(t - first) * VEC))
+                : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Element c of a packed slice as fp32. A bf16 is the high half of an fp32, so
 // element c of a 32-bit word of two is one shift (c even) or one mask (c odd) of
 // the word; the generic conversion extracted the half first and then shifted it
@@ -140,6 +160,23 @@ __device__ __forceinline__ void load_row(const T* __restrict__ row, int gl, int 
     } else {
 #pragma unroll
       for (int c = 0; c < VEC; ++c) x[r][c] = 0.f;
+    }
+  }
+}
+
+// Vectors first .. nvec - 1 of lane gl's slice of a row (scaled by mul), stored
+// from `tail` on (vector first at tail[0]): load_packed_tail's inverse.
+template <typename T, int VEC, int G, int NV>
+__device__ __forceinline__ void store_row_tail(T* __restrict__ tail, int gl, int first, int nvec,
+                                               const float (&x)[NV][VEC], float mul) {
+#pragma unroll
+  for (int r = 0; r < NV; ++r) {
+    const int t = gl + G * r;
+    if (t >= first && t < nvec) {
+      float y[VEC];
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) y[c] = x[r][c] * mul;
+      Vec<T, VEC>::store(tail + (int64_t)(t - first) * VEC, y);
     }
   }
 }

@@ -36,7 +36,8 @@ struct BackwardArgs {
 // rows, kEdgeInKeyOnly included: dk is the whole gradient of the one gathered
 // row), the score's
 // parameter gradient [H, C] in fp32 (kParamGrad; undefined otherwise) and its
-// edge rows' gradient [E, H, C] in CSR order (kEdgeRows; undefined otherwise).
+// edge rows' gradient [E, H, C] in CSR order (kEdgeRows, kEdgeTail: [E, H, D];
+// undefined otherwise).
 struct RowGrads {
   at::Tensor dq, dk, dv, param, de;
 };
@@ -99,7 +100,6 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
   } else {
     r.dq = scratch.empty_with(a.qrow.sizes(), a.qrow.options());
   }
-  if constexpr (kEdge) r.de = at::empty({E, H, C}, a.qrow.options());
   // dK and dV are allocated after the dq kernel's launch in two launches: a small
   // graph's backward is host-bound, and their allocations then run while the dq
   // kernel does instead of before it. One given, the other gets its row stride
@@ -129,7 +129,13 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
     using T = typename S::T;
     using Sc = Score<S>;
     constexpr int G = S::G;
-    const auto fields = make(TypeTag<T>{}).tie();
+    const auto params = make(TypeTag<T>{});
+    const auto fields = params.tie();
+    if constexpr (kEdge) {
+      int64_t width = C;
+      if constexpr (kEdgeTailOf<Sc>) width = Sc::edge_width(params);
+      r.de = at::empty({E, H, width}, a.qrow.options());
+    }
     const int64_t dq_blocks = ceil_div(n_dst_units * G, kNodeBlock);
     const int64_t dkv_blocks = ceil_div(n_src_units * G, kNodeBlock);
     auto dv_ptr = [&] { return kTwo ? mptr<T>(r.dv) : nullptr; };

@@ -41,7 +41,7 @@ template <typename T> struct WalkOut {
   int64_t ld;
   float* partial_a;
   float* partial_b;
-  T* e = nullptr;   // the CSR walk's edge-row gradient [E, H, C] (kEdgeRows)
+  T* e = nullptr;   // the CSR walk's edge-row gradient [E, H, C] (kEdgeRows; kEdgeTail [E, H, D])
 };
 
 // SAVE: also writes each edge's (P'_ij, dS_ij) to pds [E, H] (CSR order) for the
@@ -123,7 +123,7 @@ __device__ __forceinline__ void row_bwd_dq(
           else
             dst.key_grad(ds, kf[u], de);
           if constexpr (!kEdgeInKeyOnlyOf<Score>) axpy_frag<VEC, NV>(pe * z, gf, de);
-          store_row<T, VEC, G, NV>(o.e + (int64_t)(e0 + u) * HC + head_off, gl, nvec, de, 1.f);
+          store_edge_grad<Score>(o.e, sp, e0 + u, h, H, HC, head_off, gl, nvec, de);
         }
         if constexpr (kEdgeApartOf<Score>)
           dst.grad(ds, kf[u], ef[u], acc, pg);
@@ -269,12 +269,9 @@ __device__ __forceinline__ void load_edge_rows(const typename Score::Params& sp,
                                                const int* __restrict__ perm, int e0, int64_t HC,
                                                int64_t head_off, int gl, int nvec,
                                                PackedOf<typename Score::Shape> (&ef)[U][Score::NV]) {
-  using S = typename Score::Shape;
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (i[u] >= 0)
-      load_packed<typename S::T, S::VEC, S::G, S::NV>(
-          Score::edge_rows(sp) + (int64_t)__ldg(perm + e0 + u) * HC + head_off, gl, nvec, ef[u]);
+    if (i[u] >= 0) load_edge_row<Score>(sp, __ldg(perm + e0 + u), HC, head_off, gl, nvec, ef[u]);
 }
 
 // Two-launch backward, CSC walk over sources with the weights the dq kernel saved:

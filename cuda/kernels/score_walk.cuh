@@ -45,9 +45,7 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
       if constexpr (!Score::kValueIsKey && !kKeyOnly)
         load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, nvec, vf[u]);
       if constexpr (Score::kSrcScalar) sc[u] = Score::src_scalar(sp, j[u], h, H);
-      if constexpr (kEdge)
-        load_packed<T, S::VEC, S::G, S::NV>(
-            Score::edge_rows(sp) + (int64_t)(e0 + u) * HC + head_off, gl, nvec, ef[u]);
+      if constexpr (kEdge) load_edge_row<Score>(sp, e0 + u, HC, head_off, gl, nvec, ef[u]);
     }
   }
   if constexpr (kKeyOnly) {

@@ -42,6 +42,8 @@
 //     static constexpr bool kEdgeInKeyOnly = true;  // optional: the key only, not the value
 //     static constexpr bool kEdgeBeside = true;     // optional: key and value, summed in fp32
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
+//     static constexpr bool kEdgeTail = true;  // optional: [E, D] tails instead (below)
+//     static int edge_width(const Params&);    // kEdgeTail: D
 //     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
 //     // edge's gathered key row (edge row added), per edge. With kEdgeInKeyOnly
 //     // or kEdgeBeside the edge row goes beside the gathered row instead:
@@ -80,6 +82,16 @@
 // fp32 (k_j + e_ij rounded to fp16 / bf16 put the dot_edge score's dq 1 % off
 // float64, as for GATv2 below). The CSC walk reads no edge rows (its gradient
 // of k_j does not depend on e_ij).
+//
+// With kEdgeTail the edge rows are [E, D] (CSR order), one row for every head,
+// that fill the last D channels of each head's row (D a multiple of the row's
+// vectors; the channels before them zero): the walks load them with
+// load_edge_row and the dq walk stores the gradient's tails [E, H, D] with
+// store_edge_grad. TransformerConv's edge_dim without an [E, H, C] tensor: with
+// W_h head h's [C, D] slice of lin_edge (no bias), q_i . (k_j + W_h a_ij) =
+// [q_i, W_h^T q_i] . [k_j, a_ij], and the sum of P_ij (v_j + W_h a_ij) is the
+// first C channels of sum_j P_ij [v_j, a_ij] plus W_h times its last D
+// (nn/transformer_conv.py builds those rows).
 //
 // With kEdgeInKeyOnly the edge row enters the score alone: the score sees
 // k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
@@ -138,6 +150,47 @@ template <typename Score, typename = void> struct EdgeInKeyOnlyOf : std::false_t
 template <typename Score>
 struct EdgeInKeyOnlyOf<Score, std::enable_if_t<Score::kEdgeInKeyOnly>> : std::true_type {};
 template <typename Score> constexpr bool kEdgeInKeyOnlyOf = EdgeInKeyOnlyOf<Score>::value;
+
+// Whether Score's edge rows are [E, D] tails of every head's row (kEdgeTail;
+// false where it does not say).
+template <typename Score, typename = void> struct EdgeTailOf : std::false_type {};
+template <typename Score>
+struct EdgeTailOf<Score, std::enable_if_t<Score::kEdgeTail>> : std::true_type {};
+template <typename Score> constexpr bool kEdgeTailOf = EdgeTailOf<Score>::value;
+
+// Lane gl's slice of edge e's row (CSR position e) for head h's row at head_off:
+// the [E, H, C] row, or with kEdgeTail the [E, D] tail with zeros before it.
+template <typename Score>
+__device__ __forceinline__ void load_edge_row(const typename Score::Params& sp, int64_t e,
+                                              int64_t HC, int64_t head_off, int gl, int nvec,
+                                              PackedOf<typename Score::Shape> (&x)[Score::NV]) {
+  using S = typename Score::Shape;
+  if constexpr (kEdgeTailOf<Score>) {
+    const int d = Score::edge_width(sp);
+    load_packed_tail<typename S::T, S::VEC, S::G, S::NV>(Score::edge_rows(sp) + e * d, gl,
+                                                         nvec - d / S::VEC, nvec, x);
+  } else {
+    load_packed<typename S::T, S::VEC, S::G, S::NV>(Score::edge_rows(sp) + e * HC + head_off,
+                                                    gl, nvec, x);
+  }
+}
+
+// Stores lane gl's slice of edge e's row gradient for head h: into the
+// [E, H, C] gradient, or with kEdgeTail its tail into the [E, H, D] one.
+template <typename Score>
+__device__ __forceinline__ void store_edge_grad(typename Score::T* __restrict__ de,
+                                                const typename Score::Params& sp, int64_t e,
+                                                int h, int H, int64_t HC, int64_t head_off,
+                                                int gl, int nvec, const FragOf<typename Score::Shape>& x) {
+  using S = typename Score::Shape;
+  if constexpr (kEdgeTailOf<Score>) {
+    const int d = Score::edge_width(sp);
+    store_row_tail<typename S::T, S::VEC, S::G, S::NV>(de + (e * H + h) * d, gl,
+                                                       nvec - d / S::VEC, nvec, x, 1.f);
+  } else {
+    store_row<typename S::T, S::VEC, S::G, S::NV>(de + e * HC + head_off, gl, nvec, x, 1.f);
+  }
+}
 
 // Whether Score's edge rows enter key and value beside the gathered rows, summed
 // in fp32 (kEdgeBeside; false where it does not say).

@@ -16,7 +16,8 @@ from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
                       is_sparse_tensor, kernels_missing, message_edge_features,
                       num_adjacency_edges, propagate_is_customised, use_own_propagate)
-from ._projections import edge_rows, joined_gemm, linear_rows, plain_linears
+from ._projections import (edge_rows, edge_tails, edge_tails_out, joined_gemm, linear_rows,
+                           plain_linears)
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
 @fused_layer
@@ -37,11 +38,17 @@ class FusedTransformerConv(TransformerConv):
         + \mathbf{W}_6 \mathbf{e}_{ij})}{\sqrt{d}} \right)
 
     (the :math:`\mathbf{W}_6 \mathbf{e}_{ij}` terms with edge features,
-    ``edge_dim``). With edge features the op runs the ``"dot_edge"`` score: the
-    edge features ``[E, D]`` are put in the layout's CSR edge order first (a
-    gather, skipped where the edges come grouped by destination), then
-    ``lin_edge`` projects them to the one ``[E, H, C]`` tensor the kernels read,
-    where PyG adds it to the gathered keys and values as two more.
+    ``edge_dim``). With edge features the edge features ``[E, D]`` are put in the
+    layout's CSR edge order first, then, where ``D`` is small against ``C``
+    (:func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay`), the op runs the
+    ``"dot_edge_tail"`` score on them as they are: ``lin_edge`` has no bias, so
+    :math:`\mathbf{q}_i^\top \mathbf{W}_6 \mathbf{e}_{ij} = (\mathbf{W}_6^\top
+    \mathbf{q}_i)^\top \mathbf{e}_{ij}` and the weighted sum of the
+    :math:`\mathbf{W}_6 \mathbf{e}_{ij}` is :math:`\mathbf{W}_6` times the weighted
+    sum of the :math:`\mathbf{e}_{ij}`, and no ``[E, H, C]`` tensor exists.
+    Otherwise the ``"dot_edge"`` score: ``lin_edge`` projects them to the one
+    ``[E, H, C]`` tensor the kernels read, where PyG adds it to the gathered keys
+    and values as two more.
 
     Constructor arguments, parameters, initialisation and ``state_dict`` are those
     of :class:`~torch_geometric.nn.conv.TransformerConv` (``load_state_dict`` of a
@@ -251,18 +258,24 @@ class FusedTransformerConv(TransformerConv):
         # kernels read these [N, H, C] views without a copy (gt_attention's
         # .contiguous() returns them).
         query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
-        strategy, edge = self.strategy, None
+        strategy, edge, tails_weight = self.strategy, None, None
         if self.lin_edge is not None:  # after the projections: lazy weights in PyG's order
-            edge = edge_rows(self.lin_edge, layout, message_edge_features(edge_index, edge_attr),
-                             H, C)
+            feats = message_edge_features(edge_index, edge_attr)
+            tails = edge_tails(self.lin_edge, layout, feats, query, key, value)
+            if tails is not None:
+                query, key, value, edge, tails_weight = tails
+            else:
+                edge = edge_rows(self.lin_edge, layout, feats, H, C)
             if strategy == "pmf":
-                strategy = "smmf"  # the dot_edge score has no PMF path
+                strategy = "smmf"  # the dot_edge scores have no PMF path
         want_alpha = isinstance(return_attention_weights, bool)
         res = gt_attention(layout, query, key, value, scale=1.0 / math.sqrt(C),
                            dropout=self.dropout if self.training else 0.0,
                            training=self.training, return_attention=want_alpha,
                            strategy=strategy, edge=edge, edge_order="csr")
         out, alpha = res if want_alpha else (res, None)
+        if tails_weight is not None:
+            out = edge_tails_out(out, tails_weight)
 
         if self.concat:
             out = out.reshape(-1, self.heads * self.out_channels)

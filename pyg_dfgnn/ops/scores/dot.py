@@ -88,8 +88,11 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"`` (``"pmf"`` not with
             ``edge``).
         edge (Tensor, optional): ``[E, H, C]`` per-edge rows, the dtype of ``q``,
-            one per edge of the layout; differentiable (its gradient comes back
-            in ``edge``'s order).
+            one per edge of the layout; or ``[E, D]`` tails (``D <= C``), the last
+            ``D`` channels of every head's edge row, the others zero (the
+            ``"dot_edge_tail"`` score, :mod:`pyg_dfgnn.ops.scores.dot_edge_tail`;
+            on CUDA ``D`` a multiple of the 16-byte vector where ``C`` is);
+            differentiable (its gradient comes back in ``edge``'s order).
         edge_order (str): the order of ``edge``'s rows: ``"input"`` (the edges
             as the layout was built from them; gathered into CSR order with
             :meth:`~pyg_dfgnn.layout.GraphLayout.to_csr_order`, no gather where
@@ -125,7 +128,8 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         :func:`pyg_dfgnn.explain` shows them for a layer's call.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return attention_with_edge(SPEC, "dot_edge", layout, (q, k, v), (scale,), dropout,
+    edge_score = "dot_edge_tail" if edge is not None and edge.dim() == 2 else "dot_edge"
+    return attention_with_edge(SPEC, edge_score, layout, (q, k, v), (scale,), dropout,
                                training, return_attention, strategy, edge, edge_order,
                                "gt_attention")
 
