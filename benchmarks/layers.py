@@ -3,7 +3,9 @@ fused subclass, each eager and under ``torch.compile`` (issue 25's yardstick).
 
 For each graph, model and dtype, one layer is built from a seed --
 ``TransformerConv`` (``gt``), ``TransformerConv`` with ``edge_dim=16`` (``gt_edge``:
-:data:`EDGE_DIM` features per edge, the ``dot_edge`` score), ``GATConv`` (``gat``),
+:data:`EDGE_DIM` features per edge, as per-edge tails where they pay, the
+``dot_edge_tail`` score; ``gt_edge_rows``: the same layer with ``edge_tails=False``,
+the ``dot_edge`` score's ``[E, H, C]`` rows), ``GATConv`` (``gat``),
 ``GATConv`` with ``edge_dim=16`` (``gat_edge``, the ``additive_edge`` score),
 ``GATv2Conv`` (``gatv2``), ``GATv2Conv`` with ``edge_dim=16`` (``gatv2_edge``, the
 ``gatv2_edge`` score) or ``AGNNConv`` (``agnn``) of
@@ -56,10 +58,10 @@ web-NotreDame-like power-law graph (:data:`EDGE_GRAPHS`) and ``HIV``, a batch of
 ``--hiv-molecules`` (512) MoleculeNet HIV molecules read from ``--hiv-batches FILE``
 (:func:`benchmarks.datasets.hiv_batches`: pre-batched molecules, for machines
 without RDKit) with its bond features embedded (:func:`embed_bonds`). The edge
-models ``gt_edge``, ``gat_edge`` and ``gatv2_edge`` run on PATTERN,
-web-NotreDame-like and HIV only, and the last two run the edge models only (:data:`MODEL_GRAPHS`; HIV only
-with ``--hiv-batches``). Needs a CUDA
-GPU and the compiled extension, except with ``--quick``: 8-graph batches and
+models (``gt_edge``, ``gt_edge_rows``, ``gat_edge``, ``gatv2_edge``) run on PATTERN,
+web-NotreDame-like and HIV only, and the last two run the edge models only
+(:data:`MODEL_GRAPHS`; HIV only with ``--hiv-batches``). Needs a CUDA GPU and the
+compiled extension, except with ``--quick``: 8-graph batches and
 300-node power-law graphs in place of the real ones, short repeats (tests, a smoke
 run), which runs on the CPU too (``--device cpu``, the default without a GPU), with
 a wall-clock timer in place of ``do_bench``, no peak memory and, unless
@@ -73,11 +75,11 @@ leaves the CUDA context unusable (a fault in generated code) is recorded and the
 restarts itself with ``--resume``.
 
 Default grid: 5 graphs x 4 models x (fp32, bf16) = 40 cases, plus ``gt_edge``,
-``gat_edge`` and ``gatv2_edge`` on 2 graphs (3 with ``--hiv-batches``) x 2 dtypes,
-x 4 methods; the 30 cases of 3 models took 7 minutes on an H100 in one process,
-most of it compiling (5-26 s per compiled native layer, 1-4 s per compiled fused
-layer). Autocast leaves ``AGNNConv`` in fp32 (it has no matmul), so its bf16 rows
-repeat the fp32 computation;
+``gt_edge_rows``, ``gat_edge`` and ``gatv2_edge`` on 2 graphs (3 with
+``--hiv-batches``) x 2 dtypes, x 4 methods; the 30 cases of 3 models took 7
+minutes on an H100 in one process, most of it compiling (5-26 s per compiled
+native layer, 1-4 s per compiled fused layer). Autocast leaves ``AGNNConv`` in
+fp32 (it has no matmul), so its bf16 rows repeat the fp32 computation;
 ``--bf16-models`` narrows the bf16 cases to some models.
 
 Usage, from the repository root::
@@ -114,9 +116,9 @@ HIV = "HIV"
 #: Molecules in the HIV batch (``--hiv-molecules``).
 HIV_MOLECULES = 512
 GRAPHS = tuple(BATCH_GRAPHS) + profile_backward.GRAPHS + tuple(EDGE_GRAPHS) + (HIV,)
-MODELS = ("gt", "gt_edge", "gat", "gat_edge", "gatv2", "gatv2_edge", "agnn")
+MODELS = ("gt", "gt_edge", "gt_edge_rows", "gat", "gat_edge", "gatv2", "gatv2_edge", "agnn")
 #: The models with edge features (``edge_dim=EDGE_DIM``).
-EDGE_MODELS = ("gt_edge", "gat_edge", "gatv2_edge")
+EDGE_MODELS = ("gt_edge", "gt_edge_rows", "gat_edge", "gatv2_edge")
 #: Features per edge of the edge models.
 EDGE_DIM = 16
 #: The graphs only the edge models run on.
@@ -150,7 +152,7 @@ class Graph:
         self._looped = None
 
     def edges_for(self, model: str, self_loops: str):
-        if model in ("gt", "gt_edge") or self_loops == "layer":
+        if model in ("gt", "gt_edge", "gt_edge_rows") or self_loops == "layer":
             return self.edge_index
         if self._looped is None:
             from benchmarks.e2e import native_graph_edge_index
@@ -214,7 +216,7 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
     loops = self_loops == "layer"
     if model == "gt":
         native = TransformerConv(in_channels, C, heads=H)
-    elif model == "gt_edge":
+    elif model in ("gt_edge", "gt_edge_rows"):
         native = TransformerConv(in_channels, C, heads=H, edge_dim=EDGE_DIM)
     elif model == "gat":
         native = GATConv(in_channels, C, heads=H, add_self_loops=loops)
@@ -229,6 +231,8 @@ def build_layers(model: str, H: int, C: int, in_channels: int, self_loops: str):
     else:
         raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
     report = fuse(native, inplace=False)
+    if model == "gt_edge_rows":
+        report.model.edge_tails = False
     return native, report.model, report[0].reason
 
 

@@ -312,10 +312,12 @@ def _layer_run(layer, x, adj, ea, dtype, autocast, **call_kw):
     return out, alpha, grads
 
 
+@pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", list(LAYER_CONFIGS))
-def test_layer_matches_native(config, dtype):
-    """The fused layer against native TransformerConv in float64 (same weights):
+def test_layer_matches_native(config, dtype, tails):
+    """The fused layer against native TransformerConv in float64 (same weights),
+    the features as tails (widened projections) or as [E, H, C] rows:
     fp32 within 1e-5 (outputs, attention weights) and 1e-4 (gradients of x, the
     edge features and every parameter); bf16 under autocast within 1e-2 of
     float64, or within 1.5x native PyG's own bf16 error where that is larger
@@ -323,7 +325,8 @@ def test_layer_matches_native(config, dtype):
     ei, ns, nd, x, ea = _layer_inputs(config)
     in_ch = (16, 12) if config == "bipartite" else 16
     native = TransformerConv(in_ch, 32, edge_dim=16, **LAYER_CONFIGS[config]).to(DEV)
-    fused = FusedTransformerConv(in_ch, 32, edge_dim=16, **LAYER_CONFIGS[config]).to(DEV)
+    fused = FusedTransformerConv(in_ch, 32, edge_dim=16, edge_tails=tails,
+                                 **LAYER_CONFIGS[config]).to(DEV)
     fused.load_state_dict(native.state_dict())
     kw = {"return_attention_weights": True} if config == "alpha" else {}
     adj = ei
@@ -333,6 +336,7 @@ def test_layer_matches_native(config, dtype):
     with ops.recording() as records:
         got = _layer_run(fused, x, adj, ea, torch.float32, autocast, **dict(kw))
     score = _transformer_edge_score(fused, 16)
+    assert score == ("dot_edge_tail" if tails else "dot_edge")
     assert [r.score for r in records] == [score] and records[0].plan is not None
     base = None
     if autocast:

@@ -97,3 +97,46 @@ def test_tails_of_part_of_a_vector_raise():
     a = torch.randn(lay.num_edges, 12, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8"):
         ops.gt_attention(lay, q, k, v, edge=a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_pads_narrow_features_to_whole_vectors(dtype):
+    """Three features per edge: the layer pads the tails (and lin_edge's slice in
+    the widened query projection) with zero channels to whole 16-byte vectors, and
+    matches float64 PyG: fp32 within 1e-5 (output) and 1e-4 (parameter
+    gradients); bf16 under autocast within 1e-2, or 1.5x PyG's own bf16 error
+    where that is larger (weight gradients summed over a super node's edges)."""
+    from torch_geometric.nn import TransformerConv
+
+    from pyg_dfgnn.nn import FusedTransformerConv
+    torch.manual_seed(4)
+    ei, n, _ = GRAPHS["super_node"]()
+    native = TransformerConv(16, 32, heads=2, edge_dim=3).to(DEV)
+    fused = FusedTransformerConv(16, 32, heads=2, edge_dim=3).to(DEV)
+    fused.load_state_dict(native.state_dict())
+    x = torch.randn(n, 16, device=DEV)
+    ea = torch.randn(ei.size(1), 3, device=DEV)
+    half = dtype == torch.bfloat16
+
+    def run(layer, record=False):
+        layer.zero_grad(set_to_none=True)
+        with ops.recording() as records, torch.autocast("cuda", torch.bfloat16, enabled=half):
+            out = layer(x, ei, ea)
+        assert not record or [r.score for r in records] == ["dot_edge_tail"]
+        out.float().pow(2).sum().backward()
+        return out, {k: p.grad.clone() for k, p in layer.named_parameters()}
+
+    got, got_g = run(fused, record=True)
+    assert got.dtype == dtype
+    base, base_g = run(native) if half else (None, None)
+    native.zero_grad(set_to_none=True)
+    want = native.double()(x.double(), ei, ea.double())
+    want.pow(2).sum().backward()
+    want_g = {k: p.grad for k, p in native.named_parameters()}
+    out_tol, grad_tol = (1e-2, 1e-2) if half else (1e-5, 1e-4)
+    assert rel_err(got, want) < max(out_tol, 1.5 * rel_err(base, want) if half else 0)
+    for name, b in want_g.items():
+        if name == "lin_key.bias":  # zero in exact arithmetic (shift-invariant softmax)
+            continue
+        own = 1.5 * rel_err(base_g[name], b) if half else 0
+        assert rel_err(got_g[name], b) < max(grad_tol, own), name

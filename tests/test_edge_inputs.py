@@ -493,7 +493,7 @@ def _transformer_edge_score(layer, edge_dim: int) -> str:
     """The score a FusedTransformerConv runs with ``edge_dim`` features on the
     CPU: tails where they move fewer bytes, else [E, H, C] rows."""
     from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
-    tails = tails_pay(layer.heads, layer.out_channels, edge_dim)
+    tails = layer.edge_tails and tails_pay(layer.heads, layer.out_channels, edge_dim)
     return "dot_edge_tail" if tails else "dot_edge"
 
 
@@ -826,3 +826,57 @@ def test_layer_with_tails_matches_pyg(case):
     call = dict(return_attention_weights=True) if case == "weights" else None
     _compare(native, fused, x, ei, ns, nd, ea, kind, from_values=case == "sparse_coo_values",
              call=call)
+
+
+def test_tail_projections_widen_the_projection_rows():
+    """The widened projections give per head [q, W^T q], [k, 0] and [v, 0]
+    (biases included), so no [N, H, C + D] copy follows the GEMMs."""
+    from pyg_dfgnn.nn._edge_tails import tail_projections
+    torch.manual_seed(0)
+    H, C, D, F_in = 3, 5, 2, 7
+    x = torch.randn(11, F_in, dtype=torch.float64)
+    ws = [torch.randn(H * C, F_in, dtype=torch.float64) for _ in range(4)]
+    bs = [torch.randn(H * C, dtype=torch.float64), None, torch.randn(H * C, dtype=torch.float64),
+          torch.randn(H * C, dtype=torch.float64)]
+    W = torch.randn(H, C, D, dtype=torch.float64)
+    wide_w, wide_b = tail_projections(ws, bs, W)
+    assert wide_w[3] is ws[3] and wide_b[3] is bs[3]  # the skip projection as it is
+    q, k, v = (torch.nn.functional.linear(x, w, b).view(-1, H, C)
+               for w, b in zip(ws[:3], bs[:3]))
+    q2, k2, v2 = (torch.nn.functional.linear(x, w, b).view(-1, H, C + D)
+                  for w, b in zip(wide_w[:3], wide_b[:3]))
+    torch.testing.assert_close(q2, torch.cat([q, torch.einsum("nhc,hcd->nhd", q, W)], -1))
+    zeros = x.new_zeros(11, H, D)
+    assert torch.equal(k2, torch.cat([k, zeros], -1)) and torch.equal(v2, torch.cat([v, zeros], -1))
+
+
+def test_layer_with_edge_tails_off_runs_edge_rows():
+    """edge_tails=False (a constructor argument, also an attribute) runs the
+    [E, H, C] rows of the dot_edge score where tails would pay, matching PyG."""
+    ns = nd = 20
+    ei = random_graph(20, num_edges=90, num_isolated=2, num_duplicates=6)
+    native, fused = _pair(6, 12, heads=2, edge_dim=3)
+    assert _transformer_edge_score(fused, 3) == "dot_edge_tail"
+    fused.edge_tails = False
+    assert _transformer_edge_score(fused, 3) == "dot_edge"
+    x, ea = _features(ns, nd, 6, 7, 3, ei.size(1))
+    _compare(native, fused, x, ei, ns, nd, ea)
+    assert not FusedTransformerConv(6, 12, heads=2, edge_dim=3, edge_tails=False).edge_tails
+
+
+def test_lazy_projections_keep_pyg_order_with_tails():
+    """A lazy layer's first call makes PyG's module calls (edge rows, not tails),
+    drawing the weights as PyG does, and later calls run tails."""
+    native = TransformerConv(-1, 12, heads=2, edge_dim=3).double()
+    fused = FusedTransformerConv(-1, 12, heads=2, edge_dim=3).double()
+    fused.lin_edge.load_state_dict(native.lin_edge.state_dict())
+    ei = random_graph(20, num_edges=90, num_isolated=2, num_duplicates=6)
+    x, ea = _features(20, 20, 6, 7, 3, ei.size(1))
+    for step in range(2):
+        torch.manual_seed(5)  # the lazy weights' draws, on the first call
+        with ops.recording() as records:
+            got = fused(x, ei, ea)
+        torch.manual_seed(5)
+        want = native(x, ei, ea)
+        assert [r.score for r in records] == ["dot_edge" if step == 0 else "dot_edge_tail"]
+        assert rel_err(got, want) < 1e-12

@@ -156,7 +156,7 @@ def test_hiv_graph_and_gat_edge_models(lb, tmp_path):
     assert torch.equal(g.edge_attr, lb.embed_bonds(mol.edge_attr))
     for loops in ("graph", "layer"):
         doc = run(lb, tmp_path, "--graphs", "HIV,PATTERN",
-                  "--models", "gt_edge,gat_edge,gatv2_edge,gat",
+                  "--models", "gt_edge,gt_edge_rows,gat_edge,gatv2_edge,gat",
                   "--dtypes", "fp32", "--heads-channels", "2x16", "--in-channels", "16",
                   "--methods", "pyg,fused", "--hiv-batches", str(path), "--hiv-molecules", "8",
                   "--self-loops", loops, name=f"hiv_{loops}.json")

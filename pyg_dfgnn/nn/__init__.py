@@ -9,7 +9,9 @@ SDDMM -> edge softmax -> SpMM op on a cached :class:`~pyg_dfgnn.layout.GraphLayo
 configurations the fused ops do not cover (documented per class).
 :class:`FusedTransformerConv` also takes ``fused_projection`` (while autograd
 records, the backward of its query, key, value and skip projections runs one
-input and one weight GEMM over the concatenated weights; default ``True``).
+input and one weight GEMM over the concatenated weights; default ``True``) and
+``edge_tails`` (narrow edge features run as per-edge tails, no ``[E, H, C]``
+tensor; default ``True``).
 
 .. code-block:: python
 

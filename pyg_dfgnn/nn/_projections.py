@@ -61,57 +61,6 @@ def edge_rows(lin_edge: torch.nn.Module, layout, feats: Tensor, heads: int, chan
     return rows.view(-1, heads, channels)
 
 
-def edge_tails(lin_edge: torch.nn.Module, layout, feats: Tensor, query: Tensor, key: Tensor,
-               value: Tensor) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
-    r"""``TransformerConv``'s edge features as tails (the ``"dot_edge_tail"``
-    score, :mod:`pyg_dfgnn.ops.scores.dot_edge_tail`), or ``None`` where the
-    ``[E, H, C]`` rows of :func:`edge_rows` serve: a hooked or biased
-    ``lin_edge``, a row of ``C + D`` channels the kernels do not take, or
-    features wide enough that tails move more bytes
-    (:func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay`).
-
-    With ``W_h`` head ``h``'s ``[C, D]`` slice of ``lin_edge.weight``, returns
-    ``(query', key', value', tails, W)``: ``[N, H, C + D']`` rows
-    ``[q_i, W_h^T q_i]``, ``[k_j, 0]``, ``[v_j, 0]``, the features ``[E, D']`` in
-    ``layout``'s CSR edge order in ``query``'s dtype, and ``W`` ``[H, C, D']``,
-    ``D'`` the features' width padded with zero channels to whole 16-byte vectors
-    where the rows are read so. The op's output ``[N, H, C + D']`` then gives the
-    layer's as its first ``C`` channels plus ``W_h`` times its last ``D'``
-    (:func:`edge_tails_out`).
-    """
-    from ..ops import plan as _plan
-    from ..ops.scores.dot_edge_tail import tails_pay
-
-    H, C = query.shape[1], query.shape[2]
-    D = feats.size(-1)
-    if (not plain_linears([lin_edge]) or lin_edge.bias is not None or feats.dim() != 2
-            or not tails_pay(H, C, D)):
-        return None
-    dtype = query.dtype
-    pad = 0
-    if query.is_cuda:
-        vec = 16 // query.element_size()
-        pad = -D % vec if (C * query.element_size()) % 16 == 0 else 0
-        if not _plan.kernel_supports(C + D + pad, dtype):
-            return None
-    weight = lin_edge.weight.view(H, C, D)
-    a = layout.to_csr_order(feats).to(dtype)
-    if pad:
-        weight, a = F.pad(weight, (0, pad)), F.pad(a, (0, pad))
-    weight = weight.to(dtype)
-    query = torch.cat([query, torch.einsum("nhc,hcd->nhd", query, weight)], dim=-1)
-    key, value = F.pad(key, (0, D + pad)), F.pad(value, (0, D + pad))
-    return query, key, value, a, weight
-
-
-def edge_tails_out(out: Tensor, weight: Tensor) -> Tensor:
-    r"""The layer's output ``[N, H, C]`` from the tails' op output ``[N, H, C + D]``
-    and ``W`` ``[H, C, D]`` (:func:`edge_tails`): the first ``C`` channels plus
-    ``W_h`` times the last ``D``."""
-    C = weight.size(1)
-    return out[..., :C] + torch.einsum("nhd,hcd->nhc", out[..., C:], weight)
-
-
 def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
     r"""The dtype autocast runs ``F.linear(x, ...)`` in, or ``None`` where it
     leaves ``x``'s (autocast off for ``x``'s device type, or ``x`` other than

@@ -13,9 +13,9 @@ from ._common import _HOOK_DICTS, FUSED, check_strategy
 
 # FUSED (native class -> fused subclass) is filled by the layer modules, which
 # pyg_dfgnn.nn imports. The fused classes add one attribute (``strategy``;
-# ``FusedTransformerConv``'s ``fused_projection`` has a class default) and
-# override ``forward`` only, so an instance changes class in place and keeps its
-# parameters, buffers and hooks. A conv class that is not a key (nor a subclass
+# ``FusedTransformerConv``'s ``fused_projection`` and ``edge_tails`` have class
+# defaults) and override ``forward`` only, so an instance changes class in place
+# and keeps its parameters, buffers and hooks. A conv class that is not a key (nor a subclass
 # of one) is reported as having no fused kernel.
 
 

@@ -6,6 +6,7 @@ import math
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.conv import TransformerConv
@@ -16,8 +17,8 @@ from ..ops import gt_attention
 from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
                       is_sparse_tensor, kernels_missing, message_edge_features,
                       num_adjacency_edges, propagate_is_customised, use_own_propagate)
-from ._projections import (edge_rows, edge_tails, edge_tails_out, joined_gemm, linear_rows,
-                           plain_linears)
+from ._edge_tails import csr_tails, edge_tails_out, tail_projections, tail_weight
+from ._projections import edge_rows, joined_gemm, linear_rows, plain_linears
 from ._projections import joined_linear as _joined_linear  # a name benchmarks swap
 
 @fused_layer
@@ -85,6 +86,12 @@ class FusedTransformerConv(TransformerConv):
             ``lin_*`` modules and ``lin_*`` with hooks run separately. Also
             an attribute, which may be flipped on a built layer (benchmarks).
             (default: :obj:`True`)
+        edge_tails (bool, optional): run narrow edge features as tails (the
+            ``"dot_edge_tail"`` score, no ``[E, H, C]`` tensor) where
+            :func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay` says they move
+            fewer bytes; :obj:`False` always projects them to ``[E, H, C]`` rows
+            (the ``"dot_edge"`` score). Also an attribute, as
+            ``fused_projection``. (default: :obj:`True`)
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
@@ -132,38 +139,59 @@ class FusedTransformerConv(TransformerConv):
     #: Default of ``fused_projection``; a layer that :func:`~pyg_dfgnn.nn.fuse`
     #: switches in place (no ``__init__`` runs) reads this.
     fused_projection: bool = True
+    #: Default of ``edge_tails``, read as ``fused_projection``'s.
+    edge_tails: bool = True
     #: Edge features (``edge_dim``) run fused: :func:`~pyg_dfgnn.nn.fuse` reports
     #: such a layer as fused.
     fuses_edge_features: bool = True
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int,
-                 *args, strategy: str = "auto", fused_projection: bool = True, **kwargs):
+                 *args, strategy: str = "auto", fused_projection: bool = True,
+                 edge_tails: bool = True, **kwargs):
         use_own_propagate(type(self))
         super().__init__(in_channels, out_channels, *args, **kwargs)
         self.strategy = check_strategy(strategy)
         self.fused_projection = bool(fused_projection)
+        self.edge_tails = bool(edge_tails)
 
-    def _project(self, x: Tuple[Tensor, Tensor], rows: Optional[int]):
-        r"""``(query, key, value, x_r)``: the outputs of ``lin_query``, ``lin_key``,
-        ``lin_value`` and ``lin_skip``. Where ``rows`` is set, the query covers
-        ``x[1][:rows]`` and is zero below: the destinations past the layout's
-        ``dst_extent`` have no in-edge, so no score reads their query. ``x_r`` is
-        ``None`` when the skip projection is left to its own call after the
-        attention, where PyG makes it (a lazy ``lin_skip`` then draws its initial
-        weights in PyG's order)."""
+    def _weights(self):
+        r"""``(weights, biases)`` of ``lin_query``, ``lin_key``, ``lin_value`` (and
+        ``lin_skip`` with ``root_weight``), or ``None`` where one is hooked,
+        replaced or lazy (its module call then runs, as in PyG)."""
         lins = [self.lin_query, self.lin_key, self.lin_value]
         if self.root_weight:
             lins.append(self.lin_skip)
+        if not plain_linears(lins):
+            return None
         # each weight read once: a module attribute costs host time
-        ws = [lin.weight for lin in lins] if plain_linears(lins) else None
+        ws = [lin.weight for lin in lins]
         # a lazy weight is shaped by its first call (isinstance: Dynamo traces it)
-        if ws is None or any(isinstance(w, UninitializedParameter) for w in ws):
+        if any(isinstance(w, UninitializedParameter) for w in ws):
+            return None
+        return ws, [lin.bias for lin in lins]
+
+    def _project(self, x: Tuple[Tensor, Tensor], rows: Optional[int], params,
+                 tails: Optional[Tensor] = None):
+        r"""``(query, key, value, x_r)``: the outputs of ``lin_query``, ``lin_key``,
+        ``lin_value`` and ``lin_skip`` (``params``: :meth:`_weights`). Where
+        ``rows`` is set, the query covers ``x[1][:rows]`` and is zero below: the
+        destinations past the layout's ``dst_extent`` have no in-edge, so no score
+        reads their query. With ``tails`` (``[H, C, D]``, :func:`tail_weight`) the
+        query, key and value rows are the tails' ``C + D`` channels per head
+        (:func:`tail_projections`). ``x_r`` is ``None`` when the skip projection is
+        left to its own call after the attention, where PyG makes it (a lazy
+        ``lin_skip`` then draws its initial weights in PyG's order)."""
+        if params is None:
             return self.lin_query(x[1]), self.lin_key(x[0]), self.lin_value(x[0]), None
-        bs = [lin.bias for lin in lins]
+        ws, bs = params
+        if tails is not None:
+            ws, bs = tail_projections(ws, bs, tails)
         if not (torch.is_grad_enabled() and self.fused_projection):
-            query = (linear_rows(x[1], ws[0], bs[0], rows) if not torch.is_grad_enabled()
-                     else self.lin_query(x[1]))
-            return query, self.lin_key(x[0]), self.lin_value(x[0]), None
+            if not torch.is_grad_enabled():
+                query = linear_rows(x[1], ws[0], bs[0], rows)
+            else:
+                query = F.linear(x[1], ws[0], bs[0])
+            return query, F.linear(x[0], ws[1], bs[1]), F.linear(x[0], ws[2], bs[2]), None
         # Joined only where autograd records, and only in the backward: one input
         # and one weight GEMM over the joined gradients instead of three or four
         # each. The forward runs a GEMM per projection, as one joined GEMM's column
@@ -244,26 +272,34 @@ class FusedTransformerConv(TransformerConv):
         if not ok:
             return super().forward(x, edge_index, edge_attr, return_attention_weights)
 
+        params = self._weights()
+        tails = feats = None
+        if self.lin_edge is not None:
+            feats = message_edge_features(edge_index, edge_attr)
+            # a lazy projection makes PyG's module calls, lin_edge's after the others
+            if params is not None and self.edge_tails:
+                tails = tail_weight(self.lin_edge, feats, H, C, x[1])
         if torch.compiler.is_compiling():
             # No row prefix: a Python int of the layout would be a guarded
             # constant, recompiling for every mini-batch; the layout is looked up
             # after the projections, where the graph break it costs falls.
-            query, key, value, x_r = self._project(x, None)
+            query, key, value, x_r = self._project(x, None, params, tails)
             layout = get_layout(edge_index, size=size, add_self_loops=False)
         else:
             layout = get_layout(edge_index, size=size, add_self_loops=False)
             rows = layout.dst_extent
-            query, key, value, x_r = self._project(x, rows if rows < x[1].size(0) else None)
+            query, key, value, x_r = self._project(x, rows if rows < x[1].size(0) else None,
+                                                   params, tails)
         # Contiguous [N, H * C] projections, except under torch.compile: the
         # kernels read these [N, H, C] views without a copy (gt_attention's
-        # .contiguous() returns them).
-        query, key, value = query.view(-1, H, C), key.view(-1, H, C), value.view(-1, H, C)
-        strategy, edge, tails_weight = self.strategy, None, None
-        if self.lin_edge is not None:  # after the projections: lazy weights in PyG's order
-            feats = message_edge_features(edge_index, edge_attr)
-            tails = edge_tails(self.lin_edge, layout, feats, query, key, value)
+        # .contiguous() returns them). With tails, C + D channels per head.
+        width = C if tails is None else C + tails.size(-1)
+        query, key, value = (query.view(-1, H, width), key.view(-1, H, width),
+                             value.view(-1, H, width))
+        strategy, edge = self.strategy, None
+        if self.lin_edge is not None:
             if tails is not None:
-                query, key, value, edge, tails_weight = tails
+                edge = csr_tails(layout, feats, tails, query.dtype)
             else:
                 edge = edge_rows(self.lin_edge, layout, feats, H, C)
             if strategy == "pmf":
@@ -274,8 +310,8 @@ class FusedTransformerConv(TransformerConv):
                            training=self.training, return_attention=want_alpha,
                            strategy=strategy, edge=edge, edge_order="csr")
         out, alpha = res if want_alpha else (res, None)
-        if tails_weight is not None:
-            out = edge_tails_out(out, tails_weight)
+        if tails is not None:
+            out = edge_tails_out(out, tails)
 
         if self.concat:
             out = out.reshape(-1, self.heads * self.out_channels)
