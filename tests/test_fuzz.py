@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -456,11 +457,13 @@ def test_fuzz_transformer_conv(fuzz, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fuzz_transformer_conv_edge_features(fuzz, family):
-    """TransformerConv with ``edge_dim``: the ``dot_edge`` score."""
+    """TransformerConv with ``edge_dim``: the ``dot_edge`` score, or
+    ``dot_edge_tail`` where the features are narrow and ``edge_tails`` is on."""
     @fuzz("gt_edge", family)
     @given(graph=graphs(family), heads=st.integers(1, 4), channels=out_channels(fuzz.device),
            f_src=st.integers(1, 10), f_dst=st.integers(1, 10), edge_dim=st.integers(1, 16),
-           concat=st.booleans(), beta=st.booleans(), root_weight=st.booleans(),
+           tails=st.booleans(), concat=st.booleans(), beta=st.booleans(),
+           root_weight=st.booleans(),
            dropout=st.sampled_from([0.0, 0.3]), alpha=st.sampled_from([None, True]),
            **common())
     def case(**case):
@@ -471,8 +474,9 @@ def test_fuzz_transformer_conv_edge_features(fuzz, family):
                     beta=case["beta"], root_weight=case["root_weight"],
                     dropout=case["dropout"], edge_dim=case["edge_dim"])
         kwargs = {} if case["alpha"] is None else {"return_attention_weights": True}
+        fused_cls = functools.partial(FusedTransformerConv, edge_tails=case["tails"])
         _run_case("gt_edge", f"test_fuzz_transformer_conv_edge_features[{family}]", fuzz, case,
-                  native_cls=TransformerConv, fused_cls=FusedTransformerConv, ctor=ctor,
+                  native_cls=TransformerConv, fused_cls=fused_cls, ctor=ctor,
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs=kwargs, want_alpha=case["alpha"] is not None,
                   edge_dim=case["edge_dim"])
