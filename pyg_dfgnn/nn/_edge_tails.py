@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 
+from ..ops import plan as _plan
+from ..ops.scores.dot_edge_tail import tails_pay
 from ._projections import autocast_dtype, plain_linears
 
 
@@ -37,9 +39,6 @@ def tail_weight(lin_edge: torch.nn.Module, feats: Optional[Tensor], heads: int, 
     (:func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay`), or rows of
     ``C + D'`` channels the kernels do not take. ``x``: the destinations'
     features (their device, and the dtype the projections give them)."""
-    from ..ops import plan as _plan
-    from ..ops.scores.dot_edge_tail import tails_pay
-
     if (feats is None or feats.dim() != 2 or not plain_linears([lin_edge])
             or lin_edge.bias is not None):
         return None
