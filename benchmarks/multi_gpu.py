@@ -8,7 +8,8 @@ and 2 GPUs (DistributedDataParallel, NCCL).
 
 Each configuration (task x implementation x world size) trains
 ``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
-``torch.multiprocessing.spawn``; a fresh process per configuration starts every
+``torch.multiprocessing.spawn`` (``--launcher torchrun``: one ``torchrun`` agent
+starts them, as a cluster job does); a fresh process per configuration starts every
 measurement from the same state (empty caching allocator, new NCCL communicator).
 Throughput is the samples of every rank (seed nodes or graphs) over the slowest
 rank's time for the steps after the warm-up; ``--batch-size`` is per rank, so a
@@ -26,9 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -69,7 +75,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="pass --no-prefetch to the example: batches copied and layouts built "
                         "in the step (default: prefetched on a side stream)")
-    p.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
+                   help="how the ranks start: torch.multiprocessing.spawn from the example, "
+                        "or a standalone torchrun agent (default: spawn)")
+    p.add_argument("--timeout", type=int, default=600,
+                   help="seconds per run; a run past it is aborted, its log then ends with "
+                        "every process's Python stacks")
     datasets.add_data_argument(p, "ogbn-arxiv/ (--tasks node)")
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
     args = p.parse_args(argv)
@@ -78,42 +89,87 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+#: A line of torchrun's own log ("E1129 20:46:38.954000 3805 ...").
+TORCHRUN_LOG = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d")
+
+
 def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: int,
             out: Path) -> Dict[str, object]:
     """Trains one configuration; returns the example's report, or an ``error``."""
     path = out / f"{task}_{args.model}_{impl}_{world}_b{batch}_{amp}.json"
-    cmd = [sys.executable, str(EXAMPLE), "--task", task, "--model", args.model, "--impl", impl,
-           "--device", "cuda", "--nprocs", str(world), "--epochs", "1",
-           "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--batch-size", str(batch), "--hidden", str(args.hidden),
-           "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
-           "--amp", amp, "--json", str(path)]
+    log = path.with_suffix(".log")
+    opts = ["--task", task, "--model", args.model, "--impl", impl, "--device", "cuda",
+            "--epochs", "1", "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch-size", str(batch), "--hidden", str(args.hidden),
+            "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
+            "--amp", amp, "--json", str(path)]
     if args.time_split:
-        cmd.append("--time-split")
+        opts.append("--time-split")
     if not args.prefetch:
-        cmd.append("--no-prefetch")
+        opts.append("--no-prefetch")
     if args.data:
-        cmd += ["--data", args.data]
+        opts += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
-        cmd += ["--graphs", str(args.steps * batch * world), "--test-graphs", str(batch)]
+        opts += ["--graphs", str(args.steps * batch * world), "--test-graphs", str(batch)]
     if world > gpus:
-        cmd.append("--oversubscribe")
+        opts.append("--oversubscribe")
+    if args.launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(world), str(EXAMPLE), *opts]
+    else:
+        cmd = [sys.executable, str(EXAMPLE), "--nprocs", str(world), *opts]
     print(" ".join(cmd[1:]), flush=True)
     base = {"task": task, "model": args.model, "impl": impl, "world_size": world,
-            "batch_size_per_rank": batch, "amp": amp}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {**base, "error": f"timed out after {args.timeout} s"}
-    path.with_suffix(".log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {**base, "error": (lines[-1] if lines else f"exit status {proc.returncode}")
-                + f" (log: {path.with_suffix('.log')})"}
-    rep = json.loads(path.read_text())
+            "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher}
+    with open(log, "w") as f:
+        # Its own process group, so that a run past the timeout is stopped with all
+        # its ranks and loader workers; PYTHONFAULTHANDLER makes each of them print
+        # its threads' Python stacks on the SIGABRT: the log shows where it hung.
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            return {**base, "error": f"timed out after {args.timeout} s (stacks: {log})"}
+    if code != 0:
+        return {**base, "error": _last_message(log.read_text(errors="replace"), code)
+                + f" (log: {log})"}
+    rep = {**json.loads(path.read_text()), "launcher": args.launcher}
     if rep["steps"] < args.steps:
         rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
     return rep
+
+
+def _last_message(text: str, code: int) -> str:
+    """The last line a failed run printed, before torchrun's own traceback and
+    failure report (``ChildFailedError``) and not one of torchrun's log lines."""
+    report = text.find("ChildFailedError")
+    if report >= 0:
+        text = text[:max(text.rfind("Traceback (most recent call last):", 0, report), 0)]
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not TORCHRUN_LOG.match(ln)]
+    return lines[-1] if lines else f"exit status {code}"
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 20.0, settle_s: float = 3.0) -> None:
+    """Aborts every process of ``proc``'s group, so that each prints its stacks;
+    waits up to ``grace_s`` for ``proc`` and ``settle_s`` more for the others (the
+    ranks and workers, still writing theirs), then kills what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:  # the whole group is gone
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    time.sleep(settle_s)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def table(reports: List[Dict[str, object]]) -> str:
@@ -165,11 +221,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     result = {
         # From a run's report: this process leaves the GPUs to the runs (no CUDA context).
         "device_name": next((r["device_name"] for r in reports if "device_name" in r), "?"),
-        "gpus": gpus, "torch": torch.__version__,
+        "gpus": gpus, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+        "command": "python -m benchmarks.multi_gpu " + shlex.join(
+            sys.argv[1:] if argv is None else list(argv)),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
-        "workers": args.workers, "prefetch": args.prefetch, "runs": reports,
+        "workers": args.workers, "prefetch": args.prefetch, "launcher": args.launcher,
+        "runs": reports,
     }
     md = table(reports)
     (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))

@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -133,6 +134,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="rank 0 writes the results here (default: not written)")
     cli.add_progress_argument(p)
     args = p.parse_args(argv)
+    args.command = "python examples/multi_gpu.py " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv))  # for the report
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -382,7 +385,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "backend": args.backend, "device": args.device,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "oversubscribed": args.device == "cuda" and world > torch.cuda.device_count(),
-        "torch": torch.__version__, "epochs": args.epochs, "steps": step,
+        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+        "command": args.command, "epochs": args.epochs, "steps": step,
         "batch_size_per_rank": args.batch_size, "final_loss": loss_sum / world,
         "test_acc": correct / max(total, 1), "test_samples": int(total),
         "unit": "seeds/s" if args.task == "node" else "graphs/s",

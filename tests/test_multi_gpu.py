@@ -264,6 +264,8 @@ def _example(tmp_path, *args, env=None, timeout=300):
 
 def _check_ddp_report(rep, world):
     assert rep["world_size"] == world
+    assert rep["command"].startswith("python examples/multi_gpu.py --task graph "), rep
+    assert len(rep["date"]) == 10 and rep["date"][4] == "-", rep["date"]
     assert rep["steps"] > 0 and math.isfinite(rep["final_loss"])
     sums = rep["param_checksums"]
     assert len(sums) == world and len(set(sums)) == 1, sums
@@ -413,3 +415,54 @@ def test_benchmark_table_scales_over_one_rank_and_native():
     rows = table(runs).splitlines()
     assert "| 1.80x | 3.00x |" in rows[4]  # fused, 2 ranks: over 1 rank, over native
     assert "failed: timed out" in rows[-1]
+
+
+# --------------------------------------------------- benchmarks/multi_gpu.py runs
+HANGING_RUN = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[sys.argv.index("--json") + 1] + ".pid", "w").write(str(child.pid))
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_benchmark_run_past_its_timeout_leaves_stacks_and_no_process(tmp_path, monkeypatch):
+    """A hung configuration costs its timeout, not the benchmark: its whole process
+    group (ranks, loader workers) is stopped, and its log keeps the output and the
+    Python stacks of where it hung."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    fake = tmp_path / "hangs.py"
+    fake.write_text(HANGING_RUN)
+    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
+    rep = bench.run_one(args, "graph", "fused", 2, 64, "none", 2, tmp_path)
+    assert rep["error"].startswith("timed out after 5 s"), rep
+    log = (tmp_path / "graph_gat_fused_2_b64_none.log").read_text()
+    assert "started" in log and "Fatal Python error: Aborted" in log, log
+    assert "time.sleep(600)" in log or "line 6" in log, log  # the hung frame
+    child = int((tmp_path / "graph_gat_fused_2_b64_none.json.pid").read_text())
+    assert not _running(child), "the run's child process outlived the timeout"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is no zombie (an orphan that this
+    container's init may never reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    fake = tmp_path / "fails.py"
+    fake.write_text("import sys\nprint('working')\nsys.exit('no GPU here: pass --device cpu')\n")
+    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    args = bench.parse_args(["--tasks", "graph", "--launcher", "torchrun"])
+    rep = bench.run_one(args, "graph", "native", 1, 64, "bf16", 1, tmp_path)
+    assert rep["error"].startswith("no GPU here: pass --device cpu (log: "), rep
+    assert rep["launcher"] == "torchrun"
