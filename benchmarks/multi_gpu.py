@@ -75,6 +75,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="pass --no-prefetch to the example: batches copied and layouts built "
                         "in the step (default: prefetched on a side stream)")
+    p.add_argument("--prefetch-thread", action="store_true",
+                   help="pass --prefetch-thread to the example: prefetch in a background thread")
     p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                    help="how the ranks start: torch.multiprocessing.spawn from the example, "
                         "or a standalone torchrun agent (default: spawn)")
@@ -86,6 +88,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.warmup >= args.steps:
         p.error("--warmup must be below --steps")
+    if args.prefetch_thread and not args.prefetch:
+        p.error("--prefetch-thread prefetches: it contradicts --no-prefetch")
     return args
 
 
@@ -107,6 +111,8 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
         opts.append("--time-split")
     if not args.prefetch:
         opts.append("--no-prefetch")
+    elif args.prefetch_thread:
+        opts.append("--prefetch-thread")
     if args.data:
         opts += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
@@ -227,7 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
-        "workers": args.workers, "prefetch": args.prefetch, "launcher": args.launcher,
+        "workers": args.workers, "prefetch": args.prefetch,
+        "prefetch_thread": args.prefetch and args.prefetch_thread, "launcher": args.launcher,
         "runs": reports,
     }
     md = table(reports)

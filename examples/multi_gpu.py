@@ -116,6 +116,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "convs build its layout on their first call, instead of pinning, "
                         "copying and (fused) building the layout of the next batch on a side "
                         "stream while the current one trains (default: prefetch)")
+    p.add_argument("--prefetch-thread", action="store_true",
+                   help="prefetch in a background thread, so that the training loop never "
+                        "waits on the loader or on the layout build's host synchronisation "
+                        "(LayoutPrefetchLoader's in_thread)")
     p.add_argument("--warmup", type=int, default=None,
                    help="first steps left out of the throughput (default: 3)")
     p.add_argument("--amp", choices=("none", "bf16"), default="none",
@@ -151,6 +155,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("NCCL needs GPUs; use --backend gloo with --device cpu")
     if args.nprocs is None:
         args.nprocs = torch.cuda.device_count() if args.device == "cuda" else 2
+    if args.prefetch_thread and not args.prefetch:
+        p.error("--prefetch-thread prefetches: it contradicts --no-prefetch")
     if min(args.epochs, args.batch_size, args.nprocs) < 1 or args.steps < 0:
         p.error("--epochs, --batch-size and --nprocs must be >= 1, --steps >= 0")
     if args.task == "node":
@@ -308,7 +314,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
             # The next batch is copied, and its layout built, on a side stream while
             # the current step runs: the step neither waits for the copy nor builds.
             from pyg_dfgnn.loader import LayoutPrefetchLoader, layout_variants
-            train_loader = LayoutPrefetchLoader(train_loader, device, layout_variants(model))
+            train_loader = LayoutPrefetchLoader(train_loader, device, layout_variants(model),
+                                                in_thread=args.prefetch_thread)
         initial = param_checksum(model) if args.check_params else None
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
         torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
@@ -393,6 +400,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "throughput": samples / slowest.item() if step > args.warmup else math.nan,
         "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
         "param_checksum_initial": initial, "amp": args.amp, "prefetch": args.prefetch,
+        "prefetch_thread": args.prefetch and args.prefetch_thread,
         "workers": args.workers, **split,
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "

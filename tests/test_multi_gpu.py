@@ -392,15 +392,19 @@ def test_time_split_and_bf16_autocast_on_cpu(tmp_path):
 
 
 def test_prefetched_layouts_train_the_same_parameters_on_cpu(tmp_path):
-    """The default prefetch (layouts built one batch ahead) and ``--no-prefetch``
-    (built on the first conv's call) train bit-identical parameters."""
+    """The default prefetch (layouts built one batch ahead), the prefetch in a
+    thread and ``--no-prefetch`` (built on the first conv's call) train
+    bit-identical parameters."""
     args = ("--task", "graph", "--model", "gat", "--device", "cpu", "--nprocs", "2")
     ahead = _example(tmp_path, *args)
+    threaded = _example(tmp_path, *args, "--prefetch-thread")
     in_step = _example(tmp_path, *args, "--no-prefetch")
     assert ahead["prefetch"] and not in_step["prefetch"]
+    assert threaded["prefetch_thread"] and not ahead["prefetch_thread"]
     _check_ddp_report(ahead, 2)
-    assert ahead["param_checksums"] == in_step["param_checksums"]
-    assert ahead["final_loss"] == in_step["final_loss"]
+    for rep in (threaded, in_step):
+        assert ahead["param_checksums"] == rep["param_checksums"]
+        assert ahead["final_loss"] == rep["final_loss"]
 
 
 def test_benchmark_table_scales_over_one_rank_and_native():
