@@ -209,18 +209,20 @@ def make_loaders(dataset, split: Dict[str, Tensor], batch_size: int, seed: int,
             for part, idx in split.items()}
 
 
-def on_device(loader, model: nn.Module, device: torch.device, with_csc: bool = True):
+def on_device(loader, model: nn.Module, device: torch.device, with_csc: bool = True,
+              in_thread: bool = False):
     r"""``loader``'s batches copied to ``device`` one step ahead, each with the
     layouts that ``model``'s fused convs read already cached on its
     ``edge_index`` (:class:`~pyg_dfgnn.loader.LayoutPrefetchLoader`; a native
     model's batches are only prefetched). Under ``torch.compile`` a layer that
     finds no cached layout builds one at a graph break, every step, in every
     layer; built here, outside the compiled region, the model stays one graph.
-    ``with_csc``: also build the CSC that the backward reads (training)."""
+    ``with_csc``: also build the CSC that the backward reads (training);
+    ``in_thread``: do all that in a background thread (``--prefetch-thread``)."""
     from pyg_dfgnn.loader import LayoutPrefetchLoader, layout_variants
 
     return LayoutPrefetchLoader(loader, device, self_loops=layout_variants(model),
-                                with_csc=with_csc)
+                                with_csc=with_csc, in_thread=in_thread)
 
 
 def _sync(device: torch.device) -> None:
@@ -252,7 +254,7 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> float:
 
 def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
               device: torch.device, desc: str = "", progress: bool = True,
-              compiled: bool = False) -> Dict[str, object]:
+              compiled: bool = False, prefetch_thread: bool = False) -> Dict[str, object]:
     r"""Trains ``model`` with Adam on ``loaders["train"]`` for ``epochs`` epochs,
     evaluating ROC-AUC on ``loaders["val"]`` and ``loaders["test"]`` after each.
 
@@ -266,11 +268,12 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         three, done one step ahead),
         ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``. With ``compiled``
         the model runs under ``torch.compile(dynamic=True)`` (its parameters are
-        ``model``'s).
+        ``model``'s). ``prefetch_thread``: the training batches are prefetched
+        in a background thread (:func:`on_device`).
     """
     torch.manual_seed(seed)  # the same dropout masks for every implementation
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    train_batches = on_device(loaders["train"], model, device)
+    train_batches = on_device(loaders["train"], model, device, in_thread=prefetch_thread)
     if compiled:
         model = torch.compile(model, dynamic=True)
     losses: List[float] = []
@@ -500,6 +503,10 @@ def parse_args(argv: Optional[Sequence[str]] = None,
                    help="train and time both models under torch.compile(dynamic=True): "
                         "the step is host-bound at these sizes, and compiled code launches "
                         "fewer kernels (the first steps compile)")
+    p.add_argument("--prefetch-thread", action="store_true",
+                   help="prefetch the training batches (copies, fused layers' layouts) in a "
+                        "background thread: the step never waits on the loader or the layout "
+                        "build (LayoutPrefetchLoader's in_thread)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the parameters, the batch order, dropout and --split random")
     p.add_argument("--sweep-batch-sizes", metavar="LIST", default=None,
@@ -579,7 +586,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
         loaders = make_loaders(dataset, split, args.batch_size, args.seed)
         results[impl] = train_one(models[impl], loaders, args.epochs, args.lr, args.seed,
                                   device, desc=f"{args.conv}/{impl}",
-                                  progress=not args.no_progress, compiled=args.compile)
+                                  progress=not args.no_progress, compiled=args.compile,
+                                  prefetch_thread=args.prefetch_thread)
     rows = None
     if args.sweep_batch_sizes:
         rows = sweep(sweep_base, dataset, split["train"], args.sweep_batch_sizes, impls,
@@ -598,6 +606,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
         "device_name": dev_name,
         "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__,
+        "prefetch_thread": args.prefetch_thread,
         "pyg_dfgnn": pyg_dfgnn.__version__,
         "cuda_extension": kernels,
         "dataset": "MoleculeNet HIV",

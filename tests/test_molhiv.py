@@ -107,6 +107,25 @@ def test_fused_and_native_train_alike(mh, conv):
     assert 0.0 <= b["test_rocauc"] <= 1.0 and b["median_step_ms"] > 0
 
 
+def test_prefetch_thread_trains_the_same_steps(mh):
+    """--prefetch-thread: the batches and their layouts come from a background
+    thread; the steps are the same, bit for bit."""
+    from pyg_dfgnn.nn import fuse
+
+    mols = _molecules()
+    split = {"train": torch.arange(16), "val": torch.arange(8), "test": torch.arange(8, 16)}
+    runs = []
+    for in_thread in (False, True):
+        torch.manual_seed(0)
+        model = fuse(mh.MoleculeModel("gat", hidden=16, heads=2, layers=2, dropout=0.1)).model
+        loaders = mh.make_loaders(mols, split, batch_size=4, seed=0)
+        runs.append(mh.train_one(model, loaders, epochs=2, lr=1e-2, seed=0,
+                                 device=torch.device("cpu"), progress=False,
+                                 prefetch_thread=in_thread))
+    assert len(runs[0]["losses"]) == 8
+    assert runs[1]["losses"] == runs[0]["losses"]
+
+
 def test_without_rdkit_one_line(mh, monkeypatch, tmp_path):
     """A data folder with the SMILES only: they need RDKit, which the run says in
     one line before any work."""
