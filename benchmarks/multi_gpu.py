@@ -75,6 +75,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="pass --no-prefetch to the example: batches copied and layouts built "
                         "in the step (default: prefetched on a side stream)")
+    p.add_argument("--worker-start-method", choices=("fork", "forkserver", "spawn"),
+                   default=None, help="passed to the example: how loader workers start "
+                                      "(default: the platform's)")
     p.add_argument("--prefetch-thread", action="store_true",
                    help="pass --prefetch-thread to the example: prefetch in a background thread")
     p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
@@ -113,6 +116,8 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
         opts.append("--no-prefetch")
     elif args.prefetch_thread:
         opts.append("--prefetch-thread")
+    if args.worker_start_method:
+        opts += ["--worker-start-method", args.worker_start_method]
     if args.data:
         opts += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
@@ -235,6 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
         "workers": args.workers, "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread, "launcher": args.launcher,
+        "worker_start_method": args.worker_start_method,
         "runs": reports,
     }
     md = table(reports)

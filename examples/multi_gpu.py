@@ -28,6 +28,7 @@ throughput (seeds or graphs per second) counts every rank's samples.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -111,6 +112,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="at most this many test batches per rank, 0 = all (default: 0)")
     p.add_argument("--workers", type=int, default=0,
                    help="data loader worker processes per rank (default: 0)")
+    p.add_argument("--worker-start-method", choices=("fork", "forkserver", "spawn"),
+                   default=None,
+                   help="how loader workers start (default: the platform's, fork on Linux); "
+                        "forkserver or spawn start them without a copy of the rank's "
+                        "threads (NCCL's, the pin thread's)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="copy each training batch to the device in the step and let the fused "
                         "convs build its layout on their first call, instead of pinning, "
@@ -196,8 +202,7 @@ def node_task(args, rank: int, world: int):
     train = train[torch.randperm(train.numel(), generator=gen)]
     train = train[: train.numel() // world * world]  # equal shares: equal steps per rank
     test = data.test_mask.nonzero().flatten()
-    kw = dict(num_neighbors=args.fanout, num_workers=args.workers,
-              persistent_workers=args.workers > 0, pin_memory=_pins(args))
+    kw = dict(num_neighbors=args.fanout, **_loader_kw(args))
     train_loader = NeighborLoader(data, input_nodes=train[rank::world], shuffle=True,
                                   batch_size=args.batch_size, drop_last=True, **kw)
     test_loader = NeighborLoader(data, input_nodes=test[rank::world],
@@ -218,13 +223,21 @@ def graph_task(args, rank: int, world: int):
     test = generators.sbm_dataset("pattern", args.test_graphs, seed=args.seed + 1)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
-    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0,
-              pin_memory=_pins(args))
+    kw = _loader_kw(args)
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler,
                               drop_last=True, **kw)
     # Evaluation needs no collective per batch, so the shares may differ in size.
     test_loader = DataLoader(test[rank::world], batch_size=args.batch_size, **kw)
     return train_loader, test_loader, sampler, train[0].num_features, 2
+
+
+def _loader_kw(args) -> dict:
+    """The loaders' worker and pinning options."""
+    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0,
+              pin_memory=_pins(args))
+    if args.workers > 0 and args.worker_start_method:
+        kw["multiprocessing_context"] = args.worker_start_method
+    return kw
 
 
 def _pins(args) -> bool:
@@ -401,6 +414,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
         "param_checksum_initial": initial, "amp": args.amp, "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread,
+        "worker_start_method": args.worker_start_method if args.workers > 0 else None,
         "workers": args.workers, **split,
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
@@ -470,6 +484,9 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
+    # Loaders left in reference cycles shut their workers down and release their
+    # queues' semaphores now, as the teardown skipped below would.
+    gc.collect()
     # The rank's work is done and reported. A spawned gloo rank aborted now and then
     # in interpreter teardown ("terminate called without an active exception", a
     # C++ thread of the destroyed group), which turned a finished run into a failed

@@ -407,6 +407,15 @@ def test_prefetched_layouts_train_the_same_parameters_on_cpu(tmp_path):
         assert ahead["final_loss"] == rep["final_loss"]
 
 
+def test_loader_workers_started_by_forkserver_on_cpu(tmp_path):
+    """--worker-start-method: each rank's loader workers start from a fork server
+    (no copy of the rank's threads), and training runs as with forked ones."""
+    rep = _example(tmp_path, "--task", "graph", "--device", "cpu", "--nprocs", "2",
+                   "--workers", "1", "--worker-start-method", "forkserver")
+    _check_ddp_report(rep, 2)
+    assert rep["workers"] == 1 and rep["worker_start_method"] == "forkserver"
+
+
 def test_benchmark_table_scales_over_one_rank_and_native():
     table = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["table"]
     runs = [dict(task="graph", model="gat", impl=impl, world_size=w, batch_size_per_rank=64,
