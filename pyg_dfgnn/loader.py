@@ -30,9 +30,10 @@ class LayoutPrefetchLoader(PrefetchLoader):
 
     Yielded batches are on ``device``, which must be the current device (as for
     ``PrefetchLoader``); on the CPU the layouts are built in the loop (or the
-    thread), ahead of their batch's turn, without streams. Batches without an ``edge_index`` (``HeteroData``)
-    are only prefetched. A loader with ``pin_memory=True`` (and
-    workers) pins in its own thread; the pin here then finds the batch pinned.
+    thread), ahead of their batch's turn, without streams. Batches without an
+    ``edge_index`` (``HeteroData``) are only prefetched. A loader with
+    ``pin_memory=True`` (and workers) pins in its own thread; the pin here then
+    finds the batch pinned.
 
     Args:
         loader: a loader of :class:`~torch_geometric.data.Data` batches (PyG's
