@@ -31,6 +31,7 @@ import argparse
 import gc
 import json
 import math
+import multiprocessing.util
 import os
 import shlex
 import shutil
@@ -484,9 +485,11 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
-    # Loaders left in reference cycles shut their workers down and release their
-    # queues' semaphores now, as the teardown skipped below would.
+    # Loaders left in reference cycles shut their workers down, and multiprocessing
+    # runs its exit finalizers (the workers' queues release their semaphores), as
+    # the interpreter teardown skipped below would.
     gc.collect()
+    multiprocessing.util._exit_function()
     # The rank's work is done and reported. A spawned gloo rank aborted now and then
     # in interpreter teardown ("terminate called without an active exception", a
     # C++ thread of the destroyed group), which turned a finished run into a failed
