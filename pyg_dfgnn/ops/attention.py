@@ -118,6 +118,14 @@ def check_edge_input(edge: Tensor, shape: Tuple[int, ...], like: Tensor, like_na
         raise ValueError(f"{who}: the edge {what} must be [{dims}] = "
                          f"[{', '.join(str(n) for n in shape)}] ({one} per edge and head), "
                          f"got {tuple(edge.shape)}")
+    check_edge_like(edge, like, like_name, who, what)
+
+
+def check_edge_like(edge: Tensor, like: Tensor, like_name: str, who: str,
+                    what: str = "rows") -> None:
+    r"""Raises :class:`ValueError` unless the per-edge input ``edge`` (the edge
+    ``what``) has the dtype and device of ``like``, the op's input(s) named
+    ``like_name``; the messages start with ``who``."""
     if edge.dtype != like.dtype:
         raise ValueError(f"{who}: the edge {what} must have the dtype of {like_name} "
                          f"({like.dtype}), got {edge.dtype}")

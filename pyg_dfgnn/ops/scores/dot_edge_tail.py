@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..attention import OpResult
+from ..attention import OpResult, check_edge_like
 from ..spec import ScoreSpec, register
 from .dot import check_qkv, gt_attention
 
@@ -39,12 +39,7 @@ def _check(layout, q: Tensor, k: Tensor, v: Tensor, a: Tensor) -> None:
         raise ValueError(f"gt_attention: 2-D edge rows must be [E, D] = [{layout.num_edges}, D] "
                          f"with 1 <= D <= C = {C} (tails of every head's row), got "
                          f"{tuple(a.shape)}")
-    if a.dtype != q.dtype:
-        raise ValueError(f"gt_attention: the edge rows must have the dtype of q, k and v "
-                         f"({q.dtype}), got {a.dtype}")
-    if a.device != q.device:
-        raise ValueError(f"gt_attention: the edge rows are on {a.device} but q, k and v are "
-                         f"on {q.device}")
+    check_edge_like(a, q, "q, k and v", "gt_attention")
     vec = 16 // a.element_size()
     if a.is_cuda and (C * a.element_size()) % 16 == 0 and a.size(1) % vec:
         raise ValueError(f"gt_attention: on CUDA, heads of {C} {q.dtype} channels take edge "
