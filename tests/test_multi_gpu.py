@@ -264,7 +264,7 @@ def _example(tmp_path, *args, env=None, timeout=300):
 
 def _check_ddp_report(rep, world):
     assert rep["world_size"] == world
-    assert rep["command"].startswith("python examples/multi_gpu.py --task graph "), rep
+    assert rep["command"].startswith(f"python examples/multi_gpu.py --task {rep['task']} "), rep
     assert len(rep["date"]) == 10 and rep["date"][4] == "-", rep["date"]
     assert rep["steps"] > 0 and math.isfinite(rep["final_loss"])
     sums = rep["param_checksums"]
