@@ -21,7 +21,8 @@ one GPU. That exercises the multi-process path, not the scaling: such rows are
 marked in the table.
 
 Writes ``multi_gpu.json`` (every configuration's report) and ``multi_gpu.md`` (the
-table) to ``--out`` (default: a new temporary folder) and prints the table.
+table) to ``--out`` (default: a new temporary folder) and prints the table;
+``--table-from JSON`` prints the table of such a record again.
 """
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--amp", nargs="+", choices=("none", "bf16"), default=["none"],
                    help="precisions, each a run: none (fp32) or bf16 autocast")
     p.add_argument("--time-split", action="store_true",
-                   help="also report data / compute / all-reduce time per step (each step "
-                        "then synchronises)")
+                   help="also report data / forward / backward / optimiser time per step "
+                        "(each part then synchronises) and the time of an all-reduce alone")
     p.add_argument("--hidden", type=int, default=32, help="channels per head")
     p.add_argument("--workers", type=int, default=4, help="data loader workers per rank")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -88,6 +89,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "every process's Python stacks")
     datasets.add_data_argument(p, "ogbn-arxiv/ (--tasks node)")
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
+    p.add_argument("--table-from", metavar="JSON", default=None,
+                   help="print the table of a record this benchmark wrote (e.g. "
+                        "docs/results/multi_gpu.json) and run nothing")
     args = p.parse_args(argv)
     if args.warmup >= args.steps:
         p.error("--warmup must be below --steps")
@@ -190,28 +194,42 @@ def table(reports: List[Dict[str, object]]) -> str:
                 world or r["world_size"])
     thr = {key(r): r.get("throughput") for r in reports if "error" not in r}
     rows = ["| task | batch / rank | amp | impl | ranks | throughput | vs 1 rank | fused / native "
-            "| data ms | compute ms | all-reduce ms | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| data ms | forward ms | backward ms | optimiser ms | all-reduce ms | data share "
+            "| note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         head = (f"| {r['task']} | {r['batch_size_per_rank']} | {r['amp']} | {r['impl']} | "
                 f"{r['world_size']} |")
         if "error" in r:
-            rows.append(f"{head} | | | | | | failed: {r['error']} |")
+            rows.append(f"{head} | | | | | | | | | failed: {r['error']} |")
             continue
         one = thr.get(key(r, world=1))
         native = thr.get(key(r, impl="native"))
         scale = f"{r['throughput'] / one:.2f}x" if one else ""
         ratio = f"{r['throughput'] / native:.2f}x" if native and r["impl"] == "fused" else ""
         split = " | ".join(f"{r[k]:.2f}" if k in r else "" for k in
-                           ("data_ms", "compute_ms", "allreduce_ms"))
+                           ("data_ms", "forward_ms", "backward_ms", "optimizer_ms",
+                            "allreduce_ms"))
+        split += f" | {r['data_share']:.0%}" if "data_share" in r else " | "
         note = "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else ""
         rows.append(f"{head} {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} | {split} "
                     f"| {note} |")
     return "\n".join(rows)
 
 
+def header(result: Dict[str, object]) -> str:
+    """The line above the table: machine, versions, configuration."""
+    return (f"{result['device_name']} x {result['gpus']}, torch {result['torch']}, NCCL "
+            f"{result['nccl']}, {result['date']}, {result['model']}, {result['steps']} steps "
+            f"({result['warmup']} warm-up), {result['workers']} loader workers per rank")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
+    if args.table_from:
+        result = json.loads(Path(args.table_from).read_text())
+        print(f"{header(result)}\n\n{table(result['runs'])}")
+        return result
     if not torch.cuda.is_available():
         sys.exit("benchmarks.multi_gpu measures GPUs and none is visible here "
                  "(python examples/multi_gpu.py --device cpu --quick runs the CPU path)")
@@ -245,9 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     }
     md = table(reports)
     (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
-    (out / "multi_gpu.md").write_text(
-        f"{result['device_name']} x {gpus}, torch {result['torch']}, NCCL {result['nccl']}, "
-        f"{args.model}, {args.steps} steps ({args.warmup} warm-up)\n\n{md}\n")
+    (out / "multi_gpu.md").write_text(f"{header(result)}\n\n{md}\n")
     print(f"\n{md}\n\nwritten to {out}")
     return result
 

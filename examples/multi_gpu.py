@@ -132,11 +132,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--amp", choices=("none", "bf16"), default="none",
                    help="bf16: forward and loss under torch.autocast in bfloat16 (default: none)")
     p.add_argument("--time-split", action="store_true",
-                   help="synchronise after each batch transfer and each step to report the "
-                        "median data (the loader, the copy and, with prefetching, the next "
-                        "batch's layout) and compute (forward, backward, all-reduce, "
-                        "optimiser) time per step, and time an all-reduce of the gradients "
-                        "alone")
+                   help="synchronise after each batch transfer, forward, backward and "
+                        "optimiser step to report each rank's median data (the loader, the "
+                        "copy and, with prefetching, the next batch's layout), forward, "
+                        "backward (with DDP's gradient all-reduce) and optimiser time per "
+                        "step, and time an all-reduce of the gradients alone")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--check-params", action="store_true",
                    help="at the end, all-gather a checksum of the parameters and fail unless "
@@ -335,8 +335,8 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
 
         step, samples, t0, loss = 0, 0, None, torch.zeros(())
-        data_s: List[float] = []
-        compute_s: List[float] = []
+        # Per timed step, seconds: data, forward (with the loss), backward, optimiser.
+        phases: List[List[float]] = []
         for epoch in range(args.epochs):
             if sampler is not None:
                 sampler.set_epoch(epoch)
@@ -353,22 +353,23 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
                     t0, samples = time.perf_counter(), 0
                 if not args.prefetch:
                     batch = batch.to(device)
-                if args.time_split:
-                    _sync(device)
-                    t_step = time.perf_counter()
+                marks = [t_data, _mark(device)] if args.time_split else None
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=torch.bfloat16,
                                     enabled=args.amp == "bf16"):
                     out, y, n = _outputs(ddp, batch, args.task)
                     loss = F.cross_entropy(out.float(), y)
+                if marks:
+                    marks.append(_mark(device))
                 loss.backward()
+                if marks:
+                    marks.append(_mark(device))
                 opt.step()
-                if args.time_split:
-                    _sync(device)
+                if marks:
+                    marks.append(_mark(device))
                     if step >= args.warmup:
-                        data_s.append(t_step - t_data)
-                        compute_s.append(time.perf_counter() - t_step)
-                    t_data = time.perf_counter()
+                        phases.append([b - a for a, b in zip(marks, marks[1:])])
+                    t_data = marks[-1]
                 step, samples = step + 1, samples + n
                 bar.update()
                 if rank == 0 and (i % 10 == 0 or i == n_steps - 1):
@@ -377,7 +378,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         _sync(device)
         elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
 
-        split = _time_split(model, data_s, compute_s, comm, world) if args.time_split else {}
+        split = _time_split(model, phases, comm, world) if args.time_split else {}
         correct, total = _evaluate(model, test_loader, args, device)
         stats = torch.tensor([correct, total, samples, loss.item()], dtype=torch.float64,
                              device=comm)
@@ -422,23 +423,36 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
           f"{step} steps, final loss {report['final_loss']:.4f}, test accuracy "
           f"{report['test_acc']:.4f} ({int(total)} nodes), {report['throughput']:.1f} "
           f"{report['unit']}" + (", parameters identical on every rank" if checksums else ""))
+    if split:
+        print("slowest rank's median step: " + ", ".join(
+            f"{k} {split[f'{k}_ms']:.2f} ms ({split[f'{k}_share']:.0%})" for k in PHASES)
+            + f"; one all-reduce of the gradients alone {split['allreduce_ms']:.3f} ms")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     return report
 
 
+#: The parts of a step that ``--time-split`` times, in order.
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
 @torch.no_grad()
-def _time_split(model, data_s, compute_s, comm, world: int) -> Dict[str, float]:
-    r"""The slowest rank's median data and compute time per step (ms), and the
-    median time of one all-reduce of a buffer as large as the model's gradients
-    (ms, ``0`` on one rank): DDP overlaps that all-reduce with the backward, so it
-    bounds what communication adds to a step."""
+def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str, object]:
+    r"""Where a step's time goes: every rank's median time per step of each part
+    of :data:`PHASES` (ms); the slowest rank's (the largest median step), with
+    ``compute_ms`` (forward + backward + optimiser) and each part's share of its
+    step; and the median time of one all-reduce of a buffer as large as the
+    model's gradients (ms, ``0`` on one rank). DDP overlaps that all-reduce with
+    the backward, so it bounds what communication adds to a step."""
     import statistics
-    med = torch.tensor([statistics.median(data_s) if data_s else math.nan,
-                        statistics.median(compute_s) if compute_s else math.nan],
-                       dtype=torch.float64, device=comm)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    cols = list(zip(*phases)) if phases else [[math.nan]] * len(PHASES)
+    med = [statistics.median(c) * 1e3 for c in cols]
+    mine = torch.tensor([*med, sum(med)], dtype=torch.float64, device=comm)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    ranks = [dict(zip([*PHASES, "step"], t.tolist())) for t in every]
+    slow = max(ranks, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
     allreduce = 0.0
     if world > 1:
         grads = torch.randn(sum(p.numel() for p in model.parameters()), device=comm)
@@ -450,8 +464,13 @@ def _time_split(model, data_s, compute_s, comm, world: int) -> Dict[str, float]:
             _sync(comm)
             times.append(time.perf_counter() - t)
         allreduce = statistics.median(times[5:]) * 1e3
-    return {"data_ms": med[0].item() * 1e3, "compute_ms": med[1].item() * 1e3,
-            "allreduce_ms": allreduce}
+    split: Dict[str, object] = {f"{k}_ms": slow[k] for k in PHASES}
+    split["compute_ms"] = slow["forward"] + slow["backward"] + slow["optimizer"]
+    split["step_ms"] = slow["step"]
+    split.update({f"{k}_share": slow[k] / slow["step"] for k in PHASES})
+    split["allreduce_ms"] = allreduce
+    split["rank_split_ms"] = ranks
+    return split
 
 
 def _evaluate(model, loader, args, device) -> tuple:
@@ -470,6 +489,12 @@ def _evaluate(model, loader, args, device) -> tuple:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _mark(device: torch.device) -> float:
+    """The host clock once the device has run everything queued so far."""
+    _sync(device)
+    return time.perf_counter()
 
 
 # -------------------------------------------------------------------- launching

@@ -289,7 +289,7 @@ def test_ddp_four_ranks_on_cpu(tmp_path):
                    "--device", "cpu", "--nprocs", "4", "--time-split", "--graphs", "128")
     _check_ddp_report(rep, 4)
     assert rep["backend"] == "gloo"
-    assert rep["compute_ms"] > 0 and rep["data_ms"] >= 0 and rep["allreduce_ms"] > 0
+    _check_time_split(rep, 4)
 
 
 def _has_neighbor_sampler() -> bool:
@@ -383,12 +383,28 @@ def test_two_torchrun_nodes_on_two_gpus(tmp_path):
     assert rep["backend"] == "nccl"
 
 
+def _check_time_split(rep, world):
+    """Every rank's split adds up to its step; the report's is the slowest rank's."""
+    parts = ("data", "forward", "backward", "optimizer")
+    ranks = rep["rank_split_ms"]
+    assert len(ranks) == world
+    for r in ranks:
+        assert all(r[k] > 0 for k in parts), r
+        assert r["step"] == pytest.approx(sum(r[k] for k in parts))
+    slowest = max(ranks, key=lambda r: r["step"])
+    assert rep["step_ms"] == slowest["step"]
+    assert rep["compute_ms"] == pytest.approx(rep["step_ms"] - rep["data_ms"])
+    assert sum(rep[f"{k}_share"] for k in parts) == pytest.approx(1.0)
+    assert rep["data_share"] == pytest.approx(rep["data_ms"] / rep["step_ms"])
+    assert rep["allreduce_ms"] > 0
+
+
 def test_time_split_and_bf16_autocast_on_cpu(tmp_path):
     rep = _example(tmp_path, "--task", "graph", "--device", "cpu", "--nprocs", "2",
                    "--amp", "bf16", "--time-split")
     _check_ddp_report(rep, 2)
     assert rep["amp"] == "bf16"
-    assert rep["compute_ms"] > 0 and rep["data_ms"] >= 0 and rep["allreduce_ms"] > 0
+    _check_time_split(rep, 2)
 
 
 def test_prefetched_layouts_train_the_same_parameters_on_cpu(tmp_path):
@@ -419,15 +435,31 @@ def test_loader_workers_started_by_forkserver_on_cpu(tmp_path):
 def test_benchmark_table_scales_over_one_rank_and_native():
     table = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["table"]
     runs = [dict(task="graph", model="gat", impl=impl, world_size=w, batch_size_per_rank=64,
-                 amp="none", throughput=t, unit="graphs/s", data_ms=1.0, compute_ms=2.0,
-                 allreduce_ms=0.5)
+                 amp="none", throughput=t, unit="graphs/s", data_ms=1.0, forward_ms=0.5,
+                 backward_ms=1.25, optimizer_ms=0.25, allreduce_ms=0.125, data_share=1 / 3)
             for impl, w, t in (("fused", 1, 100.0), ("native", 1, 50.0), ("fused", 2, 180.0),
                                ("native", 2, 60.0))]
     runs.append(dict(task="graph", model="gat", impl="fused", world_size=4,
                      batch_size_per_rank=64, amp="none", error="timed out"))
     rows = table(runs).splitlines()
     assert "| 1.80x | 3.00x |" in rows[4]  # fused, 2 ranks: over 1 rank, over native
+    assert "| 1.00 | 0.50 | 1.25 | 0.25 | 0.12 | 33% |" in rows[4]
     assert "failed: timed out" in rows[-1]
+
+
+def test_benchmark_table_from_a_record(tmp_path, capsys):
+    """--table-from prints a committed record's table again, with no GPU."""
+    main = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["main"]
+    run = dict(task="graph", model="gt", impl="fused", world_size=2, batch_size_per_rank=64,
+               amp="bf16", throughput=1234.0, unit="graphs/s", data_ms=2.0)
+    record = dict(device_name="GPU X", gpus=2, torch="2.x", nccl="2.1", date="2026-01-02",
+                  model="gt", steps=40, warmup=10, workers=4, runs=[run])
+    path = tmp_path / "multi_gpu.json"
+    path.write_text(json.dumps(record))
+    assert main(["--table-from", str(path)]) == record
+    out = capsys.readouterr().out
+    assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, 40 steps")
+    assert "| graph | 64 | bf16 | fused | 2 | 1,234 graphs/s |" in out
 
 
 # --------------------------------------------------- benchmarks/multi_gpu.py runs
