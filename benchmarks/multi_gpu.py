@@ -136,6 +136,7 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
     print(" ".join(cmd[1:]), flush=True)
     base = {"task": task, "model": args.model, "impl": impl, "world_size": world,
             "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher}
+    t0 = time.perf_counter()
     with open(log, "w") as f:
         # Its own process group, so that a run past the timeout is stopped with all
         # its ranks and loader workers; PYTHONFAULTHANDLER makes each of them print
@@ -148,10 +149,11 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             return {**base, "error": f"timed out after {args.timeout} s (stacks: {log})"}
+    base["wall_s"] = round(time.perf_counter() - t0, 1)  # start-up, training, evaluation
     if code != 0:
         return {**base, "error": _last_message(log.read_text(errors="replace"), code)
                 + f" (log: {log})"}
-    rep = {**json.loads(path.read_text()), "launcher": args.launcher}
+    rep = {**json.loads(path.read_text()), "launcher": args.launcher, "wall_s": base["wall_s"]}
     if rep["steps"] < args.steps:
         rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
     return rep

@@ -511,3 +511,4 @@ def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
     rep = bench.run_one(args, "graph", "native", 1, 64, "bf16", 1, tmp_path)
     assert rep["error"].startswith("no GPU here: pass --device cpu (log: "), rep
     assert rep["launcher"] == "torchrun"
+    assert 0 < rep["wall_s"] < 120  # the run's whole wall time, kept with its error
