@@ -148,7 +148,8 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
             code = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
-            return {**base, "error": f"timed out after {args.timeout} s (stacks: {log})"}
+            return {**base, "wall_s": round(time.perf_counter() - t0, 1),
+                    "error": f"timed out after {args.timeout} s (stacks: {log})"}
     base["wall_s"] = round(time.perf_counter() - t0, 1)  # start-up, training, evaluation
     if code != 0:
         return {**base, "error": _last_message(log.read_text(errors="replace"), code)
@@ -170,23 +171,46 @@ def _last_message(text: str, code: int) -> str:
     return lines[-1] if lines else f"exit status {code}"
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float = 20.0, settle_s: float = 3.0) -> None:
+def _stop_group(proc: subprocess.Popen, grace_s: float = 20.0, settle_s: float = 3.0,
+                stagger_s: float = 0.3) -> None:
     """Aborts every process of ``proc``'s group, so that each prints its stacks;
     waits up to ``grace_s`` for ``proc`` and ``settle_s`` more for the others (the
-    ranks and workers, still writing theirs), then kills what is left."""
+    ranks and workers, still writing theirs), then kills what is left.
+
+    One process at a time, ``stagger_s`` apart: aborted together, their stacks
+    interleave in the one log, line by line. ``proc`` (the launcher) goes first,
+    so that it cannot stop its ranks before they print (``spawn`` terminates the
+    others when one dies); then the rest, newest first (loader workers before
+    the rank that started them)."""
+    for pid in [proc.pid] + sorted(_group_members(proc.pid) - {proc.pid}, reverse=True):
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            continue
+        time.sleep(stagger_s)
     try:
-        os.killpg(proc.pid, signal.SIGABRT)
         proc.wait(timeout=grace_s)
-    except ProcessLookupError:  # the whole group is gone
-        return
     except subprocess.TimeoutExpired:
         pass
     time.sleep(settle_s)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except ProcessLookupError:  # the whole group is gone
         pass
     proc.wait()
+
+
+def _group_members(pgid: int) -> set:
+    """The processes in process group ``pgid`` (from ``/proc``; empty elsewhere)."""
+    members = set()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid:
+                    members.add(int(name))
+            except OSError:  # gone meanwhile
+                pass
+    return members
 
 
 def table(reports: List[Dict[str, object]]) -> str:
