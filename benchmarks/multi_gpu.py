@@ -91,7 +91,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
     p.add_argument("--table-from", metavar="JSON", default=None,
                    help="print the table of a record this benchmark wrote (e.g. "
-                        "docs/results/multi_gpu.json) and run nothing")
+                        "docs/results/multi_gpu.json) and run nothing (default: none, the "
+                        "benchmark runs)")
     args = p.parse_args(argv)
     if args.warmup >= args.steps:
         p.error("--warmup must be below --steps")
