@@ -336,6 +336,18 @@ def test_ddp_on_two_gpus_with_nccl(tmp_path):
 
 
 @pytest.mark.cuda
+@two_gpus
+def test_ddp_on_two_gpus_with_loader_workers_and_time_split(tmp_path):
+    """What benchmarks.multi_gpu runs: loader workers (pinning in their thread),
+    prefetched layouts and the time split, on NCCL."""
+    rep = _example(tmp_path, "--task", "graph", "--impl", "fused", "--device", "cuda",
+                   "--nprocs", "2", "--workers", "2", "--time-split", "--graphs", "128")
+    _check_ddp_report(rep, 2)
+    assert rep["backend"] == "nccl" and rep["workers"] == 2
+    _check_time_split(rep, 2)
+
+
+@pytest.mark.cuda
 def test_ddp_two_processes_on_one_gpu(tmp_path):
     """Two ranks share GPU 0 (gloo: NCCL refuses two ranks on one GPU)."""
     rep = _example(tmp_path, "--task", "graph", "--impl", "fused", "--device", "cuda",
