@@ -44,6 +44,9 @@ import torch
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_gpu.py"
 UNIT = {"node": "seeds/s", "graph": "graphs/s"}
 BATCH_SIZE = {"node": 1024, "graph": 64}
+#: Loader workers per rank by task (--workers sets both): a node batch's sampling
+#: takes 38 ms on one CPU core (docs/multi_gpu.md, "The data path").
+WORKERS = {"node": 12, "graph": 4}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -72,7 +75,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="also report data / forward / backward / optimiser time per step "
                         "(each part then synchronises) and the time of an all-reduce alone")
     p.add_argument("--hidden", type=int, default=32, help="channels per head")
-    p.add_argument("--workers", type=int, default=4, help="data loader workers per rank")
+    p.add_argument("--workers", type=int, default=None,
+                   help="data loader workers per rank (default: 12 for node, whose "
+                        "neighbour sampling takes about 40 ms a batch on one CPU core, 4 for "
+                        "graph)")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="pass --no-prefetch to the example: batches copied and layouts built "
                         "in the step (default: prefetched on a side stream)")
@@ -113,7 +119,7 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
     opts = ["--task", task, "--model", args.model, "--impl", impl, "--device", "cuda",
             "--epochs", "1", "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch-size", str(batch), "--hidden", str(args.hidden),
-            "--workers", str(args.workers), "--eval-steps", "1", "--no-progress",
+            "--workers", str(workers(args, task)), "--eval-steps", "1", "--no-progress",
             "--amp", amp, "--json", str(path)]
     if args.time_split:
         opts.append("--time-split")
@@ -159,6 +165,11 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
     if rep["steps"] < args.steps:
         rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
     return rep
+
+
+def workers(args, task: str) -> int:
+    """Loader workers per rank for ``task``: ``--workers``, else :data:`WORKERS`."""
+    return WORKERS[task] if args.workers is None else args.workers
 
 
 def _last_message(text: str, code: int) -> str:
@@ -246,9 +257,10 @@ def table(reports: List[Dict[str, object]]) -> str:
 
 def header(result: Dict[str, object]) -> str:
     """The line above the table: machine, versions, configuration."""
+    per_rank = ", ".join(f"{n} ({task})" for task, n in result["workers"].items())
     return (f"{result['device_name']} x {result['gpus']}, torch {result['torch']}, NCCL "
             f"{result['nccl']}, {result['date']}, {result['model']}, {result['steps']} steps "
-            f"({result['warmup']} warm-up), {result['workers']} loader workers per rank")
+            f"({result['warmup']} warm-up), loader workers per rank: {per_rank}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -283,7 +295,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "model": args.model,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
-        "workers": args.workers, "prefetch": args.prefetch,
+        "workers": {task: workers(args, task) for task in args.tasks},
+        "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread, "launcher": args.launcher,
         "worker_start_method": args.worker_start_method,
         "runs": reports,

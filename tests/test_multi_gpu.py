@@ -465,12 +465,13 @@ def test_benchmark_table_from_a_record(tmp_path, capsys):
     run = dict(task="graph", model="gt", impl="fused", world_size=2, batch_size_per_rank=64,
                amp="bf16", throughput=1234.0, unit="graphs/s", data_ms=2.0)
     record = dict(device_name="GPU X", gpus=2, torch="2.x", nccl="2.1", date="2026-01-02",
-                  model="gt", steps=40, warmup=10, workers=4, runs=[run])
+                  model="gt", steps=40, warmup=10, workers={"graph": 4}, runs=[run])
     path = tmp_path / "multi_gpu.json"
     path.write_text(json.dumps(record))
     assert main(["--table-from", str(path)]) == record
     out = capsys.readouterr().out
-    assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, 40 steps")
+    assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, 40 steps (10 "
+                          "warm-up), loader workers per rank: 4 (graph)\n")
     assert "| graph | 64 | bf16 | fused | 2 | 1,234 graphs/s |" in out
 
 
@@ -528,3 +529,18 @@ def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
     assert rep["error"].startswith("no GPU here: pass --device cpu (log: "), rep
     assert rep["launcher"] == "torchrun"
     assert 0 < rep["wall_s"] < 120  # the run's whole wall time, kept with its error
+
+
+@pytest.mark.parametrize("given, node, graph", [((), 12, 4), (("--workers", "2"), 2, 2)])
+def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, graph):
+    """The node task's neighbour sampling gets more loader workers by default;
+    --workers sets both tasks'."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    fake = tmp_path / "argv.py"
+    fake.write_text("import sys\nsys.exit(' '.join(sys.argv[1:]))\n")
+    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    args = bench.parse_args(["--tasks", "node", "graph", *given])
+    for task, n in (("node", node), ("graph", graph)):
+        rep = bench.run_one(args, task, "fused", 1, 8, "none", 1, tmp_path)
+        assert f"--task {task} " in rep["error"] and f" --workers {n} " in rep["error"], rep
