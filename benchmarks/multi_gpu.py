@@ -155,9 +155,10 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
             code = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
-            return {**base, "wall_s": round(time.perf_counter() - t0, 1),
-                    "error": f"timed out after {args.timeout} s (stacks: {log})"}
+            code = None
     base["wall_s"] = round(time.perf_counter() - t0, 1)  # start-up, training, evaluation
+    if code is None:
+        return {**base, "error": f"timed out after {args.timeout} s (stacks: {log})"}
     if code != 0:
         return {**base, "error": _last_message(log.read_text(errors="replace"), code)
                 + f" (log: {log})"}

@@ -440,7 +440,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 @torch.no_grad()
 def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str, object]:
     r"""Where a step's time goes: every rank's median time per step of each part
-    of :data:`PHASES` (ms); the slowest rank's (the largest median step), with
+    of :data:`PHASES` (ms); the slowest rank's (the largest sum of them), with
     ``compute_ms`` (forward + backward + optimiser) and each part's share of its
     step; and the median time of one all-reduce of a buffer as large as the
     model's gradients (ms, ``0`` on one rank). DDP overlaps that all-reduce with
@@ -458,11 +458,9 @@ def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str,
         grads = torch.randn(sum(p.numel() for p in model.parameters()), device=comm)
         times = []
         for _ in range(25):
-            _sync(comm)
-            t = time.perf_counter()
+            t = _mark(comm)
             dist.all_reduce(grads)
-            _sync(comm)
-            times.append(time.perf_counter() - t)
+            times.append(_mark(comm) - t)
         allreduce = statistics.median(times[5:]) * 1e3
     split: Dict[str, object] = {f"{k}_ms": slow[k] for k in PHASES}
     split["compute_ms"] = slow["forward"] + slow["backward"] + slow["optimizer"]
