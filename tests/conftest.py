@@ -101,6 +101,13 @@ def fail_for(monkeypatch, module, name: str, first, error: Exception) -> None:
     monkeypatch.setattr(module, name, patched)
 
 
+def stable_seed(*parts) -> int:
+    r"""A seed made from a test's parameters, the same in every process: ``hash``
+    of a ``str`` is salted per process (``PYTHONHASHSEED``), so a failure seeded
+    by it would not come back when the test runs again."""
+    return zlib.crc32(repr(parts).encode())
+
+
 def rel_err(a: Tensor, b: Tensor) -> float:
     r"""``||a - b|| / ||b||`` in float64 (absolute error when ``b`` is zero).
 

@@ -5,6 +5,7 @@ determinism, opcheck and the layer against native GATConv."""
 import pytest
 import torch
 
+from conftest import rel_err_floor, stable_seed
 from pyg_dfgnn import ops
 from pyg_dfgnn.layout import GraphLayout
 from pyg_dfgnn.ops import calls, plan, reference
@@ -34,7 +35,7 @@ def ref64(lay, a_src, a_dst, x, slope, g):
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7)])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 def test_forward_backward_fp32(graph, H, C, strategy):
-    torch.manual_seed(hash((graph, H, C)) % 2**31)
+    torch.manual_seed(stable_seed(graph, H, C))
     lay, a_src, a_dst, x = make(graph, H, C, torch.float32)
     g = torch.randn(lay.num_dst, H, C, device=DEV)
     poison()
@@ -293,7 +294,7 @@ def test_gat_layer_matches_native_on_gpu():
 def test_agnn_cosine_attention(graph, C, strategy):
     """AGNN through the GT kernels (L2-normalised dot product, beta folded into the
     queries) against reference.cosine_attention in float64, gradients of x and beta."""
-    torch.manual_seed(hash((graph, C)) % 2**31)
+    torch.manual_seed(stable_seed(graph, C))
     ei, ns, nd = GRAPHS[graph]()
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     x_src = torch.randn(ns, C, device=DEV, requires_grad=True)
@@ -307,8 +308,13 @@ def test_agnn_cosine_attention(graph, C, strategy):
     ref, _ = reference.cosine_attention(lay.rowptr, lay.col, t[1], t[0], t[2])
     ref.backward(g.double())
     assert rel_err(out, ref) < 1e-5
-    for got, want in zip((x_src.grad, x_dst.grad, beta.grad), (t[0].grad, t[1].grad, t[2].grad)):
+    for got, want in zip((x_src.grad, x_dst.grad), (t[0].grad, t[1].grad)):
         assert rel_err(got, want) < 1e-4
+    # beta's gradient is one sum over the 4,572 edges that can nearly cancel (-0.011,
+    # where it is 3 in a typical draw; the float32 reference is then 5e-5 off
+    # float64 itself): below 1 it is compared absolutely, as 1e-4 of its typical
+    # size, far above the summation's rounding and far below a wrong term.
+    assert rel_err_floor(beta.grad, t[2].grad, floor=1.0) < 1e-4
 
 
 @pytest.mark.parametrize("graph", ["small", "super_node"])
@@ -317,7 +323,7 @@ def test_agnn_fused_normalisation(graph, H, C):
     """x_dst = x_src: the fused normalisation kernel (k = x / max(||x||, eps),
     q = beta k, one pass each way) against the float64 reference, with a zero row
     and a row below eps (the clamped branch of the backward) among the inputs."""
-    torch.manual_seed(hash((graph, H, C)) % 2**31)
+    torch.manual_seed(stable_seed(graph, H, C))
     ei, n, _ = GRAPHS[graph]()
     lay = GraphLayout.from_edge_index(ei, (n, n))
     x = torch.randn(n, H, C, device=DEV)
