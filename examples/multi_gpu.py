@@ -236,9 +236,18 @@ def _loader_kw(args) -> dict:
     """The loaders' worker and pinning options."""
     kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0,
               pin_memory=_pins(args))
-    if args.workers > 0 and args.worker_start_method:
-        kw["multiprocessing_context"] = args.worker_start_method
+    if args.workers > 0:
+        kw["multiprocessing_context"] = worker_start_method(args)
     return kw
+
+
+def worker_start_method(args) -> str:
+    """How the loader workers start: ``--worker-start-method``, else the platform's
+    default. Named, not left to ``multiprocessing``: a rank that
+    ``torch.multiprocessing.spawn`` started has ``spawn`` as its default, whose
+    workers each import torch and PyG again and get the dataset pickled, which
+    held a two-rank run's start-up at 90 s where one rank took 13 s."""
+    return args.worker_start_method or multiprocessing.get_all_start_methods()[0]
 
 
 def _pins(args) -> bool:
@@ -416,7 +425,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "timed_steps": max(step - args.warmup, 0), "param_checksums": checksums,
         "param_checksum_initial": initial, "amp": args.amp, "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread,
-        "worker_start_method": args.worker_start_method if args.workers > 0 else None,
+        "worker_start_method": worker_start_method(args) if args.workers > 0 else None,
         "workers": args.workers, **split,
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "

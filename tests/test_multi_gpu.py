@@ -314,6 +314,28 @@ def test_node_task_without_sampler_names_the_missing_packages(capsys):
     assert "pyg-lib" in err and "torch_sparse" in err
 
 
+
+def test_loader_workers_of_a_spawned_rank_start_as_the_platform_default():
+    """A rank that torch.multiprocessing.spawn starts has "spawn" as its default
+    start method; its loader workers do not inherit it (each would import torch
+    and PyG again and get the dataset pickled: a two-rank run took 90 s to start
+    where one rank took 13 s). --worker-start-method still picks any."""
+    import multiprocessing
+    example = runpy.run_path(str(EXAMPLE))
+    args = example["parse_args"](["--workers", "2", "--device", "cpu"])
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        multiprocessing.set_start_method("spawn", force=True)  # as in a spawned rank
+        kw = example["_loader_kw"](args)
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert kw["multiprocessing_context"] == multiprocessing.get_all_start_methods()[0]
+    args = example["parse_args"](["--workers", "2", "--device", "cpu",
+                                  "--worker-start-method", "spawn"])
+    assert example["_loader_kw"](args)["multiprocessing_context"] == "spawn"
+    args = example["parse_args"](["--workers", "0", "--device", "cpu"])
+    assert "multiprocessing_context" not in example["_loader_kw"](args)
+
 def test_param_checksum_sees_one_ulp():
     checksum = runpy.run_path(str(EXAMPLE))["param_checksum"]
     lin = torch.nn.Linear(4, 3)
