@@ -8,7 +8,11 @@ Each row: median and 10th / 90th percentile of ``calls`` single calls (perf_coun
 around call + synchronize, after 50 warm-up calls), the median GPU time between
 events around the call (CUDA events: the kernels and the host gaps inside the
 call), and the host time per call of ``calls`` calls back to back; under
-``no_grad`` and with autograd recording (the node).
+``no_grad`` and with autograd recording (the node). ``--breakdown`` adds where
+the host time of a call goes: the extension's op alone (the dispatcher, the
+autograd node, the output allocations and the launches), the Python steps before
+it (argument checks, the plan lookup, the kernel inputs, ...) each timed alone,
+and the Python remainder (the whole call less the op).
 Needs a CUDA GPU and the compiled extension.
 """
 from __future__ import annotations
@@ -74,6 +78,66 @@ def measure(fn, calls: int) -> dict:
             "gpu_median_us": statistics.median(gpu), "host_us": host}
 
 
+def per_call_us(fn, calls: int, rounds: int = 7) -> float:
+    """Median over ``rounds`` of the host time per call of ``calls`` calls back to
+    back (microseconds)."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def breakdown(fn, calls: int) -> dict:
+    """Host microseconds per call of the fused call ``fn`` and of its parts, each
+    run alone with the arguments ``fn`` passed them (recorded by one call)."""
+    from pyg_dfgnn.ops import attention as attention_mod
+    from pyg_dfgnn.ops import calls as calls_mod
+
+    seen = {}
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            seen[name] = (args, kwargs)
+            return real(*args, **kwargs)
+        return real, wrapper
+
+    spies = [(module, name, *spy(module, name)) for module, name in (
+        (attention_mod, "call_op"), (calls_mod, "prepare"), (calls_mod, "kernel_inputs"))]
+    for module, name, _, wrapper in spies:
+        setattr(module, name, wrapper)
+    try:
+        fn()
+    finally:
+        for module, name, real, _ in spies:
+            setattr(module, name, real)
+    (spec, inputs), _ = seen["kernel_inputs"]
+    prep_args, prep_kw = seen["prepare"]
+    _, lay, dtype, head_size, _, _, _, need = prep_args
+    value = inputs[spec.value_input]
+    plan = calls_mod.prepare(*prep_args, **prep_kw).plan
+    (op_name, op_args), _ = seen["call_op"]
+    parts = {
+        "whole_call": fn,
+        "extension_op": lambda: attention_mod.call_op(op_name, op_args),
+        "check_inputs": lambda: spec.check(lay, *inputs),
+        "runs_kernels": lambda: calls_mod.runs_kernels(lay, value.is_cuda, head_size, dtype),
+        "needs_grad": lambda: calls_mod.needs_grad(inputs),
+        "plan_lookup": lambda: calls_mod.prepare(*prep_args, **prep_kw),
+        "explain_record": lambda: calls_mod.record(spec, lay, plan, need, value),
+        "kernel_inputs": lambda: calls_mod.kernel_inputs(spec, inputs),
+        "is_compiling": torch.compiler.is_compiling,
+    }
+    us = {k: per_call_us(f, calls) for k, f in parts.items()}
+    us["python_rest"] = us["whole_call"] - us["extension_op"]
+    return us
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_path",
                                      description=__doc__.split("\n\n")[0],
@@ -82,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=1000, help="timed calls per row")
     parser.add_argument("--scores", default="dot,additive,gatv2,cosine",
                         help="comma-separated score functions")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the parts of a call's host path alone")
     parser.add_argument("--out", default="host_path.json", help="JSON output")
     args = parser.parse_args(argv)
     cli.require_kernels("benchmarks.host_path")
@@ -93,17 +159,19 @@ def main(argv=None) -> int:
                          add_self_loops=score in ("additive", "gatv2", "cosine"))
         for grad in (False, True):
             fn, _ = _inputs(score, lay, grad)
-            if grad:
+            with torch.enable_grad() if grad else torch.no_grad():
                 row = measure(fn, args.calls)
-            else:
-                with torch.no_grad():
-                    row = measure(fn, args.calls)
+                if args.breakdown:
+                    row["host_parts_us"] = breakdown(fn, args.calls)
             row.update(score=score, autograd=grad)
             rows.append(row)
             print(f"{score:9s} {'grad' if grad else 'no_grad':8s} median {row['median_us']:7.1f} us"
                   f" (p10 {row['p10_us']:6.1f}, p90 {row['p90_us']:6.1f}); kernels "
                   f"{row['gpu_median_us']:6.1f} us; host per call {row['host_us']:5.1f} us",
                   flush=True)
+            if args.breakdown:
+                print("  host us per call: " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in row["host_parts_us"].items()), flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C}
     cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
