@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test sanitize bench train minibatch" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test sanitize bench train minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
 # sanitize: benchmarks/sanitize.sh (every kernel path under memcheck, racecheck,
 # initcheck and synccheck, the four tools in parallel), logs in $OUT/sanitize.
 # minibatch: benchmarks/minibatch.py ($MB_ARGS) and examples/train_minibatch.py on
@@ -12,6 +12,10 @@
 # folder of their own, on the path of those two commands only: a CPU-only
 # torch_scatter takes PyG's CUDA segment reductions and fails them ("Not compiled
 # with CUDA support"), so the tests must not see it.
+# multigpu: benchmarks.multi_gpu over the machine's GPUs ($MG_ARGS, default both
+# tasks, fused and native, fp32 and bf16, with the time split), the node task's
+# NeighborLoader from the same $WHEELS folder as minibatch; a sitecustomize there
+# hides the CPU-only torch_scatter from PyG, whose CUDA reductions it would take.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -56,11 +60,19 @@ if has train; then
     $PY examples/train.py --model $m --impl both --json "$OUT/train_$m.json" 2>&1 | tail -8 | tee -a "$OUT/train.txt"
   done
 fi
+site=/tmp/pyg_dfgnn_loader_site
+if [ -n "${WHEELS:-}" ] && { has minibatch || has multigpu; }; then
+  $PY -m pip install -q --no-deps --no-index --target "$site" "$WHEELS"/*.whl || exit 1
+fi
+if has multigpu; then
+  mg_site=/tmp/pyg_dfgnn_mg_site
+  mkdir -p "$mg_site"
+  printf 'import torch_geometric.typing as T\nT.WITH_TORCH_SCATTER = False\n' > "$mg_site/sitecustomize.py"
+  PYTHONPATH="$mg_site:$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.multi_gpu \
+    ${MG_ARGS:---tasks graph node --amp none bf16 --time-split --timeout 300} \
+    --out "$OUT/multi_gpu" 2>&1 | tee "$OUT/multi_gpu.txt" | tail -30
+fi
 if has minibatch; then
-  site=/tmp/pyg_dfgnn_loader_site
-  if [ -n "${WHEELS:-}" ]; then
-    $PY -m pip install -q --no-deps --no-index --target "$site" "$WHEELS"/*.whl || exit 1
-  fi
   PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.minibatch ${MB_ARGS:-} \
     --out "$OUT/minibatch.json" 2> "$OUT/minibatch.err" | tee "$OUT/minibatch.txt" | tail -40
   PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" $PY examples/train_minibatch.py \
