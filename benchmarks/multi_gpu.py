@@ -21,8 +21,8 @@ one GPU. That exercises the multi-process path, not the scaling: such rows are
 marked in the table.
 
 Writes ``multi_gpu.json`` (every configuration's report) and ``multi_gpu.md`` (the
-table) to ``--out`` (default: a new temporary folder) and prints the table;
-``--table-from JSON`` prints the table of such a record again.
+table) to ``--out`` (default: a new temporary folder), again after every run, and
+prints the table; ``--table-from JSON`` prints the table of such a record again.
 """
 from __future__ import annotations
 
@@ -264,6 +264,18 @@ def header(result: Dict[str, object]) -> str:
             f"({result['warmup']} warm-up), loader workers per rank: {per_rank}")
 
 
+def write_record(result: Dict[str, object], out: Path) -> str:
+    """Writes ``multi_gpu.json`` and ``multi_gpu.md`` of ``result`` to ``out``;
+    returns the table."""
+    # From a run's report: this process leaves the GPUs to the runs (no CUDA context).
+    result["device_name"] = next((r["device_name"] for r in result["runs"]
+                                  if "device_name" in r), "?")
+    md = table(result["runs"])
+    (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
+    (out / "multi_gpu.md").write_text(f"{header(result)}\n\n{md}\n")
+    return md
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     if args.table_from:
@@ -276,21 +288,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     gpus = torch.cuda.device_count()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="multi_gpu_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for task in args.tasks:
-        for world in args.world_sizes:
-            if world > gpus and not args.oversubscribe:
-                print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares them)")
-                continue
-            for batch in args.batch_sizes or [BATCH_SIZE[task]]:
-                for amp in args.amp:
-                    for impl in args.impls:
-                        reports.append(run_one(args, task, impl, world, batch, amp, gpus, out))
+    reports: List[Dict[str, object]] = []
     nccl = torch.cuda.nccl.version()
     result = {
-        # From a run's report: this process leaves the GPUs to the runs (no CUDA context).
-        "device_name": next((r["device_name"] for r in reports if "device_name" in r), "?"),
-        "gpus": gpus, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+        "device_name": "?", "gpus": gpus, "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
         "command": "python -m benchmarks.multi_gpu " + shlex.join(
             sys.argv[1:] if argv is None else list(argv)),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
@@ -302,9 +304,22 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "worker_start_method": args.worker_start_method,
         "runs": reports,
     }
-    md = table(reports)
-    (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
-    (out / "multi_gpu.md").write_text(f"{header(result)}\n\n{md}\n")
+    for task in args.tasks:
+        for world in args.world_sizes:
+            if world > gpus and not args.oversubscribe:
+                print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares them)")
+                continue
+            for batch in args.batch_sizes or [BATCH_SIZE[task]]:
+                for amp in args.amp:
+                    for impl in args.impls:
+                        rep = run_one(args, task, impl, world, batch, amp, gpus, out)
+                        reports.append(rep)
+                        print(f"  failed: {rep['error']}" if "error" in rep else
+                              f"  {rep['throughput']:,.0f} {rep['unit']}", flush=True)
+                        # After every run: a benchmark stopped part-way (a caller's
+                        # time limit) leaves the record of the runs it finished.
+                        write_record(result, out)
+    md = write_record(result, out)
     print(f"\n{md}\n\nwritten to {out}")
     return result
 

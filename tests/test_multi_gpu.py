@@ -566,3 +566,30 @@ def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, g
     for task, n in (("node", node), ("graph", graph)):
         rep = bench.run_one(args, task, "fused", 1, 8, "none", 1, tmp_path)
         assert f"--task {task} " in rep["error"] and f" --workers {n} " in rep["error"], rep
+
+
+def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
+    """The record is written after each run, so a benchmark stopped part-way (a
+    caller's time limit) leaves the runs it finished, with the table's header."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    done = []
+
+    def run_one(args, task, impl, world, batch, amp, gpus, out):
+        if len(done) == 2:
+            raise KeyboardInterrupt  # the caller's limit, during the third run
+        done.append(impl)
+        return dict(task=task, model=args.model, impl=impl, world_size=world,
+                    batch_size_per_rank=batch, amp=amp, throughput=100.0 * len(done),
+                    unit="graphs/s", device_name="GPU X")
+    monkeypatch.setattr(bench, "run_one", run_one)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--tasks", "graph", "--world-sizes", "1", "2", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "multi_gpu.json").read_text())
+    assert [r["impl"] for r in record["runs"]] == ["fused", "native"]
+    assert record["device_name"] == "GPU X" and record["nccl"] == "2.28.9"
+    md = (tmp_path / "multi_gpu.md").read_text()
+    assert md.startswith("GPU X x 2, torch ") and "| 200 graphs/s |" in md, md
