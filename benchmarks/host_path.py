@@ -69,11 +69,7 @@ def measure(fn, calls: int) -> dict:
     q = statistics.quantiles(wall, n=10)
     # Calls back to back, one synchronisation at the end: the host's time per call
     # while the GPU keeps up (Cora's kernels are shorter than the host path).
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
+    host = per_call_us(fn, calls, rounds=1)
     return {"median_us": statistics.median(wall), "p10_us": q[0], "p90_us": q[-1],
             "gpu_median_us": statistics.median(gpu), "host_us": host}
 

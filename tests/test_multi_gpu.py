@@ -314,7 +314,6 @@ def test_node_task_without_sampler_names_the_missing_packages(capsys):
     assert "pyg-lib" in err and "torch_sparse" in err
 
 
-
 def test_loader_workers_of_a_spawned_rank_start_as_the_platform_default():
     """A rank that torch.multiprocessing.spawn starts has "spawn" as its default
     start method; its loader workers do not inherit it (each would import torch
@@ -335,6 +334,7 @@ def test_loader_workers_of_a_spawned_rank_start_as_the_platform_default():
     assert example["_loader_kw"](args)["multiprocessing_context"] == "spawn"
     args = example["parse_args"](["--workers", "0", "--device", "cpu"])
     assert "multiprocessing_context" not in example["_loader_kw"](args)
+
 
 def test_param_checksum_sees_one_ulp():
     checksum = runpy.run_path(str(EXAMPLE))["param_checksum"]
