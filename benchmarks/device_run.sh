@@ -16,6 +16,8 @@
 # tasks, fused and native, fp32 and bf16, with the time split), the node task's
 # NeighborLoader from the same $WHEELS folder as minibatch; a sitecustomize there
 # hides the CPU-only torch_scatter from PyG, whose CUDA reductions it would take.
+# $MG_OUT (default $OUT/multi_gpu): a folder kept between calls, with --resume in
+# $MG_ARGS, continues one record over several calls.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -70,7 +72,7 @@ if has multigpu; then
   printf 'import torch_geometric.typing as T\nT.WITH_TORCH_SCATTER = False\n' > "$mg_site/sitecustomize.py"
   PYTHONPATH="$mg_site:$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.multi_gpu \
     ${MG_ARGS:---tasks graph node --amp none bf16 --time-split --timeout 300} \
-    --out "$OUT/multi_gpu" 2>&1 | tee "$OUT/multi_gpu.txt" | tail -30
+    --out "${MG_OUT:-$OUT/multi_gpu}" 2>&1 | tee "$OUT/multi_gpu.txt" | tail -30
 fi
 if has minibatch; then
   PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.minibatch ${MB_ARGS:-} \

@@ -5,8 +5,9 @@ and 2 GPUs (DistributedDataParallel, NCCL).
     python -m benchmarks.multi_gpu --oversubscribe  # one GPU: also 2 ranks on it (gloo)
     python -m benchmarks.multi_gpu --tasks graph --world-sizes 1 2 4 --out out/ddp
     python -m benchmarks.multi_gpu --tasks graph --batch-sizes 64 512 --amp none bf16 --time-split
+    python -m benchmarks.multi_gpu --models gat gt --out out/ddp --resume  # finish a stopped run
 
-Each configuration (task x implementation x world size) trains
+Each configuration (task x model x implementation x world size x amp) trains
 ``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
 ``torch.multiprocessing.spawn`` (``--launcher torchrun``: one ``torchrun`` agent
 starts them, as a cluster job does); a fresh process per configuration starts every
@@ -23,6 +24,9 @@ marked in the table.
 Writes ``multi_gpu.json`` (every configuration's report) and ``multi_gpu.md`` (the
 table) to ``--out`` (default: a new temporary folder), again after every run, and
 prints the table; ``--table-from JSON`` prints the table of such a record again.
+``--resume`` keeps the finished runs of the record in ``--out`` and runs only the
+others, so that a table whose runs outlast one sitting is still one record of one
+machine.
 """
 from __future__ import annotations
 
@@ -58,8 +62,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="node: ogbn-arxiv with NeighborLoader; graph: PATTERN batches")
     p.add_argument("--impls", nargs="+", choices=("fused", "native"),
                    default=["fused", "native"], help="conv implementations")
-    p.add_argument("--model", choices=("gat", "gt"), default="gat",
-                   help="gat: GATConv, gt: TransformerConv")
+    p.add_argument("--models", "--model", nargs="+", choices=("gat", "gt"), default=["gat"],
+                   help="gat: GATConv, gt: TransformerConv (default: gat)")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2],
                    help="ranks per run, one GPU each")
     p.add_argument("--oversubscribe", action="store_true",
@@ -95,6 +99,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "every process's Python stacks")
     datasets.add_data_argument(p, "ogbn-arxiv/ (--tasks node)")
     p.add_argument("--out", default=None, help="output folder (default: a temporary one)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the record in --out: its finished runs are kept, not run "
+                        "again (default: a new record)")
     p.add_argument("--table-from", metavar="JSON", default=None,
                    help="print the table of a record this benchmark wrote (e.g. "
                         "docs/results/multi_gpu.json) and run nothing (default: none, the "
@@ -104,6 +111,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--warmup must be below --steps")
     if args.prefetch_thread and not args.prefetch:
         p.error("--prefetch-thread prefetches: it contradicts --no-prefetch")
+    if args.resume and not args.out:
+        p.error("--resume continues the record in --out; name that folder")
     return args
 
 
@@ -111,12 +120,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 TORCHRUN_LOG = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d")
 
 
-def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: int,
-            out: Path) -> Dict[str, object]:
+def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp: str,
+            gpus: int, out: Path) -> Dict[str, object]:
     """Trains one configuration; returns the example's report, or an ``error``."""
-    path = out / f"{task}_{args.model}_{impl}_{world}_b{batch}_{amp}.json"
+    path = out / f"{task}_{model}_{impl}_{world}_b{batch}_{amp}.json"
     log = path.with_suffix(".log")
-    opts = ["--task", task, "--model", args.model, "--impl", impl, "--device", "cuda",
+    opts = ["--task", task, "--model", model, "--impl", impl, "--device", "cuda",
             "--epochs", "1", "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch-size", str(batch), "--hidden", str(args.hidden),
             "--workers", str(workers(args, task)), "--eval-steps", "1", "--no-progress",
@@ -141,7 +150,7 @@ def run_one(args, task: str, impl: str, world: int, batch: int, amp: str, gpus: 
     else:
         cmd = [sys.executable, str(EXAMPLE), "--nprocs", str(world), *opts]
     print(" ".join(cmd[1:]), flush=True)
-    base = {"task": task, "model": args.model, "impl": impl, "world_size": world,
+    base = {"task": task, "model": model, "impl": impl, "world_size": world,
             "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher}
     t0 = time.perf_counter()
     with open(log, "w") as f:
@@ -229,16 +238,16 @@ def _group_members(pgid: int) -> set:
 def table(reports: List[Dict[str, object]]) -> str:
     """Markdown table with the scaling over one rank and fused over native."""
     def key(r, impl=None, world=None):
-        return (r["task"], r["batch_size_per_rank"], r["amp"], impl or r["impl"],
+        return (r["task"], r["model"], r["batch_size_per_rank"], r["amp"], impl or r["impl"],
                 world or r["world_size"])
     thr = {key(r): r.get("throughput") for r in reports if "error" not in r}
-    rows = ["| task | batch / rank | amp | impl | ranks | throughput | vs 1 rank | fused / native "
-            "| data ms | forward ms | backward ms | optimiser ms | all-reduce ms | data share "
-            "| note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| task | model | batch / rank | amp | impl | ranks | throughput | vs 1 rank "
+            "| fused / native | data ms | forward ms | backward ms | optimiser ms "
+            "| all-reduce ms | data share | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
-        head = (f"| {r['task']} | {r['batch_size_per_rank']} | {r['amp']} | {r['impl']} | "
-                f"{r['world_size']} |")
+        head = (f"| {r['task']} | {r['model']} | {r['batch_size_per_rank']} | {r['amp']} | "
+                f"{r['impl']} | {r['world_size']} |")
         if "error" in r:
             rows.append(f"{head} | | | | | | | | | failed: {r['error']} |")
             continue
@@ -259,8 +268,9 @@ def table(reports: List[Dict[str, object]]) -> str:
 def header(result: Dict[str, object]) -> str:
     """The line above the table: machine, versions, configuration."""
     per_rank = ", ".join(f"{n} ({task})" for task, n in result["workers"].items())
+    models = result.get("models") or [result["model"]]  # records of one model name it alone
     return (f"{result['device_name']} x {result['gpus']}, torch {result['torch']}, NCCL "
-            f"{result['nccl']}, {result['date']}, {result['model']}, {result['steps']} steps "
+            f"{result['nccl']}, {result['date']}, {' '.join(models)}, {result['steps']} steps "
             f"({result['warmup']} warm-up), loader workers per rank: {per_rank}")
 
 
@@ -276,6 +286,37 @@ def write_record(result: Dict[str, object], out: Path) -> str:
     return md
 
 
+#: What makes two records comparable row by row (``--resume`` refuses others).
+SETTINGS = ("gpus", "torch", "nccl", "steps", "warmup", "hidden", "prefetch",
+            "prefetch_thread", "launcher", "worker_start_method")
+
+
+def _config(r: Dict[str, object]) -> tuple:
+    """A run's configuration: the loops of :func:`main`."""
+    return (r["task"], r["model"], r["impl"], r["world_size"], r["batch_size_per_rank"],
+            r["amp"])
+
+
+def _resume(result: Dict[str, object], out: Path) -> None:
+    """Continues the record in ``out`` (if any) in ``result``: its finished runs,
+    date, command (this one goes to ``resumed_by``), tasks' workers and models.
+    Raises ``SystemExit`` where its settings differ (its rows would not compare)."""
+    path = out / "multi_gpu.json"
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    workers = {**old["workers"], **result["workers"]}
+    differ = [k for k in SETTINGS if old.get(k) != result[k]]
+    differ += ["workers"] * (workers != {**result["workers"], **old["workers"]})
+    if differ:
+        sys.exit(f"--resume: {path} was measured with other settings ({', '.join(differ)}); "
+                 "give a new --out, or the same options")
+    result["resumed_by"] = old.get("resumed_by", []) + [result["command"]]
+    result.update(date=old["date"], command=old["command"], workers=workers,
+                  models=list(dict.fromkeys(old.get("models", []) + result["models"])))
+    result["runs"] = [r for r in old["runs"] if "error" not in r]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
     if args.table_from:
@@ -288,37 +329,47 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     gpus = torch.cuda.device_count()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="multi_gpu_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    reports: List[Dict[str, object]] = []
     nccl = torch.cuda.nccl.version()
+    command = "python -m benchmarks.multi_gpu " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv))
     result = {
         "device_name": "?", "gpus": gpus, "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "command": "python -m benchmarks.multi_gpu " + shlex.join(
-            sys.argv[1:] if argv is None else list(argv)),
+        "date": time.strftime("%Y-%m-%d"), "command": command,
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
-        "model": args.model,
+        "models": args.models,
         "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
         "workers": {task: workers(args, task) for task in args.tasks},
         "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread, "launcher": args.launcher,
         "worker_start_method": args.worker_start_method,
-        "runs": reports,
+        "runs": [],
     }
+    if args.resume:
+        _resume(result, out)
+    reports: List[Dict[str, object]] = result["runs"]
+    done = {_config(r) for r in reports}
     for task in args.tasks:
-        for world in args.world_sizes:
-            if world > gpus and not args.oversubscribe:
-                print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares them)")
-                continue
-            for batch in args.batch_sizes or [BATCH_SIZE[task]]:
-                for amp in args.amp:
-                    for impl in args.impls:
-                        rep = run_one(args, task, impl, world, batch, amp, gpus, out)
-                        reports.append(rep)
-                        print(f"  failed: {rep['error']}" if "error" in rep else
-                              f"  {rep['throughput']:,.0f} {rep['unit']}", flush=True)
-                        # After every run: a benchmark stopped part-way (a caller's
-                        # time limit) leaves the record of the runs it finished.
-                        write_record(result, out)
+        for model in args.models:
+            for world in args.world_sizes:
+                if world > gpus and not args.oversubscribe:
+                    print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares "
+                          "them)")
+                    continue
+                for batch in args.batch_sizes or [BATCH_SIZE[task]]:
+                    for amp in args.amp:
+                        for impl in args.impls:
+                            if (task, model, impl, world, batch, amp) in done:
+                                continue
+                            rep = run_one(args, task, model, impl, world, batch, amp, gpus,
+                                          out)
+                            reports.append(rep)
+                            print(f"  failed: {rep['error']}" if "error" in rep else
+                                  f"  {rep['throughput']:,.0f} {rep['unit']}, wall "
+                                  f"{rep.get('wall_s')} s, rank 0's parts (s): "
+                                  f"{rep.get('phase_s')}", flush=True)
+                            # After every run: a benchmark stopped part-way (a caller's
+                            # time limit) leaves the record of the runs it finished.
+                            write_record(result, out)
     md = write_record(result, out)
     print(f"\n{md}\n\nwritten to {out}")
     return result

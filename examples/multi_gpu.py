@@ -323,12 +323,16 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    # Seconds of this rank's parts of the run, in order: what a slow start-up spends.
+    clock = {"start": time.perf_counter()}
     dist.init_process_group(args.backend, init_method=init_method, rank=rank, world_size=world)
+    clock["process_group"] = time.perf_counter()
     # NCCL reduces device tensors, gloo host tensors (it would copy device ones).
     comm = device if args.backend == "nccl" else torch.device("cpu")
     try:
         make = node_task if args.task == "node" else graph_task
         train_loader, test_loader, sampler, in_ch, classes = make(args, rank, world)
+        clock["data"] = time.perf_counter()
         torch.manual_seed(args.seed)  # DDP broadcasts rank 0's parameters anyway
         model = Net(conv_class(args.model, args.impl), in_ch, args.hidden, args.heads,
                     classes, args.dropout).to(device)
@@ -341,6 +345,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
                                                 in_thread=args.prefetch_thread)
         initial = param_checksum(model) if args.check_params else None
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+        clock["model"] = time.perf_counter()
         torch.manual_seed(args.seed + 1 + rank)  # dropout and shuffling differ per rank
 
         step, samples, t0, loss = 0, 0, None, torch.zeros(())
@@ -386,9 +391,11 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
             bar.close()
         _sync(device)
         elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
+        clock["train"] = time.perf_counter()
 
         split = _time_split(model, phases, comm, world) if args.time_split else {}
         correct, total = _evaluate(model, test_loader, args, device)
+        clock["evaluate"] = time.perf_counter()
         stats = torch.tensor([correct, total, samples, loss.item()], dtype=torch.float64,
                              device=comm)
         dist.all_reduce(stats)
@@ -427,6 +434,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "prefetch_thread": args.prefetch and args.prefetch_thread,
         "worker_start_method": worker_start_method(args) if args.workers > 0 else None,
         "workers": args.workers, **split,
+        "phase_s": {b: round(clock[b] - clock[a], 3) for a, b in zip(clock, list(clock)[1:])},
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
           f"{step} steps, final loss {report['final_loss']:.4f}, test accuracy "
@@ -514,8 +522,10 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     # os._exit below never releases (the resource tracker then reports it leaked).
     # A rank draws its bars alone, so a thread lock does.
     tqdm.set_lock(threading.RLock())
-    if args.device == "cpu":  # the ranks share the cores (torchrun sets OMP_NUM_THREADS)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    # The ranks share the host's cores, as torchrun's OMP_NUM_THREADS makes them:
+    # ranks whose thread pools each span every core contend for them in their
+    # host work (dataset generation, collation, the CPU path's math).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
     # Loaders left in reference cycles shut their workers down, and multiprocessing
     # runs its exit finalizers (the workers' queues release their semaphores), as

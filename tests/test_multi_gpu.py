@@ -271,6 +271,10 @@ def _check_ddp_report(rep, world):
     assert len(sums) == world and len(set(sums)) == 1, sums
     assert sums[0] != rep["param_checksum_initial"], "training did not change the parameters"
     assert rep["test_samples"] > 0 and 0.0 <= rep["test_acc"] <= 1.0
+    # Where a slow start-up goes: rank 0's parts of the run, in order, all timed.
+    parts = rep["phase_s"]
+    assert list(parts) == ["process_group", "data", "model", "train", "evaluate"], parts
+    assert all(t > 0 for t in parts.values()), parts
 
 
 @pytest.mark.parametrize("model", ["gat", "gt"])
@@ -468,16 +472,20 @@ def test_loader_workers_started_by_forkserver_on_cpu(tmp_path):
 
 def test_benchmark_table_scales_over_one_rank_and_native():
     table = runpy.run_path(str(ROOT / "benchmarks" / "multi_gpu.py"))["table"]
-    runs = [dict(task="graph", model="gat", impl=impl, world_size=w, batch_size_per_rank=64,
-                 amp="none", throughput=t, unit="graphs/s", data_ms=1.0, forward_ms=0.5,
-                 backward_ms=1.25, optimizer_ms=0.25, allreduce_ms=0.125, data_share=1 / 3)
+    runs = [dict(task="graph", model=model, impl=impl, world_size=w, batch_size_per_rank=64,
+                 amp="none", throughput=t * (1 if model == "gat" else 7), unit="graphs/s",
+                 data_ms=1.0, forward_ms=0.5, backward_ms=1.25, optimizer_ms=0.25,
+                 allreduce_ms=0.125, data_share=1 / 3)
+            for model in ("gat", "gt")
             for impl, w, t in (("fused", 1, 100.0), ("native", 1, 50.0), ("fused", 2, 180.0),
                                ("native", 2, 60.0))]
     runs.append(dict(task="graph", model="gat", impl="fused", world_size=4,
                      batch_size_per_rank=64, amp="none", error="timed out"))
     rows = table(runs).splitlines()
-    assert "| 1.80x | 3.00x |" in rows[4]  # fused, 2 ranks: over 1 rank, over native
+    # fused, 2 ranks: over 1 rank, over native, each within its own model
+    assert "| graph | gat | 64 | none | fused | 2 | 180 graphs/s | 1.80x | 3.00x |" in rows[4]
     assert "| 1.00 | 0.50 | 1.25 | 0.25 | 0.12 | 33% |" in rows[4]
+    assert "| graph | gt | 64 | none | fused | 2 | 1,260 graphs/s | 1.80x | 3.00x |" in rows[8]
     assert "failed: timed out" in rows[-1]
 
 
@@ -494,7 +502,7 @@ def test_benchmark_table_from_a_record(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, 40 steps (10 "
                           "warm-up), loader workers per rank: 4 (graph)\n")
-    assert "| graph | 64 | bf16 | fused | 2 | 1,234 graphs/s |" in out
+    assert "| graph | gt | 64 | bf16 | fused | 2 | 1,234 graphs/s |" in out
 
 
 # --------------------------------------------------- benchmarks/multi_gpu.py runs
@@ -517,7 +525,7 @@ def test_benchmark_run_past_its_timeout_leaves_stacks_and_no_process(tmp_path, m
     fake.write_text(HANGING_RUN)
     monkeypatch.setattr(bench, "EXAMPLE", fake)
     args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
-    rep = bench.run_one(args, "graph", "fused", 2, 64, "none", 2, tmp_path)
+    rep = bench.run_one(args, "graph", "gat", "fused", 2, 64, "none", 2, tmp_path)
     assert rep["error"].startswith("timed out after 5 s"), rep
     assert rep["wall_s"] >= 5
     log = (tmp_path / "graph_gat_fused_2_b64_none.log").read_text()
@@ -547,7 +555,7 @@ def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
     fake.write_text("import sys\nprint('working')\nsys.exit('no GPU here: pass --device cpu')\n")
     monkeypatch.setattr(bench, "EXAMPLE", fake)
     args = bench.parse_args(["--tasks", "graph", "--launcher", "torchrun"])
-    rep = bench.run_one(args, "graph", "native", 1, 64, "bf16", 1, tmp_path)
+    rep = bench.run_one(args, "graph", "gat", "native", 1, 64, "bf16", 1, tmp_path)
     assert rep["error"].startswith("no GPU here: pass --device cpu (log: "), rep
     assert rep["launcher"] == "torchrun"
     assert 0 < rep["wall_s"] < 120  # the run's whole wall time, kept with its error
@@ -564,8 +572,9 @@ def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, g
     monkeypatch.setattr(bench, "EXAMPLE", fake)
     args = bench.parse_args(["--tasks", "node", "graph", *given])
     for task, n in (("node", node), ("graph", graph)):
-        rep = bench.run_one(args, task, "fused", 1, 8, "none", 1, tmp_path)
-        assert f"--task {task} " in rep["error"] and f" --workers {n} " in rep["error"], rep
+        rep = bench.run_one(args, task, "gt", "fused", 1, 8, "none", 1, tmp_path)
+        assert f"--task {task} --model gt " in rep["error"], rep
+        assert f" --workers {n} " in rep["error"], rep
 
 
 def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
@@ -578,11 +587,11 @@ def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
     done = []
 
-    def run_one(args, task, impl, world, batch, amp, gpus, out):
+    def run_one(args, task, model, impl, world, batch, amp, gpus, out):
         if len(done) == 2:
             raise KeyboardInterrupt  # the caller's limit, during the third run
         done.append(impl)
-        return dict(task=task, model=args.model, impl=impl, world_size=world,
+        return dict(task=task, model=model, impl=impl, world_size=world,
                     batch_size_per_rank=batch, amp=amp, throughput=100.0 * len(done),
                     unit="graphs/s", device_name="GPU X")
     monkeypatch.setattr(bench, "run_one", run_one)
@@ -593,3 +602,46 @@ def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
     assert record["device_name"] == "GPU X" and record["nccl"] == "2.28.9"
     md = (tmp_path / "multi_gpu.md").read_text()
     assert md.startswith("GPU X x 2, torch ") and "| 200 graphs/s |" in md, md
+
+
+def test_benchmark_resume_runs_only_what_the_record_lacks(tmp_path, monkeypatch):
+    """--resume keeps a stopped record's finished runs and runs the rest (a failed
+    one again) into the same record; a record of other settings is refused."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    calls, runs = [], []
+
+    def run_one(args, task, model, impl, world, batch, amp, gpus, out):
+        calls.append((task, model, impl, world))
+        runs.append(calls[-1])
+        rep = dict(task=task, model=model, impl=impl, world_size=world,
+                   batch_size_per_rank=batch, amp=amp, throughput=100.0 * len(runs),
+                   unit="graphs/s", device_name="GPU X")
+        if len(runs) == 2:  # the first sitting's second run
+            rep["error"] = "timed out"
+        return rep
+    monkeypatch.setattr(bench, "run_one", run_one)
+    out = ["--out", str(tmp_path)]
+    bench.main(["--tasks", "graph", "--world-sizes", "1", *out])
+    assert calls == [("graph", "gat", "fused", 1), ("graph", "gat", "native", 1)]
+    calls.clear()
+    record = bench.main(["--tasks", "graph", "node", "--models", "gat", "gt", "--world-sizes",
+                         "1", "--resume", *out])
+    assert calls == [("graph", "gat", "native", 1), ("graph", "gt", "fused", 1),
+                         ("graph", "gt", "native", 1), ("node", "gat", "fused", 1),
+                         ("node", "gat", "native", 1), ("node", "gt", "fused", 1),
+                         ("node", "gt", "native", 1)]
+    assert record["runs"][0]["throughput"] == 100.0  # kept, not run again
+    assert [r["impl"] for r in record["runs"][:2]] == ["fused", "native"]
+    assert "error" not in record["runs"][1]
+    assert record["command"].endswith("--world-sizes 1 --out " + str(tmp_path))
+    assert record["resumed_by"][0].endswith("--resume --out " + str(tmp_path))
+    assert record["models"] == ["gat", "gt"] and record["workers"] == {"graph": 4, "node": 12}
+    assert json.loads((tmp_path / "multi_gpu.json").read_text()) == record
+    with pytest.raises(SystemExit, match="other settings \\(steps\\)"):
+        bench.main(["--tasks", "graph", "--steps", "20", "--resume", *out])
+    with pytest.raises(SystemExit, match="other settings \\(workers\\)"):
+        bench.main(["--tasks", "graph", "--workers", "2", "--resume", *out])
