@@ -18,6 +18,7 @@ Needs a CUDA GPU and the compiled extension.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -90,8 +91,9 @@ def per_call_us(fn, calls: int, rounds: int = 7) -> float:
 def breakdown(fn, calls: int) -> dict:
     """Host microseconds per call of the fused call ``fn`` and of its parts, each
     run alone with the arguments ``fn`` passed them (recorded by one call)."""
-    from pyg_dfgnn.ops import attention as attention_mod
-    from pyg_dfgnn.ops import calls as calls_mod
+    # By name: the package exports a function ``attention`` that hides the module.
+    attention_mod = importlib.import_module("pyg_dfgnn.ops.attention")
+    calls_mod = importlib.import_module("pyg_dfgnn.ops.calls")
 
     seen = {}
 
