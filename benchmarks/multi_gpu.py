@@ -166,12 +166,14 @@ def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp:
             _stop_group(proc)
             code = None
     base["wall_s"] = round(time.perf_counter() - t0, 1)  # start-up, training, evaluation
-    if code is None:
+    if code is None and not path.is_file():
         return {**base, "error": f"timed out after {args.timeout} s (stacks: {log})"}
-    if code != 0:
+    if code not in (0, None):
         return {**base, "error": _last_message(log.read_text(errors="replace"), code)
                 + f" (log: {log})"}
     rep = {**json.loads(path.read_text()), "launcher": args.launcher, "wall_s": base["wall_s"]}
+    if code is None:  # measured and reported, then stuck on its way out
+        rep["exit"] = f"timed out after {args.timeout} s, after its report (stacks: {log})"
     if rep["steps"] < args.steps:
         rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
     return rep
@@ -259,7 +261,9 @@ def table(reports: List[Dict[str, object]]) -> str:
                            ("data_ms", "forward_ms", "backward_ms", "optimizer_ms",
                             "allreduce_ms"))
         split += f" | {r['data_share']:.0%}" if "data_share" in r else " | "
-        note = "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else ""
+        note = "; ".join(n for n in (
+            "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else "",
+            "its exit timed out after the report" if r.get("exit") else "") if n)
         rows.append(f"{head} {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} | {split} "
                     f"| {note} |")
     return "\n".join(rows)

@@ -203,11 +203,17 @@ def node_task(args, rank: int, world: int):
     train = train[torch.randperm(train.numel(), generator=gen)]
     train = train[: train.numel() // world * world]  # equal shares: equal steps per rank
     test = data.test_mask.nonzero().flatten()
-    kw = dict(num_neighbors=args.fanout, **_loader_kw(args))
+    # Workers that start anew each epoch: a NeighborLoader holds itself in a
+    # reference cycle (its collate_fn is its own bound method), and persistent
+    # workers of a loader freed by the cycle collector wait 5 s each to join (the
+    # collector finalizes the queues their stop message goes through first):
+    # two minutes for 12 + 12 workers at the end of a run.
     train_loader = NeighborLoader(data, input_nodes=train[rank::world], shuffle=True,
-                                  batch_size=args.batch_size, drop_last=True, **kw)
+                                  batch_size=args.batch_size, drop_last=True,
+                                  num_neighbors=args.fanout, **_loader_kw(args, False))
     test_loader = NeighborLoader(data, input_nodes=test[rank::world],
-                                 batch_size=4 * args.batch_size, **kw)
+                                 batch_size=4 * args.batch_size, num_neighbors=args.fanout,
+                                 **_loader_kw(args, False))
     return train_loader, test_loader, None, args.features, int(data.y.max()) + 1
 
 
@@ -224,17 +230,18 @@ def graph_task(args, rank: int, world: int):
     test = generators.sbm_dataset("pattern", args.test_graphs, seed=args.seed + 1)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
-    kw = _loader_kw(args)
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler,
-                              drop_last=True, **kw)
+                              drop_last=True, **_loader_kw(args, True))
     # Evaluation needs no collective per batch, so the shares may differ in size.
-    test_loader = DataLoader(test[rank::world], batch_size=args.batch_size, **kw)
+    test_loader = DataLoader(test[rank::world], batch_size=args.batch_size,
+                             **_loader_kw(args, False))
     return train_loader, test_loader, sampler, train[0].num_features, 2
 
 
-def _loader_kw(args) -> dict:
-    """The loaders' worker and pinning options."""
-    kw = dict(num_workers=args.workers, persistent_workers=args.workers > 0,
+def _loader_kw(args, persistent: bool) -> dict:
+    """A loader's worker and pinning options; ``persistent``: its workers live
+    from one epoch to the next (an evaluation's pass needs them once)."""
+    kw = dict(num_workers=args.workers, persistent_workers=persistent and args.workers > 0,
               pin_memory=_pins(args))
     if args.workers > 0:
         kw["multiprocessing_context"] = worker_start_method(args)
@@ -527,9 +534,10 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     # host work (dataset generation, collation, the CPU path's math).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     run(local_rank, world, local_rank, init_method, args)
-    # Multiprocessing runs its exit finalizers (the workers' queues release their
-    # semaphores), as the interpreter teardown skipped below would.
-    _close_loaders()
+    # Loaders left in reference cycles shut their workers down, and multiprocessing
+    # runs its exit finalizers (the workers' queues release their semaphores), as
+    # the interpreter teardown skipped below would.
+    gc.collect()
     multiprocessing.util._exit_function()
     # The rank's work is done and reported. A spawned gloo rank aborted now and then
     # in interpreter teardown ("terminate called without an active exception", a
@@ -540,21 +548,11 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     os._exit(0)
 
 
-def _close_loaders() -> None:
-    """Shuts down the loader workers of the finished run while the interpreter can
-    still run threads. A ``NeighborLoader`` holds itself in a reference cycle (its
-    ``collate_fn`` is its own bound method), so its workers outlive ``run`` until a
-    collection; left to the interpreter's teardown, each worker's stop message is
-    never sent and its join waits the 5 s timeout, two minutes for 24 workers."""
-    gc.collect()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     if "LOCAL_RANK" in os.environ:  # started by torchrun: it set the rendezvous up
         run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
             int(os.environ["LOCAL_RANK"]), "env://", args)
-        _close_loaders()
         return
     # A file store in a fresh folder: no port to pick, nothing shared between runs.
     store = tempfile.mkdtemp(prefix="multi_gpu_")
@@ -562,7 +560,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         init = "file://" + os.path.join(store, "rendezvous")
         if args.nprocs == 1:
             run(0, 1, 0, init, args)
-            _close_loaders()
         else:
             import torch.multiprocessing as mp
             mp.spawn(_spawned, args=(args.nprocs, init, args), nprocs=args.nprocs, join=True)

@@ -16,6 +16,7 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -329,15 +330,44 @@ def test_loader_workers_of_a_spawned_rank_start_as_the_platform_default():
     before = multiprocessing.get_start_method(allow_none=True)
     try:
         multiprocessing.set_start_method("spawn", force=True)  # as in a spawned rank
-        kw = example["_loader_kw"](args)
+        kw = example["_loader_kw"](args, True)
     finally:
         multiprocessing.set_start_method(before, force=True)
     assert kw["multiprocessing_context"] == multiprocessing.get_all_start_methods()[0]
     args = example["parse_args"](["--workers", "2", "--device", "cpu",
                                   "--worker-start-method", "spawn"])
-    assert example["_loader_kw"](args)["multiprocessing_context"] == "spawn"
+    assert example["_loader_kw"](args, True)["multiprocessing_context"] == "spawn"
     args = example["parse_args"](["--workers", "0", "--device", "cpu"])
-    assert "multiprocessing_context" not in example["_loader_kw"](args)
+    assert "multiprocessing_context" not in example["_loader_kw"](args, True)
+
+
+@pytest.mark.skipif(not _has_neighbor_sampler(), reason="NeighborLoader needs pyg-lib or "
+                    "torch_sparse")
+@needs_data  # ogbn-arxiv
+def test_node_task_loader_workers_end_with_their_loop():
+    """A NeighborLoader lives in a reference cycle: persistent workers of one
+    outlived the run until a cycle collection, whose join then waited 5 s per
+    worker (the collector had finalized their queues first), two minutes for a
+    one-rank run on the GPU machine. The node task's workers end with the loop
+    that broke off, without a collection."""
+    import gc
+    import multiprocessing
+    example = runpy.run_path(str(EXAMPLE))
+    args = example["parse_args"](["--task", "node", "--device", "cpu", "--workers", "2",
+                                  "--batch-size", "64", "--fanout", "2", "2"])
+    gc.disable()  # only reference counting frees what the loop leaves
+    try:
+        train, test, *_ = example["node_task"](args, 0, 1)
+        for loader in (train, test):
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    break
+        deadline = time.monotonic() + 20
+        while multiprocessing.active_children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not multiprocessing.active_children(), "loader workers outlived their loop"
+    finally:
+        gc.enable()
 
 
 def test_param_checksum_sees_one_ulp():
@@ -536,6 +566,32 @@ def test_benchmark_run_past_its_timeout_leaves_stacks_and_no_process(tmp_path, m
     assert 'File "<string>", line 1 in <module>' in log, log
     child = int((tmp_path / "graph_gat_fused_2_b64_none.json.pid").read_text())
     assert not _running(child), "the run's child process outlived the timeout"
+
+
+REPORTS_THEN_HANGS = """
+import json, sys, time
+report = dict(task="graph", model="gat", impl="fused", world_size=1, batch_size_per_rank=64,
+              amp="none", throughput=123.0, unit="graphs/s", steps=40)
+open(sys.argv[sys.argv.index("--json") + 1], "w").write(json.dumps(report))
+print("reported", flush=True)
+time.sleep(600)  # a loader worker that never joins
+"""
+
+
+def test_benchmark_keeps_the_report_of_a_run_stuck_on_its_way_out(tmp_path, monkeypatch):
+    """A run that measured and wrote its report, then hung in its teardown, keeps
+    its numbers; the record and the table say that its exit timed out."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    fake = tmp_path / "reports_then_hangs.py"
+    fake.write_text(REPORTS_THEN_HANGS)
+    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
+    rep = bench.run_one(args, "graph", "gat", "fused", 1, 64, "none", 1, tmp_path)
+    assert "error" not in rep and rep["throughput"] == 123.0, rep
+    assert rep["exit"].startswith("timed out after 5 s, after its report (stacks: "), rep
+    assert rep["wall_s"] >= 5
+    assert "| its exit timed out after the report |" in bench.table([rep])
 
 
 def _running(pid: int) -> bool:
