@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
                 print("  host us per call: " + ", ".join(
                     f"{k} {v:.2f}" for k, v in row["host_parts_us"].items()), flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C}
+            "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C,
+            "command": "python -m benchmarks.host_path " + shlex.join(sys.argv[1:])}
     cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 

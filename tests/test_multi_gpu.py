@@ -536,6 +536,26 @@ def test_benchmark_table_from_a_record(tmp_path, capsys):
 
 
 # --------------------------------------------------- benchmarks/multi_gpu.py runs
+def _bench_with_example(tmp_path, monkeypatch, name: str, source: str):
+    """The benchmark module, running the script ``source`` in place of the example."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    fake = tmp_path / f"{name}.py"
+    fake.write_text(source)
+    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    return bench, fake
+
+
+def _bench_on_two_gpus(monkeypatch):
+    """The benchmark module, believing two GPUs and NCCL 2.28.9 are there."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    return bench
+
+
 HANGING_RUN = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -549,11 +569,7 @@ def test_benchmark_run_past_its_timeout_leaves_stacks_and_no_process(tmp_path, m
     """A hung configuration costs its timeout, not the benchmark: its whole process
     group (ranks, loader workers) is stopped, and its log keeps the output and the
     Python stacks of where it hung."""
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    fake = tmp_path / "hangs.py"
-    fake.write_text(HANGING_RUN)
-    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    bench, fake = _bench_with_example(tmp_path, monkeypatch, "hangs", HANGING_RUN)
     args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
     rep = bench.run_one(args, "graph", "gat", "fused", 2, 64, "none", 2, tmp_path)
     assert rep["error"].startswith("timed out after 5 s"), rep
@@ -581,11 +597,8 @@ time.sleep(600)  # a loader worker that never joins
 def test_benchmark_keeps_the_report_of_a_run_stuck_on_its_way_out(tmp_path, monkeypatch):
     """A run that measured and wrote its report, then hung in its teardown, keeps
     its numbers; the record and the table say that its exit timed out."""
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    fake = tmp_path / "reports_then_hangs.py"
-    fake.write_text(REPORTS_THEN_HANGS)
-    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    bench, _ = _bench_with_example(tmp_path, monkeypatch, "reports_then_hangs",
+                                   REPORTS_THEN_HANGS)
     args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
     rep = bench.run_one(args, "graph", "gat", "fused", 1, 64, "none", 1, tmp_path)
     assert "error" not in rep and rep["throughput"] == 123.0, rep
@@ -605,11 +618,9 @@ def _running(pid: int) -> bool:
 
 
 def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    fake = tmp_path / "fails.py"
-    fake.write_text("import sys\nprint('working')\nsys.exit('no GPU here: pass --device cpu')\n")
-    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    bench, _ = _bench_with_example(
+        tmp_path, monkeypatch, "fails",
+        "import sys\nprint('working')\nsys.exit('no GPU here: pass --device cpu')\n")
     args = bench.parse_args(["--tasks", "graph", "--launcher", "torchrun"])
     rep = bench.run_one(args, "graph", "gat", "native", 1, 64, "bf16", 1, tmp_path)
     assert rep["error"].startswith("no GPU here: pass --device cpu (log: "), rep
@@ -621,11 +632,8 @@ def test_benchmark_run_that_fails_reports_its_last_line(tmp_path, monkeypatch):
 def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, graph):
     """The node task's neighbour sampling gets more loader workers by default;
     --workers sets both tasks'."""
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    fake = tmp_path / "argv.py"
-    fake.write_text("import sys\nsys.exit(' '.join(sys.argv[1:]))\n")
-    monkeypatch.setattr(bench, "EXAMPLE", fake)
+    bench, _ = _bench_with_example(tmp_path, monkeypatch, "argv",
+                                   "import sys\nsys.exit(' '.join(sys.argv[1:]))\n")
     args = bench.parse_args(["--tasks", "node", "graph", *given])
     for task, n in (("node", node), ("graph", graph)):
         rep = bench.run_one(args, task, "gt", "fused", 1, 8, "none", 1, tmp_path)
@@ -636,11 +644,7 @@ def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, g
 def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
     """The record is written after each run, so a benchmark stopped part-way (a
     caller's time limit) leaves the runs it finished, with the table's header."""
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    bench = _bench_on_two_gpus(monkeypatch)
     done = []
 
     def run_one(args, task, model, impl, world, batch, amp, gpus, out):
@@ -663,11 +667,7 @@ def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
 def test_benchmark_resume_runs_only_what_the_record_lacks(tmp_path, monkeypatch):
     """--resume keeps a stopped record's finished runs and runs the rest (a failed
     one again) into the same record; a record of other settings is refused."""
-    from conftest import load_benchmark
-    bench = load_benchmark("multi_gpu")
-    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(bench.torch.cuda.nccl, "version", lambda: (2, 28, 9))
+    bench = _bench_on_two_gpus(monkeypatch)
     calls, runs = [], []
 
     def run_one(args, task, model, impl, world, batch, amp, gpus, out):
