@@ -51,6 +51,10 @@ BATCH_SIZE = {"node": 1024, "graph": 64}
 #: Loader workers per rank by task (--workers sets both): a node batch's sampling
 #: takes 38 ms on one CPU core (docs/multi_gpu.md, "The data path").
 WORKERS = {"node": 12, "graph": 4}
+#: Training steps per rank by task (--steps sets both): ogbn-arxiv's 90,941 training
+#: seeds give two ranks 44 batches of 1,024 each; PATTERN graphs are generated to
+#: measure, and 90 timed steps of 6-8 ms span half a second of a host-bound step.
+STEPS = {"node": 40, "graph": 100}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -68,7 +72,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="ranks per run, one GPU each")
     p.add_argument("--oversubscribe", action="store_true",
                    help="run world sizes above the number of GPUs with ranks sharing GPUs")
-    p.add_argument("--steps", type=int, default=40, help="training steps per run")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per rank and run (default: 40 for node, 100 for "
+                        "graph)")
     p.add_argument("--warmup", type=int, default=10, help="of which the first are not timed")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="per rank, each a run (default: 1024 seeds for node, 64 graphs for "
@@ -94,6 +100,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                    help="how the ranks start: torch.multiprocessing.spawn from the example, "
                         "or a standalone torchrun agent (default: spawn)")
+    p.add_argument("--numa-binding", choices=("node", "socket", "exclusive", "core-complex"),
+                   default=None, help="torchrun's --numa-binding: each rank's threads on the "
+                                      "CPUs near its GPU (default: unbound)")
     p.add_argument("--timeout", type=int, default=600,
                    help="seconds per run; a run past it is aborted, its log then ends with "
                         "every process's Python stacks")
@@ -107,8 +116,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "docs/results/multi_gpu.json) and run nothing (default: none, the "
                         "benchmark runs)")
     args = p.parse_args(argv)
-    if args.warmup >= args.steps:
+    if args.warmup >= (args.steps or min(STEPS.values())):
         p.error("--warmup must be below --steps")
+    if args.numa_binding and args.launcher != "torchrun":
+        p.error("--numa-binding is torchrun's: pass --launcher torchrun")
     if args.prefetch_thread and not args.prefetch:
         p.error("--prefetch-thread prefetches: it contradicts --no-prefetch")
     if args.resume and not args.out:
@@ -120,13 +131,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 TORCHRUN_LOG = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d")
 
 
-def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp: str,
-            gpus: int, out: Path) -> Dict[str, object]:
-    """Trains one configuration; returns the example's report, or an ``error``."""
-    path = out / f"{task}_{model}_{impl}_{world}_b{batch}_{amp}.json"
-    log = path.with_suffix(".log")
+def command(args, task: str, model: str, impl: str, world: int, batch: int, amp: str,
+            gpus: int, path: Path) -> List[str]:
+    """The command line that trains one configuration, its report to ``path``."""
     opts = ["--task", task, "--model", model, "--impl", impl, "--device", "cuda",
-            "--epochs", "1", "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--epochs", "1", "--steps", str(steps(args, task)), "--warmup", str(args.warmup),
             "--batch-size", str(batch), "--hidden", str(args.hidden),
             "--workers", str(workers(args, task)), "--eval-steps", "1", "--no-progress",
             "--amp", amp, "--json", str(path)]
@@ -141,14 +150,23 @@ def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp:
     if args.data:
         opts += ["--data", args.data]
     if task == "graph":  # enough graphs for every rank's steps in one epoch
-        opts += ["--graphs", str(args.steps * batch * world), "--test-graphs", str(batch)]
+        opts += ["--graphs", str(steps(args, task) * batch * world), "--test-graphs",
+                 str(batch)]
     if world > gpus:
         opts.append("--oversubscribe")
     if args.launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(world), str(EXAMPLE), *opts]
-    else:
-        cmd = [sys.executable, str(EXAMPLE), "--nprocs", str(world), *opts]
+        bind = ["--numa-binding", args.numa_binding] if args.numa_binding else []
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(world), *bind, str(EXAMPLE), *opts]
+    return [sys.executable, str(EXAMPLE), "--nprocs", str(world), *opts]
+
+
+def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp: str,
+            gpus: int, out: Path) -> Dict[str, object]:
+    """Trains one configuration; returns the example's report, or an ``error``."""
+    path = out / f"{task}_{model}_{impl}_{world}_b{batch}_{amp}.json"
+    log = path.with_suffix(".log")
+    cmd = command(args, task, model, impl, world, batch, amp, gpus, path)
     print(" ".join(cmd[1:]), flush=True)
     base = {"task": task, "model": model, "impl": impl, "world_size": world,
             "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher}
@@ -174,14 +192,19 @@ def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp:
     rep = {**json.loads(path.read_text()), "launcher": args.launcher, "wall_s": base["wall_s"]}
     if code is None:  # measured and reported, then stuck on its way out
         rep["exit"] = f"timed out after {args.timeout} s, after its report (stacks: {log})"
-    if rep["steps"] < args.steps:
-        rep["error"] = f"only {rep['steps']} of {args.steps} steps (too few samples)"
+    if rep["steps"] < steps(args, task):
+        rep["error"] = f"only {rep['steps']} of {steps(args, task)} steps (too few samples)"
     return rep
 
 
 def workers(args, task: str) -> int:
     """Loader workers per rank for ``task``: ``--workers``, else :data:`WORKERS`."""
     return WORKERS[task] if args.workers is None else args.workers
+
+
+def steps(args, task: str) -> int:
+    """Training steps per rank for ``task``: ``--steps``, else :data:`STEPS`."""
+    return STEPS[task] if args.steps is None else args.steps
 
 
 def _last_message(text: str, code: int) -> str:
@@ -273,9 +296,12 @@ def header(result: Dict[str, object]) -> str:
     """The line above the table: machine, versions, configuration."""
     per_rank = ", ".join(f"{n} ({task})" for task, n in result["workers"].items())
     models = result.get("models") or [result["model"]]  # records of one model name it alone
+    steps = result["steps"]  # per task; one number in older records
+    steps = (", ".join(f"{n} ({task})" for task, n in steps.items())
+             if isinstance(steps, dict) else str(steps))
     return (f"{result['device_name']} x {result['gpus']}, torch {result['torch']}, NCCL "
-            f"{result['nccl']}, {result['date']}, {' '.join(models)}, {result['steps']} steps "
-            f"({result['warmup']} warm-up), loader workers per rank: {per_rank}")
+            f"{result['nccl']}, {result['date']}, {' '.join(models)}, steps per rank: {steps}, "
+            f"{result['warmup']} of them warm-up, loader workers per rank: {per_rank}")
 
 
 def write_record(result: Dict[str, object], out: Path) -> str:
@@ -291,8 +317,10 @@ def write_record(result: Dict[str, object], out: Path) -> str:
 
 
 #: What makes two records comparable row by row (``--resume`` refuses others).
-SETTINGS = ("gpus", "torch", "nccl", "steps", "warmup", "hidden", "prefetch",
-            "prefetch_thread", "launcher", "worker_start_method")
+SETTINGS = ("gpus", "torch", "nccl", "warmup", "hidden", "prefetch", "prefetch_thread",
+            "launcher", "numa_binding", "worker_start_method")
+#: Settings per task: the tasks both records hold must agree.
+PER_TASK = ("workers", "steps")
 
 
 def _config(r: Dict[str, object]) -> tuple:
@@ -309,14 +337,14 @@ def _resume(result: Dict[str, object], out: Path) -> None:
     if not path.is_file():
         return
     old = json.loads(path.read_text())
-    workers = {**old["workers"], **result["workers"]}
+    merged = {k: {**old[k], **result[k]} for k in PER_TASK}
     differ = [k for k in SETTINGS if old.get(k) != result[k]]
-    differ += ["workers"] * (workers != {**result["workers"], **old["workers"]})
+    differ += [k for k in PER_TASK if merged[k] != {**result[k], **old[k]}]
     if differ:
         sys.exit(f"--resume: {path} was measured with other settings ({', '.join(differ)}); "
                  "give a new --out, or the same options")
     result["resumed_by"] = old.get("resumed_by", []) + [result["command"]]
-    result.update(date=old["date"], command=old["command"], workers=workers,
+    result.update(date=old["date"], command=old["command"], **merged,
                   models=list(dict.fromkeys(old.get("models", []) + result["models"])))
     result["runs"] = [r for r in old["runs"] if "error" not in r]
 
@@ -341,7 +369,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         "date": time.strftime("%Y-%m-%d"), "command": command,
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "models": args.models,
-        "steps": args.steps, "warmup": args.warmup, "hidden": args.hidden,
+        "steps": {task: steps(args, task) for task in args.tasks}, "warmup": args.warmup,
+        "hidden": args.hidden, "numa_binding": args.numa_binding,
         "workers": {task: workers(args, task) for task in args.tasks},
         "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread, "launcher": args.launcher,

@@ -530,8 +530,8 @@ def test_benchmark_table_from_a_record(tmp_path, capsys):
     path.write_text(json.dumps(record))
     assert main(["--table-from", str(path)]) == record
     out = capsys.readouterr().out
-    assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, 40 steps (10 "
-                          "warm-up), loader workers per rank: 4 (graph)\n")
+    assert out.startswith("GPU X x 2, torch 2.x, NCCL 2.1, 2026-01-02, gt, steps per rank: 40, "
+                          "10 of them warm-up, loader workers per rank: 4 (graph)\n")
     assert "| graph | gt | 64 | bf16 | fused | 2 | 1,234 graphs/s |" in out
 
 
@@ -599,7 +599,7 @@ def test_benchmark_keeps_the_report_of_a_run_stuck_on_its_way_out(tmp_path, monk
     its numbers; the record and the table say that its exit timed out."""
     bench, _ = _bench_with_example(tmp_path, monkeypatch, "reports_then_hangs",
                                    REPORTS_THEN_HANGS)
-    args = bench.parse_args(["--tasks", "graph", "--timeout", "5"])
+    args = bench.parse_args(["--tasks", "graph", "--timeout", "5", "--steps", "40"])
     rep = bench.run_one(args, "graph", "gat", "fused", 1, 64, "none", 1, tmp_path)
     assert "error" not in rep and rep["throughput"] == 123.0, rep
     assert rep["exit"].startswith("timed out after 5 s, after its report (stacks: "), rep
@@ -639,6 +639,26 @@ def test_benchmark_loader_workers_per_task(tmp_path, monkeypatch, given, node, g
         rep = bench.run_one(args, task, "gt", "fused", 1, 8, "none", 1, tmp_path)
         assert f"--task {task} --model gt " in rep["error"], rep
         assert f" --workers {n} " in rep["error"], rep
+
+
+def test_benchmark_command_per_task_and_launcher(tmp_path):
+    """Steps per task by default (--steps sets both), graphs enough for every
+    rank's steps; torchrun's NUMA binding only through torchrun."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+    path = tmp_path / "r.json"
+    for given, node, graph in (((), 40, 100), (("--steps", "30"), 30, 30)):
+        args = bench.parse_args(["--tasks", "node", "graph", *given])
+        cmd = " ".join(bench.command(args, "node", "gt", "fused", 2, 1024, "none", 2, path))
+        assert f" --steps {node} " in cmd and "--graphs" not in cmd, cmd
+        cmd = " ".join(bench.command(args, "graph", "gt", "fused", 2, 64, "bf16", 2, path))
+        assert f" --steps {graph} " in cmd and f" --graphs {graph * 64 * 2} " in cmd, cmd
+    args = bench.parse_args(["--launcher", "torchrun", "--numa-binding", "node"])
+    cmd = bench.command(args, "graph", "gat", "native", 2, 64, "none", 2, path)
+    assert cmd[1:9] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "--numa-binding", "node", str(bench.EXAMPLE)], cmd
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--numa-binding", "node"])  # spawn has no such option
 
 
 def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
