@@ -13,7 +13,7 @@
 # torch_scatter takes PyG's CUDA segment reductions and fails them ("Not compiled
 # with CUDA support"), so the tests must not see it.
 # multigpu: benchmarks.multi_gpu over the machine's GPUs ($MG_ARGS, default both
-# tasks, fused and native, fp32 and bf16, with the time split), the node task's
+# tasks and models, fused and native, fp32 and bf16, with the time split), the node task's
 # NeighborLoader from the same $WHEELS folder as minibatch; a sitecustomize there
 # hides the CPU-only torch_scatter from PyG, whose CUDA reductions it would take.
 # $MG_OUT (default $OUT/multi_gpu): a folder kept between calls, with --resume in
@@ -71,7 +71,7 @@ if has multigpu; then
   mkdir -p "$mg_site"
   printf 'import torch_geometric.typing as T\nT.WITH_TORCH_SCATTER = False\n' > "$mg_site/sitecustomize.py"
   PYTHONPATH="$mg_site:$site${PYTHONPATH:+:$PYTHONPATH}" $PY -m benchmarks.multi_gpu \
-    ${MG_ARGS:---tasks graph node --amp none bf16 --time-split --timeout 300} \
+    ${MG_ARGS:---tasks graph node --models gat gt --amp none bf16 --time-split --timeout 300} \
     --out "${MG_OUT:-$OUT/multi_gpu}" 2>&1 | tee "$OUT/multi_gpu.txt" | tail -30
 fi
 if has minibatch; then
