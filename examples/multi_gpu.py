@@ -343,7 +343,10 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         torch.manual_seed(args.seed)  # DDP broadcasts rank 0's parameters anyway
         model = Net(conv_class(args.model, args.impl), in_ch, args.hidden, args.heads,
                     classes, args.dropout).to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # Gradients as views of the all-reduce buckets: no copy kernels between the
+        # two in each backward, launches that a host-bound step would wait for.
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                  gradient_as_bucket_view=True)
         if args.prefetch:
             # The next batch is copied, and its layout built, on a side stream while
             # the current step runs: the step neither waits for the copy nor builds.
