@@ -116,7 +116,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "docs/results/multi_gpu.json) and run nothing (default: none, the "
                         "benchmark runs)")
     args = p.parse_args(argv)
-    if args.warmup >= (args.steps or min(STEPS.values())):
+    if args.warmup >= (min(STEPS.values()) if args.steps is None else args.steps):
         p.error("--warmup must be below --steps")
     if args.numa_binding and args.launcher != "torchrun":
         p.error("--numa-binding is torchrun's: pass --launcher torchrun")
@@ -337,9 +337,12 @@ def _resume(result: Dict[str, object], out: Path) -> None:
     if not path.is_file():
         return
     old = json.loads(path.read_text())
-    merged = {k: {**old[k], **result[k]} for k in PER_TASK}
+    # Older records give one number of steps for every task: not comparable.
+    per_task = {k: old.get(k) if isinstance(old.get(k), dict) else None for k in PER_TASK}
+    merged = {k: {**(per_task[k] or {}), **result[k]} for k in PER_TASK}
     differ = [k for k in SETTINGS if old.get(k) != result[k]]
-    differ += [k for k in PER_TASK if merged[k] != {**result[k], **old[k]}]
+    differ += [k for k in PER_TASK
+               if per_task[k] is None or merged[k] != {**result[k], **per_task[k]}]
     if differ:
         sys.exit(f"--resume: {path} was measured with other settings ({', '.join(differ)}); "
                  "give a new --out, or the same options")

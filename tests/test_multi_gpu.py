@@ -721,3 +721,7 @@ def test_benchmark_resume_runs_only_what_the_record_lacks(tmp_path, monkeypatch)
         bench.main(["--tasks", "graph", "--steps", "20", "--resume", *out])
     with pytest.raises(SystemExit, match="other settings \\(workers\\)"):
         bench.main(["--tasks", "graph", "--workers", "2", "--resume", *out])
+    record["steps"] = 40  # a record from before steps were per task
+    (tmp_path / "multi_gpu.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="other settings \\(steps\\)"):
+        bench.main(["--tasks", "graph", "--resume", *out])
