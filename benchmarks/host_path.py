@@ -173,7 +173,8 @@ def main(argv=None) -> int:
                     f"{k} {v:.2f}" for k, v in row["host_parts_us"].items()), flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C,
-            "command": "python -m benchmarks.host_path " + shlex.join(sys.argv[1:])}
+            "command": "python -m benchmarks.host_path " + shlex.join(
+                sys.argv[1:] if argv is None else list(argv))}
     cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 

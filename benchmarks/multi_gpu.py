@@ -365,11 +365,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="multi_gpu_bench_"))
     out.mkdir(parents=True, exist_ok=True)
     nccl = torch.cuda.nccl.version()
-    command = "python -m benchmarks.multi_gpu " + shlex.join(
+    line = "python -m benchmarks.multi_gpu " + shlex.join(
         sys.argv[1:] if argv is None else list(argv))
     result = {
         "device_name": "?", "gpus": gpus, "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"), "command": command,
+        "date": time.strftime("%Y-%m-%d"), "command": line,
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
         "models": args.models,
         "steps": {task: steps(args, task) for task in args.tasks}, "warmup": args.warmup,
