@@ -6,6 +6,7 @@ and 2 GPUs (DistributedDataParallel, NCCL).
     python -m benchmarks.multi_gpu --tasks graph --world-sizes 1 2 4 --out out/ddp
     python -m benchmarks.multi_gpu --tasks graph --batch-sizes 64 512 --amp none bf16 --time-split
     python -m benchmarks.multi_gpu --models gat gt --out out/ddp --resume  # finish a stopped run
+    python -m benchmarks.multi_gpu --tasks graph --impls fused --repeats 3  # medians of 3 runs
 
 Each configuration (task x model x implementation x world size x amp) trains
 ``examples/multi_gpu.py`` in a fresh process, which starts its ranks with
@@ -27,6 +28,13 @@ prints the table; ``--table-from JSON`` prints the table of such a record again.
 ``--resume`` keeps the finished runs of the record in ``--out`` and runs only the
 others, so that a table whose runs outlast one sitting is still one record of one
 machine.
+
+``--repeats N`` trains every configuration N times, in rounds (each configuration
+once before any twice), so that a drift of the host's speed over the sitting reaches
+every configuration alike; the table gives each configuration's median throughput
+and the range of its runs, and the scaling and fused / native ratios of the medians.
+A host-bound step makes one run's throughput move by a fifth between runs on one
+machine (docs/multi_gpu.md, "Measurements").
 """
 from __future__ import annotations
 
@@ -103,6 +111,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--numa-binding", choices=("node", "socket", "exclusive", "core-complex"),
                    default=None, help="torchrun's --numa-binding: each rank's threads on the "
                                       "CPUs near its GPU (default: unbound)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every configuration, in rounds; the table takes their "
+                        "median")
     p.add_argument("--timeout", type=int, default=600,
                    help="seconds per run; a run past it is aborted, its log then ends with "
                         "every process's Python stacks")
@@ -122,6 +133,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--numa-binding is torchrun's: pass --launcher torchrun")
     if args.prefetch_thread and not args.prefetch:
         p.error("--prefetch-thread prefetches: it contradicts --no-prefetch")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.resume and not args.out:
         p.error("--resume continues the record in --out; name that folder")
     return args
@@ -162,14 +175,17 @@ def command(args, task: str, model: str, impl: str, world: int, batch: int, amp:
 
 
 def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp: str,
-            gpus: int, out: Path) -> Dict[str, object]:
-    """Trains one configuration; returns the example's report, or an ``error``."""
-    path = out / f"{task}_{model}_{impl}_{world}_b{batch}_{amp}.json"
+            gpus: int, out: Path, repeat: int = 0) -> Dict[str, object]:
+    """Trains one configuration (its ``repeat``-th run, from 0); returns the
+    example's report, or an ``error``."""
+    path = out / (f"{task}_{model}_{impl}_{world}_b{batch}_{amp}"
+                  + (f"_r{repeat}" if repeat else "") + ".json")
     log = path.with_suffix(".log")
     cmd = command(args, task, model, impl, world, batch, amp, gpus, path)
     print(" ".join(cmd[1:]), flush=True)
     base = {"task": task, "model": model, "impl": impl, "world_size": world,
-            "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher}
+            "batch_size_per_rank": batch, "amp": amp, "launcher": args.launcher,
+            "repeat": repeat}
     t0 = time.perf_counter()
     with open(log, "w") as f:
         # Its own process group, so that a run past the timeout is stopped with all
@@ -189,7 +205,8 @@ def run_one(args, task: str, model: str, impl: str, world: int, batch: int, amp:
     if code not in (0, None):
         return {**base, "error": _last_message(log.read_text(errors="replace"), code)
                 + f" (log: {log})"}
-    rep = {**json.loads(path.read_text()), "launcher": args.launcher, "wall_s": base["wall_s"]}
+    rep = {**json.loads(path.read_text()), "launcher": args.launcher, "wall_s": base["wall_s"],
+           "repeat": repeat}
     if code is None:  # measured and reported, then stuck on its way out
         rep["exit"] = f"timed out after {args.timeout} s, after its report (stacks: {log})"
     if rep["steps"] < steps(args, task):
@@ -261,35 +278,66 @@ def _group_members(pgid: int) -> set:
 
 
 def table(reports: List[Dict[str, object]]) -> str:
-    """Markdown table with the scaling over one rank and fused over native."""
-    def key(r, impl=None, world=None):
-        return (r["task"], r["model"], r["batch_size_per_rank"], r["amp"], impl or r["impl"],
-                world or r["world_size"])
-    thr = {key(r): r.get("throughput") for r in reports if "error" not in r}
-    rows = ["| task | model | batch / rank | amp | impl | ranks | throughput | vs 1 rank "
-            "| fused / native | data ms | forward ms | backward ms | optimiser ms "
-            "| all-reduce ms | data share | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown table, a row per configuration: its median throughput over its
+    runs (``--repeats``) with their range, the scaling over one rank and fused over
+    native of the medians, and the time split of the median run. A configuration's
+    failed runs each get a row."""
+    groups: Dict[tuple, List[Dict[str, object]]] = {}
     for r in reports:
-        head = (f"| {r['task']} | {r['model']} | {r['batch_size_per_rank']} | {r['amp']} | "
-                f"{r['impl']} | {r['world_size']} |")
-        if "error" in r:
-            rows.append(f"{head} | | | | | | | | | failed: {r['error']} |")
-            continue
-        one = thr.get(key(r, world=1))
-        native = thr.get(key(r, impl="native"))
-        scale = f"{r['throughput'] / one:.2f}x" if one else ""
-        ratio = f"{r['throughput'] / native:.2f}x" if native and r["impl"] == "fused" else ""
-        split = " | ".join(f"{r[k]:.2f}" if k in r else "" for k in
-                           ("data_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                            "allreduce_ms"))
-        split += f" | {r['data_share']:.0%}" if "data_share" in r else " | "
-        note = "; ".join(n for n in (
-            "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else "",
-            "its exit timed out after the report" if r.get("exit") else "") if n)
-        rows.append(f"{head} {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} | {split} "
-                    f"| {note} |")
+        groups.setdefault(_config(r), []).append(r)
+    median = {}  # configuration -> its median run
+    for config, runs in groups.items():
+        ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["throughput"])
+        if ok:
+            median[config] = ok[(len(ok) - 1) // 2]  # the lower median: a measured run
+
+    def throughput(r, impl=None, world=None):
+        task, model, impl_, world_, batch, amp = _config(r)
+        run = median.get((task, model, impl or impl_, world or world_, batch, amp))
+        return run["throughput"] if run else None
+    rows = ["| task | model | batch / rank | amp | impl | ranks | throughput | vs 1 rank "
+            "| fused / native | runs | mean step ms | data ms (median / mean) | forward ms "
+            "| backward ms | optimiser ms | all-reduce ms | data share | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for config, runs in groups.items():
+        if config in median:
+            r = median[config]
+            rows.append(_measured_row(r, [x["throughput"] for x in runs if "error" not in x],
+                                      throughput(r, world=1), throughput(r, impl="native")))
+        for r in runs:
+            if "error" in r:
+                run = f" (run {r['repeat'] + 1})" if r.get("repeat") else ""
+                rows.append(f"{_row_head(r)} | | | | | | | | | | | failed{run}: "
+                            f"{r['error']} |")
     return "\n".join(rows)
+
+
+def _measured_row(r: Dict[str, object], throughputs: List[float], one: Optional[float],
+                  native: Optional[float]) -> str:
+    """The table row of run ``r``, the median of ``throughputs`` (its
+    configuration's runs), against the medians ``one`` (1 rank) and ``native``."""
+    scale = f"{r['throughput'] / one:.2f}x" if one else ""
+    ratio = f"{r['throughput'] / native:.2f}x" if native and r["impl"] == "fused" else ""
+    spread = (f"{len(throughputs)}: {min(throughputs):,.0f}-{max(throughputs):,.0f}"
+              if len(throughputs) > 1 else "1")
+    # The slowest rank's mean step, from the throughput: above the split's median
+    # step where some steps stalled.
+    mean = 1e3 * r["batch_size_per_rank"] * r["world_size"] / r["throughput"]
+    cells = [f"{r[k]:.2f}" if k in r else "" for k in
+             ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "allreduce_ms")]
+    if "data_mean_ms" in r:  # a loader that stalls some steps shows in the mean
+        cells[0] += f" / {r['data_mean_ms']:.2f}"
+    cells.append(f"{r['data_share']:.0%}" if "data_share" in r else "")
+    note = "; ".join(n for n in (
+        "oversubscribed GPU: not a scaling number" if r.get("oversubscribed") else "",
+        "its exit timed out after the report" if r.get("exit") else "") if n)
+    return (f"{_row_head(r)} {r['throughput']:,.0f} {r['unit']} | {scale} | {ratio} | {spread} "
+            f"| {mean:.2f} | {' | '.join(cells)} | {note} |")
+
+
+def _row_head(r: Dict[str, object]) -> str:
+    return (f"| {r['task']} | {r['model']} | {r['batch_size_per_rank']} | {r['amp']} | "
+            f"{r['impl']} | {r['world_size']} |")
 
 
 def header(result: Dict[str, object]) -> str:
@@ -324,7 +372,8 @@ PER_TASK = ("workers", "steps")
 
 
 def _config(r: Dict[str, object]) -> tuple:
-    """A run's configuration: the loops of :func:`main`."""
+    """A run's configuration: the loops of :func:`main` (its runs differ in
+    ``repeat`` alone)."""
     return (r["task"], r["model"], r["impl"], r["world_size"], r["batch_size_per_rank"],
             r["amp"])
 
@@ -350,6 +399,25 @@ def _resume(result: Dict[str, object], out: Path) -> None:
     result.update(date=old["date"], command=old["command"], **merged,
                   models=list(dict.fromkeys(old.get("models", []) + result["models"])))
     result["runs"] = [r for r in old["runs"] if "error" not in r]
+
+
+def configurations(args, gpus: int) -> List[tuple]:
+    """Every configuration to run, as :func:`_config` gives a run's, in the order
+    of a round: task, model, world size, batch size, amp, implementation (so a
+    configuration's fused and native runs are neighbours)."""
+    configs = []
+    for task in args.tasks:
+        for model in args.models:
+            for world in args.world_sizes:
+                if world > gpus and not args.oversubscribe:
+                    print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares "
+                          "them)")
+                    continue
+                for batch in args.batch_sizes or [BATCH_SIZE[task]]:
+                    for amp in args.amp:
+                        for impl in args.impls:
+                            configs.append((task, model, impl, world, batch, amp))
+    return configs
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -383,29 +451,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     if args.resume:
         _resume(result, out)
     reports: List[Dict[str, object]] = result["runs"]
-    done = {_config(r) for r in reports}
-    for task in args.tasks:
-        for model in args.models:
-            for world in args.world_sizes:
-                if world > gpus and not args.oversubscribe:
-                    print(f"skipping {world} ranks: {gpus} GPU(s) (--oversubscribe shares "
-                          "them)")
-                    continue
-                for batch in args.batch_sizes or [BATCH_SIZE[task]]:
-                    for amp in args.amp:
-                        for impl in args.impls:
-                            if (task, model, impl, world, batch, amp) in done:
-                                continue
-                            rep = run_one(args, task, model, impl, world, batch, amp, gpus,
-                                          out)
-                            reports.append(rep)
-                            print(f"  failed: {rep['error']}" if "error" in rep else
-                                  f"  {rep['throughput']:,.0f} {rep['unit']}, wall "
-                                  f"{rep.get('wall_s')} s, rank 0's parts (s): "
-                                  f"{rep.get('phase_s')}", flush=True)
-                            # After every run: a benchmark stopped part-way (a caller's
-                            # time limit) leaves the record of the runs it finished.
-                            write_record(result, out)
+    done = {(_config(r), r.get("repeat", 0)) for r in reports}
+    configs = configurations(args, gpus)
+    for repeat in range(args.repeats):
+        for config in configs:
+            if (config, repeat) in done:
+                continue
+            rep = run_one(args, *config, gpus, out, repeat=repeat)
+            reports.append(rep)
+            print(f"  failed: {rep['error']}" if "error" in rep else
+                  f"  {rep['throughput']:,.0f} {rep['unit']}, wall {rep.get('wall_s')} s, "
+                  f"rank 0's parts (s): {rep.get('phase_s')}", flush=True)
+            # After every run: a benchmark stopped part-way (a caller's time limit)
+            # leaves the record of the runs it finished.
+            write_record(result, out)
     md = write_record(result, out)
     print(f"\n{md}\n\nwritten to {out}")
     return result

@@ -446,7 +446,7 @@ def run(rank: int, world: int, local_rank: int, init_method: str,
         "param_checksum_initial": initial, "amp": args.amp, "prefetch": args.prefetch,
         "prefetch_thread": args.prefetch and args.prefetch_thread,
         "worker_start_method": worker_start_method(args) if args.workers > 0 else None,
-        "workers": args.workers, **split,
+        "workers": args.workers, "threads": torch.get_num_threads(), **split,
         "phase_s": {b: round(clock[b] - clock[a], 3) for a, b in zip(clock, list(clock)[1:])},
     }
     print(f"{args.task}/{args.model}/{args.impl} on {world} rank(s) ({args.backend}): "
@@ -474,15 +474,24 @@ def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str,
     ``compute_ms`` (forward + backward + optimiser) and each part's share of its
     step; and the median time of one all-reduce of a buffer as large as the
     model's gradients (ms, ``0`` on one rank). DDP overlaps that all-reduce with
-    the backward, so it bounds what communication adds to a step."""
+    the backward, so it bounds what communication adds to a step.
+
+    Every rank's mean times too (``rank_mean_ms``), and the data and step means
+    of the rank with the longest mean step (``data_mean_ms``, ``step_mean_ms``):
+    a mean above the median is a few steps that stalled, which the throughput
+    pays for and the medians hide."""
     import statistics
     cols = list(zip(*phases)) if phases else [[math.nan]] * len(PHASES)
     med = [statistics.median(c) * 1e3 for c in cols]
-    mine = torch.tensor([*med, sum(med)], dtype=torch.float64, device=comm)
+    mean = [statistics.fmean(c) * 1e3 for c in cols]
+    mine = torch.tensor([*med, sum(med), *mean, sum(mean)], dtype=torch.float64, device=comm)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
-    ranks = [dict(zip([*PHASES, "step"], t.tolist())) for t in every]
+    keys = [*PHASES, "step"]
+    ranks = [dict(zip(keys, t.tolist()[:len(keys)])) for t in every]
+    means = [dict(zip(keys, t.tolist()[len(keys):])) for t in every]
     slow = max(ranks, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
+    slow_mean = max(means, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
     allreduce = 0.0
     if world > 1:
         grads = torch.randn(sum(p.numel() for p in model.parameters()), device=comm)
@@ -498,6 +507,8 @@ def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str,
     split.update({f"{k}_share": slow[k] / slow["step"] for k in PHASES})
     split["allreduce_ms"] = allreduce
     split["rank_split_ms"] = ranks
+    split["data_mean_ms"], split["step_mean_ms"] = slow_mean["data"], slow_mean["step"]
+    split["rank_mean_ms"] = means
     return split
 
 
@@ -526,6 +537,16 @@ def _mark(device: torch.device) -> float:
 
 
 # -------------------------------------------------------------------- launching
+def rank_threads(world: int, workers: int, cores: Optional[int] = None) -> int:
+    """Intra-op threads of a rank that this script starts: its share of the host's
+    cores less one per loader worker of its own. The ranks share the cores, as
+    torchrun's ``OMP_NUM_THREADS`` makes them, and so do their workers (one thread
+    each): a rank whose pool spans cores that its workers sample or collate on
+    contends with them for the batches its steps wait for."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // world - workers)
+
+
 def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     import threading
 
@@ -535,10 +556,7 @@ def _spawned(local_rank: int, world: int, init_method: str, args) -> None:
     # os._exit below never releases (the resource tracker then reports it leaked).
     # A rank draws its bars alone, so a thread lock does.
     tqdm.set_lock(threading.RLock())
-    # The ranks share the host's cores, as torchrun's OMP_NUM_THREADS makes them:
-    # ranks whose thread pools each span every core contend for them in their
-    # host work (dataset generation, collation, the CPU path's math).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(rank_threads(world, args.workers))
     run(local_rank, world, local_rank, init_method, args)
     # Loaders left in reference cycles shut their workers down, and multiprocessing
     # runs its exit finalizers (the workers' queues release their semaphores), as
@@ -565,6 +583,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         init = "file://" + os.path.join(store, "rendezvous")
         if args.nprocs == 1:
+            torch.set_num_threads(rank_threads(1, args.workers))
             run(0, 1, 0, init, args)
         else:
             import torch.multiprocessing as mp

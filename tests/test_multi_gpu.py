@@ -465,6 +465,24 @@ def _check_time_split(rep, world):
     assert sum(rep[f"{k}_share"] for k in parts) == pytest.approx(1.0)
     assert rep["data_share"] == pytest.approx(rep["data_ms"] / rep["step_ms"])
     assert rep["allreduce_ms"] > 0
+    # means beside the medians: a mean step is at least its parts' means' sum
+    means = rep["rank_mean_ms"]
+    assert len(means) == world
+    for m, r in zip(means, ranks):
+        assert m["step"] == pytest.approx(sum(m[k] for k in parts))
+        assert all(m[k] > 0 for k in parts), m
+    longest = max(means, key=lambda m: m["step"])
+    assert (rep["data_mean_ms"], rep["step_mean_ms"]) == (longest["data"], longest["step"])
+
+
+def test_rank_threads_leave_the_loader_workers_their_cores():
+    from conftest import load_script
+    rank_threads = load_script("examples/multi_gpu.py").rank_threads
+    assert rank_threads(1, 12, cores=32) == 20
+    assert rank_threads(2, 12, cores=32) == 4
+    assert rank_threads(2, 4, cores=32) == 12
+    assert rank_threads(1, 0, cores=2) == 2
+    assert rank_threads(2, 4, cores=2) == 1  # never none
 
 
 def test_time_split_and_bf16_autocast_on_cpu(tmp_path):
@@ -498,6 +516,7 @@ def test_loader_workers_started_by_forkserver_on_cpu(tmp_path):
                    "--workers", "1", "--worker-start-method", "forkserver")
     _check_ddp_report(rep, 2)
     assert rep["workers"] == 1 and rep["worker_start_method"] == "forkserver"
+    assert rep["threads"] == max(1, (os.cpu_count() or 1) // 2 - 1)  # rank_threads
 
 
 def test_benchmark_table_scales_over_one_rank_and_native():
@@ -505,7 +524,7 @@ def test_benchmark_table_scales_over_one_rank_and_native():
     runs = [dict(task="graph", model=model, impl=impl, world_size=w, batch_size_per_rank=64,
                  amp="none", throughput=t * (1 if model == "gat" else 7), unit="graphs/s",
                  data_ms=1.0, forward_ms=0.5, backward_ms=1.25, optimizer_ms=0.25,
-                 allreduce_ms=0.125, data_share=1 / 3)
+                 allreduce_ms=0.125, data_share=1 / 3, data_mean_ms=2.5)
             for model in ("gat", "gt")
             for impl, w, t in (("fused", 1, 100.0), ("native", 1, 50.0), ("fused", 2, 180.0),
                                ("native", 2, 60.0))]
@@ -514,9 +533,35 @@ def test_benchmark_table_scales_over_one_rank_and_native():
     rows = table(runs).splitlines()
     # fused, 2 ranks: over 1 rank, over native, each within its own model
     assert "| graph | gat | 64 | none | fused | 2 | 180 graphs/s | 1.80x | 3.00x |" in rows[4]
-    assert "| 1.00 | 0.50 | 1.25 | 0.25 | 0.12 | 33% |" in rows[4]
+    # one run; its mean step from the throughput: 64 graphs x 2 ranks / 180 graphs/s
+    assert "| 1 | 711.11 | 1.00 / 2.50 | 0.50 | 1.25 | 0.25 | 0.12 | 33% |" in rows[4]
     assert "| graph | gt | 64 | none | fused | 2 | 1,260 graphs/s | 1.80x | 3.00x |" in rows[8]
     assert "failed: timed out" in rows[-1]
+
+
+def test_benchmark_table_takes_the_median_run_of_each_configuration():
+    """With repeats, a configuration's row is its median run (split included), its
+    range beside it, and the ratios are of the medians; a failed repeat keeps a row."""
+    from conftest import load_benchmark
+    bench = load_benchmark("multi_gpu")
+
+    def run(impl, world, repeat, thr, data=1.0):
+        return dict(task="graph", model="gat", impl=impl, world_size=world,
+                    batch_size_per_rank=64, amp="none", throughput=thr, unit="graphs/s",
+                    data_ms=data, repeat=repeat)
+    runs = [run("fused", 1, 0, 100.0, 9.0), run("fused", 1, 1, 80.0, 2.0),
+            run("fused", 1, 2, 90.0, 3.0), run("fused", 2, 0, 160.0), run("fused", 2, 1, 190.0),
+            run("fused", 2, 2, 170.0), run("native", 1, 0, 45.0), run("native", 1, 1, 50.0)]
+    runs.append(dict(runs[-1], repeat=2, error="timed out"))
+    del runs[-1]["throughput"]
+    rows = bench.table(runs).splitlines()[2:]
+    assert len(rows) == 4, rows
+    assert rows[0].startswith("| graph | gat | 64 | none | fused | 1 | 90 graphs/s | 1.00x | "
+                              "2.00x | 3: 80-100 | 711.11 | 3.00 |"), rows[0]
+    assert "| 170 graphs/s | 1.89x |  | 3: 160-190 |" in rows[1], rows[1]
+    # even count: the lower median, a run that was measured
+    assert "| native | 1 | 45 graphs/s | 1.00x |  | 2: 45-50 |" in rows[2], rows[2]
+    assert rows[3].endswith("| failed (run 3): timed out |"), rows[3]
 
 
 def test_benchmark_table_from_a_record(tmp_path, capsys):
@@ -667,7 +712,7 @@ def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
     bench = _bench_on_two_gpus(monkeypatch)
     done = []
 
-    def run_one(args, task, model, impl, world, batch, amp, gpus, out):
+    def run_one(args, task, model, impl, world, batch, amp, gpus, out, repeat=0):
         if len(done) == 2:
             raise KeyboardInterrupt  # the caller's limit, during the third run
         done.append(impl)
@@ -684,13 +729,48 @@ def test_benchmark_record_grows_with_every_run(tmp_path, monkeypatch):
     assert md.startswith("GPU X x 2, torch ") and "| 200 graphs/s |" in md, md
 
 
+def test_benchmark_repeats_run_in_rounds_and_resume_adds_them(tmp_path, monkeypatch):
+    """--repeats N runs every configuration once before any twice; --resume with a
+    larger N runs only the repeats the record lacks; each repeat has its own report."""
+    bench = _bench_on_two_gpus(monkeypatch)
+    calls = []
+
+    def run_one(args, task, model, impl, world, batch, amp, gpus, out, repeat=0):
+        calls.append((impl, world, repeat))
+        return dict(task=task, model=model, impl=impl, world_size=world, repeat=repeat,
+                    batch_size_per_rank=batch, amp=amp, throughput=10.0 * len(calls),
+                    unit="graphs/s", device_name="GPU X")
+    monkeypatch.setattr(bench, "run_one", run_one)
+    out = ["--tasks", "graph", "--out", str(tmp_path)]
+    bench.main([*out, "--repeats", "2"])
+    one_round = [("fused", 1), ("native", 1), ("fused", 2), ("native", 2)]
+    assert calls == [(i, w, 0) for i, w in one_round] + [(i, w, 1) for i, w in one_round]
+    calls.clear()
+    record = bench.main([*out, "--repeats", "3", "--resume"])
+    assert calls == [(i, w, 2) for i, w in one_round]
+    assert len(record["runs"]) == 12
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--repeats", "0"])
+
+
+def test_benchmark_repeat_reports_to_its_own_file(tmp_path, monkeypatch):
+    bench, _ = _bench_with_example(tmp_path, monkeypatch, "argv",
+                                   "import sys\nsys.exit(' '.join(sys.argv[1:]))\n")
+    args = bench.parse_args(["--tasks", "graph"])
+    first = bench.run_one(args, "graph", "gat", "fused", 1, 64, "none", 1, tmp_path)
+    second = bench.run_one(args, "graph", "gat", "fused", 1, 64, "none", 1, tmp_path, repeat=1)
+    assert "graph_gat_fused_1_b64_none.json" in first["error"], first
+    assert "graph_gat_fused_1_b64_none_r1.json" in second["error"], second
+    assert (first["repeat"], second["repeat"]) == (0, 1)
+
+
 def test_benchmark_resume_runs_only_what_the_record_lacks(tmp_path, monkeypatch):
     """--resume keeps a stopped record's finished runs and runs the rest (a failed
     one again) into the same record; a record of other settings is refused."""
     bench = _bench_on_two_gpus(monkeypatch)
     calls, runs = [], []
 
-    def run_one(args, task, model, impl, world, batch, amp, gpus, out):
+    def run_one(args, task, model, impl, world, batch, amp, gpus, out, repeat=0):
         calls.append((task, model, impl, world))
         runs.append(calls[-1])
         rep = dict(task=task, model=model, impl=impl, world_size=world,
