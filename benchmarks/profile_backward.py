@@ -66,6 +66,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -83,7 +84,8 @@ from pyg_dfgnn.ops import plan
 FLOOR_TBPS = 3.0
 #: Graphs in run order.
 GRAPHS = ("GitHub", "ogbn-arxiv", "Reddit-like")
-#: ``(model, dtype)`` cases, H = 1, C = 128.
+#: ``(model, dtype)`` cases, of ``HEADS`` heads of ``CHANNELS`` channels unless
+#: ``--shape`` says otherwise.
 CASES = (("gt", "float32"), ("gt", "bfloat16"), ("gat", "float32"))
 HEADS, CHANNELS = 1, 128
 #: Steps of the profiled forward + backward (each after an L2 flush).
@@ -594,40 +596,41 @@ def wall_timer(fn, reps: int = 3) -> float:
     return statistics.median(times)
 
 
-def case_plan(lay, model: str, dtype: torch.dtype):
-    """The kernel plan of a case's call, or ``None`` where there is none (the CPU
-    reference path)."""
+def case_plan(lay, model: str, dtype: torch.dtype, C: int = CHANNELS):
+    """The kernel plan of a case's call (``C`` channels per head), or ``None``
+    where there is none (the CPU reference path)."""
     try:
-        return plan.plan_for(lay, dtype, CHANNELS, {"gt": "dot", "gat": "additive"}[model])
+        return plan.plan_for(lay, dtype, C, {"gt": "dot", "gat": "additive"}[model])
     except Exception:  # noqa: BLE001
         return None
 
 
-def case_bytes(lay, model: str, dtype: torch.dtype):
-    """``(plan, work counts, byte_model phases)`` of a case's call on ``lay``."""
-    pl = case_plan(lay, model, dtype)
+def case_bytes(lay, model: str, dtype: torch.dtype, H: int = HEADS, C: int = CHANNELS):
+    """``(plan, work counts, byte_model phases)`` of a case's call on ``lay``
+    (``H`` heads of ``C`` channels)."""
+    pl = case_plan(lay, model, dtype, C)
     wc = work_counts(lay, pl)
-    phases = byte_model(model, lay.num_dst, lay.num_src, lay.num_edges, HEADS, CHANNELS,
+    phases = byte_model(model, lay.num_dst, lay.num_src, lay.num_edges, H, C,
                         dtype.itemsize, one_launch=bool(pl is not None and pl.bwd_one_launch),
                         **wc)
     return pl, wc, phases
 
 
 def run_case(graph: str, model: str, dtype_name: str, lay, n: int, device: str,
-             profile: bool = True, timer=None) -> dict:
-    """Times, per-kernel table and byte model of one case (see the module doc);
-    ``timer`` (callable -> ms) replaces ``do_bench``."""
+             profile: bool = True, timer=None, H: int = HEADS, C: int = CHANNELS) -> dict:
+    """Times, per-kernel table and byte model of one case (see the module doc) of
+    ``H`` heads of ``C`` channels; ``timer`` (callable -> ms) replaces ``do_bench``."""
     dtype = getattr(torch, dtype_name)
-    pl, wc, phases = case_bytes(lay, model, dtype)
-    phases32 = case_bytes(lay, model, torch.float32)[2] if dtype.itemsize != 4 else None
-    res = {"graph": graph, "model": model, "dtype": dtype_name, "H": HEADS, "C": CHANNELS,
+    pl, wc, phases = case_bytes(lay, model, dtype, H, C)
+    phases32 = case_bytes(lay, model, torch.float32, H, C)[2] if dtype.itemsize != 4 else None
+    res = {"graph": graph, "model": model, "dtype": dtype_name, "H": H, "C": C,
            "plan": None if pl is None else dataclasses.asdict(pl),
            "bwd_one_launch": bool(pl is not None and pl.bwd_one_launch), "work": wc}
     tot = summarize_phases(phases)
     res["phases"] = phases
     res["bytes"] = tot
     res["floor_us"] = {k: floor_us(v) for k, v in tot.items()}
-    f, g, leaves = make_case(model, lay, n, dtype, device)
+    f, g, leaves = make_case(model, lay, n, dtype, device, H, C)
     res.update(kernels.measure(f, g, leaves, timer=timer))
     for key, ph in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd_bwd")):
         if isinstance(res.get(key), float):
@@ -749,6 +752,18 @@ def markdown(doc: dict) -> str:
 
 
 # --------------------------------------------------------------------- main
+def _shape(text: str) -> tuple:
+    """``"HxC"`` -> ``(H, C)``, both positive."""
+    try:
+        H, C = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected heads x channels such as 4x32, got "
+                                          f"{text!r}") from None
+    if H < 1 or C < 1:
+        raise argparse.ArgumentTypeError(f"heads and channels must be positive, got {text!r}")
+    return H, C
+
+
 def parse_args(argv=None):
     from benchmarks import cli, datasets
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_backward",
@@ -761,6 +776,8 @@ def parse_args(argv=None):
                     help="comma-separated model:dtype cases (gt:float32, gt:bfloat16, "
                          "gat:float32)")
     datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
+    ap.add_argument("--shape", default=f"{HEADS}x{CHANNELS}", type=_shape,
+                    help="heads x channels per head of every case, e.g. 4x32")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: only with --tiny, a check of the script")
     ap.add_argument("--tiny", action="store_true",
@@ -798,6 +815,8 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "profile_backward.json", out_dir / "profile_backward.md"
     info = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python -m benchmarks.profile_backward " + shlex.join(
+                sys.argv[1:] if argv is None else list(argv)),
             "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "floor_TBps": FLOOR_TBPS, "tiny": args.tiny, "data": args.data,
             "rep_ms": args.rep_ms, "profile_steps": PROFILE_STEPS}
@@ -837,10 +856,10 @@ def main(argv=None) -> int:
             try:
                 with plan.override(mma_backward=True if tc else None):
                     row = run_case(name, model, dtype_name, lay, n, args.device,
-                                   not args.no_profile, timer)
+                                   not args.no_profile, timer, *args.shape)
             except Exception as e:  # noqa: BLE001
-                row = {"graph": name, "model": model, "dtype": dtype_name, "H": HEADS,
-                       "C": CHANNELS, "status": "error", "error": kernels._first_line(e)}
+                row = {"graph": name, "model": model, "dtype": dtype_name, "H": args.shape[0],
+                       "C": args.shape[1], "status": "error", "error": kernels._first_line(e)}
             if not kernels.cuda_context_ok(args.device):
                 row["cuda_context_lost"] = True
             doc["rows"].append(row)

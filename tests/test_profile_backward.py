@@ -220,6 +220,22 @@ def test_main_on_cpu_tiny_with_fake_ncu(pb, tmp_path, fake_ncu):
     assert "| Reddit-like | GAT 1×128 float32 |" in md and "ncu on Reddit-like" in md
 
 
+def test_shape_sets_heads_and_channels_of_every_case(pb, tmp_path):
+    """--shape 4x32: the rows, their byte model and the table are of 4 heads of 32."""
+    doc = run_main(pb, tmp_path / "out", "--graphs", "GitHub", "--cases",
+                   "gat:float32,gat:bfloat16", "--shape", "4x32")
+    assert [(r["H"], r["C"], r["status"]) for r in doc["rows"]] == [(4, 32, "ok")] * 2
+    assert doc["info"]["command"].endswith("--cases gat:float32,gat:bfloat16 --shape 4x32")
+    wide = run_main(pb, tmp_path / "wide", "--graphs", "GitHub", "--cases", "gat:float32")
+    # the same H x C elements: the [N, H, C] rows move as many bytes, the per-head
+    # logits and softmax terms four times as many
+    assert doc["rows"][0]["bytes"]["fwd"] > wide["rows"][0]["bytes"]["fwd"]
+    assert "| GitHub | GAT 4×32 float32 |" in (tmp_path / "out" / "profile_backward.md").read_text()
+    for bad in ("4", "0x32", "fourx32"):
+        with pytest.raises(SystemExit):
+            pb.parse_args(["--out", str(tmp_path), "--shape", bad])
+
+
 def test_ncu_timeout_ends_ncu_and_child(pb, tmp_path, monkeypatch):
     exe = tmp_path / "ncu"
     exe.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
