@@ -490,8 +490,7 @@ def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str,
     keys = [*PHASES, "step"]
     ranks = [dict(zip(keys, t.tolist()[:len(keys)])) for t in every]
     means = [dict(zip(keys, t.tolist()[len(keys):])) for t in every]
-    slow = max(ranks, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
-    slow_mean = max(means, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
+    slow, slow_mean = _longest_step(ranks), _longest_step(means)
     allreduce = 0.0
     if world > 1:
         grads = torch.randn(sum(p.numel() for p in model.parameters()), device=comm)
@@ -510,6 +509,11 @@ def _time_split(model, phases: List[List[float]], comm, world: int) -> Dict[str,
     split["data_mean_ms"], split["step_mean_ms"] = slow_mean["data"], slow_mean["step"]
     split["rank_mean_ms"] = means
     return split
+
+
+def _longest_step(ranks: List[Dict[str, float]]) -> Dict[str, float]:
+    """The rank whose step is the longest (a rank that timed no step: NaN, longest)."""
+    return max(ranks, key=lambda r: r["step"] if math.isfinite(r["step"]) else math.inf)
 
 
 def _evaluate(model, loader, args, device) -> tuple:
