@@ -8,7 +8,7 @@ PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``) and their dense-tile form
-(``dense_backward``); attention
+(``dense_backward``, with and without saved weights); attention
 dropout; returned attention weights; bipartite graphs; the two-rows-per-warp
 fp32 forward of larger graphs; the GT layer's backward writing into the
 projections' joined gradient.
@@ -89,12 +89,13 @@ def _check(name, got, want, tol):
         FAILURES.append((name, err))
 
 
-def _path(bwd_launches=None, dense=None, mma_bwd=None, dense_bwd=None):
+def _path(bwd_launches=None, dense=None, mma_bwd=None, dense_bwd=None, save=None):
     """Forces the GT backward launches (1, 2), the dense-tile rule ("off",
-    "force"), the tensor-core backward walks and their dense-tile form for one
-    case; ``None`` keeps the default."""
+    "force"), the tensor-core backward walks, their dense-tile form and whether
+    it saves per-edge weights for one case; ``None`` keeps the default."""
     return ops.plan.override(bwd_launches=bwd_launches, dense_tiles=dense,
-                             mma_backward=mma_bwd, dense_backward=dense_bwd)
+                             mma_backward=mma_bwd, dense_backward=dense_bwd,
+                             save_weights=save)
 
 
 def _ref_gt(lay, q, k, v, scale, g):
@@ -107,14 +108,14 @@ def _ref_gt(lay, q, k, v, scale, g):
 
 
 def gt_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", bwd=None, dense=None,
-            dropout=0.0, attn=False, mma_bwd=None, dense_bwd=None):
+            dropout=0.0, attn=False, mma_bwd=None, dense_bwd=None, save=None):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
     q = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
     k = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
     v = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
     g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
-    with _path(bwd, dense, mma_bwd, dense_bwd):
+    with _path(bwd, dense, mma_bwd, dense_bwd, save):
         res = ops.gt_attention(lay, q, k, v, dropout=dropout, training=dropout > 0,
                                return_attention=attn, strategy=strategy)
         out = res[0] if attn else res
@@ -421,6 +422,8 @@ def _node_cases(G, gen, args) -> None:
                     dense_bwd=False)
             gt_case(f"gt batch dense {dt} C{C} dense-bwd", *G["batch"], 2, C, dt,
                     dense="force", mma_bwd=True, dense_bwd=True)
+            gt_case(f"gt batch dense {dt} C{C} dense-bwd saved", *G["batch"], 2, C, dt,
+                    dense="force", mma_bwd=True, dense_bwd=True, save=True)
         for kind in ("super_node", "bipartite"):
             gt_case(f"gt {kind} {dt} H2C64 tc-bwd", *G[kind], 2, 64, dt, mma_bwd=True)
     gt_case("gt batch fp32 attn", *G["batch"], 4, 32, f32, attn=True)

@@ -46,10 +46,28 @@ class BackwardTiles(NamedTuple):
         rank_pos (Tensor, optional): ``[E]`` int32, the CSR position of the edge
             of rank ``p`` (each row's edges ordered by source, ``p`` counted from
             the row's first edge); ``None`` where the CSR rows are sorted by
-            source (the identity).
+            source (the identity) or while not ``ranked``.
+        windowed (bool): every block of ``tiles_t`` that has edges has a window
+            (none needs the sparse units for its structure: a window over 512
+            keys or a duplicate edge), so the dkv launch can run them all dense
+            and the backward need not save per-edge weights.
+        ranked (bool): ``rank_pos`` is built (only where weights are saved:
+            :func:`pyg_dfgnn.ops.tiles.layout_rank_pos`).
     """
     tiles_t: Optional[Tensor]
     rank_pos: Optional[Tensor]
+    windowed: bool = False
+    ranked: bool = True
+
+    def to(self, device) -> "BackwardTiles":
+        """A copy with the tensors on ``device``."""
+        return self._replace(**{name: getattr(self, name).to(device)
+                                for name in ("tiles_t", "rank_pos")
+                                if getattr(self, name) is not None})
+
+    def tensors(self):
+        """The tensors held."""
+        return [t for t in (self.tiles_t, self.rank_pos) if t is not None]
 
 
 #: Key of :attr:`Derived.work`: ``(kind, chunk, long_first, order)``, ``kind``
@@ -114,8 +132,7 @@ class Derived:
             tp = self.tile_plan
             new.tile_plan = tp._replace(tiles=None if tp.tiles is None else tp.tiles.to(device))
         if self.tile_plan_t is not None:
-            new.tile_plan_t = BackwardTiles(*(None if t is None else t.to(device)
-                                              for t in self.tile_plan_t))
+            new.tile_plan_t = self.tile_plan_t.to(device)
         new.max_out_degree = self.max_out_degree
         new.edge_pos = None if self.edge_pos is None else self.edge_pos.to(device)
         return new
@@ -129,6 +146,6 @@ class Derived:
         if self.tile_plan is not None and self.tile_plan.tiles is not None:
             yield self.tile_plan.tiles
         if self.tile_plan_t is not None:
-            yield from (t for t in self.tile_plan_t if t is not None)
+            yield from self.tile_plan_t.tensors()
         if self.edge_pos is not None:
             yield self.edge_pos

@@ -95,15 +95,16 @@ def test_dense_backward_matches_reference(graph, dtype, H, C, plan_override):
     ei, ns, nd = GRAPHS[graph]()
     if not graph.startswith("pattern"):
         # Rows whole (chunk 512), the tensor-core walks on this small graph, every
-        # block dense that can be.
-        plan_override(chunk=512, mma_backward=True, dense_tiles="force")
-    if C not in plan.DENSE_BACKWARD_HEAD_SIZES:
-        plan_override(dense_backward=True)  # not by default: forced
+        # block dense that can be, forward and backward.
+        plan_override(chunk=512, mma_backward=True, dense_tiles="force", dense_backward=True)
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     p = plan.plan_for(lay, dtype, C)
-    assert p.dense_backward, p.why  # PATTERN-like, 128 channels: by the default rules
+    assert p.dense_backward, p.why  # PATTERN-like: by the default rules
     entry = tiles.layout_tiles_t(lay)
-    assert (entry.rank_pos is None) == (graph == "pattern_sorted")
+    # Duplicates and far edges (mixed) leave blocks without a window: only there
+    # are weights saved, and only there is the rank map built (rows unsorted).
+    assert entry.windowed == (graph != "mixed") and p.save_weights == (graph == "mixed")
+    assert (entry.rank_pos is None) == (graph != "mixed")
     if graph == "mixed":  # dense and sparse blocks in both plans
         for pl, n in ((tiles.tile_plan(lay), nd), (entry.tiles_t, ns)):
             lo = pl[:8 * ((n + 63) // 64)].view(-1, 8)[:, 0]
@@ -143,19 +144,52 @@ def test_dense_backward_writes_every_edges_weights(dtype, sort, plan_override):
     every block of the transposed plan sent to the sparse units, which read
     those weights, dk and dv still match the reference."""
     ei, ns, nd = _pattern(sort)
-    plan_override(dense_backward=True)  # 64 channels: not by default
+    plan_override(dense_backward=True)  # whatever the default rule says
     lay = GraphLayout.from_edge_index(ei, (ns, nd))
     assert plan.plan_for(lay, dtype, 64).dense_backward
     entry = tiles.layout_tiles_t(lay)
     n_meta = 8 * ((ns + 63) // 64)
     sparse_t = entry.tiles_t.clone()
     sparse_t[:n_meta].view(-1, 8)[:, 0] = -1  # every source block to the sparse units
-    lay.derived.tile_plan_t = entry._replace(tiles_t=sparse_t)
+    lay.derived.tile_plan_t = entry._replace(tiles_t=sparse_t, windowed=False)
+    lay.derived.plans.clear()
     lay.derived.calls.clear()
+    assert plan.plan_for(lay, dtype, 64).save_weights
     q, k, v, g = _inputs(lay, 2, 64, dtype, 7)
     got = _grads(lay, q, k, v, g)
     _, _, want = ref64(lay, q, k, v, g)
     for name, a, b in zip("qkv", got, want):
+        assert rel_err(a, b) < 1e-2, f"d{name}"
+
+
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32)])
+def test_dense_backward_without_saved_weights(H, C, plan_override):
+    """Where every transposed block has a window the backward saves no weights:
+    the same gradients, bitwise, as with them saved (every block runs dense either
+    way on PATTERN-like graphs), and a peak memory lower by at least their
+    E x H x 8 bytes."""
+    ei, ns, nd = _pattern()
+    plan_override(dense_backward=True)
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    q, k, v, g = _inputs(lay, H, C, torch.bfloat16, 9)
+    runs = {}
+    for save in (False, True):
+        plan_override(save_weights=None if not save else True)
+        assert plan.plan_for(lay, torch.bfloat16, C).save_weights == save
+        grads = _grads(lay, q, k, v, g)  # warm: plans, layouts, allocator
+        out = ops.gt_attention(lay, q, k, v)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out.backward(g)
+        torch.cuda.synchronize()
+        runs[save] = grads, torch.cuda.max_memory_allocated() - base
+    assert tiles.layout_tiles_t(lay).windowed
+    for a, b in zip(runs[False][0], runs[True][0]):
+        assert torch.equal(a, b)
+    assert runs[True][1] - runs[False][1] >= lay.num_edges * H * 8
+    _, _, want = ref64(lay, q, k, v, g)
+    for name, a, b in zip("qkv", runs[False][0], want):
         assert rel_err(a, b) < 1e-2, f"d{name}"
 
 

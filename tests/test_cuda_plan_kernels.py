@@ -133,7 +133,7 @@ def test_plan_names_the_dense_tile_kernels(dense_backward, plan_override):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (batch.numel(), batch.numel()))
     if dense_backward is not None:
         plan_override(dense_backward=dense_backward)
-    run = _inputs("dot", lay, 1, 128, torch.bfloat16)  # 128 channels: dense by default
+    run = _inputs("dot", lay, 1, 128, torch.bfloat16)  # narrow windows: dense by default
     with ops.recording() as records:
         run("smmf").float().sum().backward()
     torch.cuda.synchronize()

@@ -7,6 +7,7 @@ tile plans live on CUDA layouts only, so the plan tests stand in tile plans
 for a CPU layout."""
 import pytest
 import torch
+from torch_geometric.utils import coalesce
 
 import pyg_dfgnn
 from pyg_dfgnn.derived import BackwardTiles, Derived
@@ -139,8 +140,11 @@ def tiled(monkeypatch):
     monkeypatch.setattr(plan, "_dense_cells",
                         lambda layout, mode: (0.0 if mode == "off" else
                                               plan.DENSE_BLOCK_MAX_CELLS, True))
+    state.median_cells = 5.0  # a PATTERN-like batch's
+    monkeypatch.setattr(plan, "_median_cells", lambda layout: state.median_cells)
     monkeypatch.setattr(plan, "layout_tiles_t", lambda layout: state.tiles_t)
     monkeypatch.setattr(calls, "layout_tiles_t", lambda layout: state.tiles_t)
+    monkeypatch.setattr(calls, "layout_rank_pos", lambda layout: state.tiles_t.rank_pos)
     monkeypatch.setattr(calls, "tile_plan", lambda layout: fake)
     return state
 
@@ -185,14 +189,19 @@ def test_dense_backward_override(tiled):
             pass
 
 
-def test_dense_backward_by_default_for_the_measured_head_sizes(tiled):
-    """Off by default where the dense dq measured slower (32 channels) or was not
-    measured (64); the override forces it there."""
-    assert plan.DENSE_BACKWARD_HEAD_SIZES == (128,)
-    for C in (32, 64):
+def test_dense_backward_by_default_where_the_windows_are_narrow(tiled):
+    """On by default for every head size where the forward's median window is
+    narrow (PATTERN-like); off where it holds more cells per edge than
+    DENSE_BACKWARD_MAX_CELLS (MNIST-like: the sparse walks measured faster);
+    the override forces it there."""
+    for C in (32, 64, 128):
+        assert plan.plan_for(tiled.lay, BF16, C).dense_backward
+    tiled.median_cells = plan.DENSE_BACKWARD_MAX_CELLS + 5.6
+    tiled.lay.derived.plans.clear()
+    for C in (32, 64, 128):
         p = plan.plan_for(tiled.lay, BF16, C)
         assert p.dense_cells > 0 and p.mma_backward and not p.dense_backward
-        assert dict(p.why)["dense_backward"].startswith(f"off: heads of {C} channels")
+        assert dict(p.why)["dense_backward"].startswith("off: the median window holds 17.6")
         with plan.override(dense_backward=True):
             assert plan.plan_for(tiled.lay, BF16, C).dense_backward
 
@@ -281,3 +290,78 @@ def test_plan_object_checks_the_transposed_plan(tiled):
         build({**t, "rank_pos": t["rank_pos"][:-1].clone()})
     with pytest.raises(RuntimeError, match="tiles_t must be 16-byte aligned"):
         build({**t, "tiles_t": torch.zeros(t["tiles_t"].numel() + 1, dtype=torch.int32)[1:]})
+
+
+def test_every_block_windowed():
+    """True where every block with edges has a window (a batch graph without
+    duplicates or far edges); False where a duplicate or a far edge sends a
+    block to the sparse units; blocks without edges do not count."""
+    gen = torch.Generator().manual_seed(8)
+    ei, ns, nd = _batch(gen, n_graphs=12)
+    lay = GraphLayout.from_edge_index(ei, (ns, nd))
+    assert not tiles.every_block_windowed(_transposed(lay), ns)
+    # Without the duplicates (first two graphs) and the far edges (the last 5):
+    # every block with edges has a window, the isolated nodes' blocks included.
+    ei = coalesce(ei[:, (ei[0] - ei[1]).abs() < 200])  # graphs hold under 120 nodes
+    clean = GraphLayout.from_edge_index(ei, (ns + 200, nd))
+    plan_t = _transposed(clean)
+    meta = plan_t[:tiles.META_INTS * ((ns + 200 + 63) // 64)].view(-1, tiles.META_INTS)
+    assert (meta[:, 2] == 0).any()  # blocks without edges (sources past the graphs)
+    assert tiles.every_block_windowed(plan_t, ns + 200)
+
+
+def test_dense_backward_saves_no_weights_where_every_block_has_a_window(tiled):
+    lay = tiled.lay
+    rank = torch.arange(lay.num_edges, dtype=torch.int32)
+    tiled.tiles_t = BackwardTiles(tiled.tiles_t.tiles_t, rank, windowed=True)
+    p = plan.plan_for(lay, BF16, 128)
+    assert p.dense_backward and not p.save_weights
+    assert p.flags()["save_weights"] == 0
+    assert dict(p.why)["save_weights"].startswith("off: every 64-source block")
+    kernels = dict(p.kernels(backward=True))
+    assert list(kernels) == ["out_dsum", "dot:dq_dense", "dot:dkv_dense"]
+    assert "saves" not in kernels["dot:dq_dense"]
+    tensors, ints, _ = calls.plan_parts(lay, p, need_grad=True)
+    assert "tiles_t" in tensors and "rank_pos" not in tensors and ints["save_weights"] == 0
+    # Forced on, the weights are saved and the rank map comes with them.
+    with plan.override(save_weights=True):
+        q = plan.plan_for(lay, BF16, 128)
+        assert q.save_weights and dict(q.why)["save_weights"] == "on (override)"
+        assert "saves" in dict(q.kernels(backward=True))["dot:dq_dense"]
+        tensors, ints, _ = calls.plan_parts(lay, q, need_grad=True)
+        assert tensors["rank_pos"] is rank and ints["save_weights"] == 1
+    # Without the dense backward the weights are always saved.
+    with plan.override(dense_backward=False):
+        assert plan.plan_for(lay, BF16, 128).save_weights
+
+
+def test_dense_backward_saves_weights_where_a_block_has_no_window(tiled):
+    p = plan.plan_for(tiled.lay, BF16, 128)  # the fixture's entry: not windowed
+    assert p.dense_backward and p.save_weights
+    assert dict(p.why)["save_weights"].startswith("on: a 64-source block has no window")
+    with plan.override(save_weights=False), pytest.raises(ValueError, match="has no window"):
+        plan.plan_for(tiled.lay, BF16, 128)
+
+
+def test_derived_moves_the_backward_tiles_flags():
+    d = Derived()
+    t = torch.arange(16, dtype=torch.int32)
+    d.tile_plan_t = BackwardTiles(t, None, windowed=True, ranked=False)
+    moved = d.to(torch.device("cpu")).tile_plan_t
+    assert moved.windowed and not moved.ranked and moved.rank_pos is None
+    assert list(d.tensors()) == [t]
+
+
+@pytest.mark.skipif(not pyg_dfgnn.HAS_EXTENSION,
+                    reason="needs the compiled extension pyg_dfgnn._C")
+def test_plan_object_takes_save_weights_only_with_the_dense_backward(tiled):
+    lay = tiled.lay
+    tiled.tiles_t = BackwardTiles(tiled.tiles_t.tiles_t, None, windowed=True)
+    p = plan.plan_for(lay, BF16, 128)
+    t, ints, floats = calls.plan_parts(lay, p, need_grad=True)
+    torch.classes.dfgnn.Plan("dot", t, ints, floats)  # well formed
+    with plan.override(dense_backward=False):
+        q = plan.plan_for(lay, BF16, 128)
+    t, ints, floats = calls.plan_parts(lay, q, need_grad=True)
+    with pytest.raises(RuntimeError, match="save_weights=0 needs dense_backward=1"):
+        torch.classes.dfgnn.Plan("dot", t, {**ints, "save_weights": 0}, floats)

@@ -18,7 +18,7 @@ constexpr const char* kTensorNames[] = {"rowptr", "col", "row_items", "row_combi
 constexpr const char* kIntNames[] = {"n_src", "chunk", "row_slots", "col_slots", "pmf",
                                      "vector_rows", "two_rows", "mma", "merge_in_kernel",
                                      "bwd_one_launch", "mma_backward", "bwd_merge_in_kernel",
-                                     "normalize_first", "dense_backward"};
+                                     "normalize_first", "dense_backward", "save_weights"};
 constexpr const char* kFloatNames[] = {"dense_cells"};
 
 template <size_t N, typename V>
@@ -148,6 +148,7 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
   p.normalize_first = flag(ints, "normalize_first");
   // Optional: absent where the plan has no dense-tile backward.
   p.dense_backward = ints.contains("dense_backward") && flag(ints, "dense_backward");
+  p.save_weights = !ints.contains("save_weights") || flag(ints, "save_weights");
   auto dc = floats.find("dense_cells");
   p.dense_cells = dc == floats.end() ? 0.0 : dc->value();
 
@@ -193,6 +194,10 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
               " without", " tiles_t", has_csc ? " and with" : " and without", " the CSC");
   TORCH_CHECK(!L.rank_pos.defined() || L.tiles_t.defined(), "dfgnn.Plan: rank_pos is the "
               "dense-tile backward's: it comes only with tiles_t");
+  // Only the dense-tile dkv launch recomputes every weight; the other walks
+  // read the ones the first launch saves.
+  TORCH_CHECK(p.save_weights || p.dense_backward, "dfgnn.Plan: save_weights=0 needs "
+              "dense_backward=1 (only the dense-tile backward recomputes the weights)");
   if (L.tiles_t.defined()) {
     check_tiles(L.tiles_t, "tiles_t", n_src, "source", L.rowptr);
     if (L.rank_pos.defined()) check_index(L.rank_pos, "rank_pos", num_edges, L.rowptr);

@@ -25,11 +25,12 @@ struct CallPlan : torch::CustomClassHolder {
   // `tensors`: rowptr, col, row_items, row_combine, and where the plan needs
   // them csr_row (PMF), tiles (dense tiles), the CSC (colptr, row, perm,
   // col_items, col_combine; all or none), and with the CSC where dense_backward
-  // is set tiles_t (the transposed graph's tile plan) and, where the CSR rows
-  // are not sorted by source, rank_pos. `ints`: n_src, chunk, row_slots,
-  // col_slots and the plan's flags (pmf, vector_rows, two_rows, mma,
-  // merge_in_kernel, bwd_one_launch, mma_backward, bwd_merge_in_kernel,
-  // normalize_first: 0 or 1; dense_backward: 0 or 1, 0 where absent).
+  // is set tiles_t (the transposed graph's tile plan) and, where the weights
+  // are saved and the CSR rows are not sorted by source, rank_pos. `ints`:
+  // n_src, chunk, row_slots, col_slots and the plan's flags (pmf, vector_rows,
+  // two_rows, mma, merge_in_kernel, bwd_one_launch, mma_backward,
+  // bwd_merge_in_kernel, normalize_first: 0 or 1; dense_backward: 0 or 1, 0
+  // where absent; save_weights: 0 or 1, 1 where absent).
   // `floats`: dense_cells. Entries are matched by name; an unknown, missing or
   // malformed one raises, as does a plan the layout cannot run.
   CallPlan(const std::string& score, const c10::Dict<std::string, at::Tensor>& tensors,

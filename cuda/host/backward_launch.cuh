@@ -91,8 +91,11 @@ RowGrads row_backward(const BackwardArgs& a, const GradsOut* into, const float* 
   // (host/scratch.h).
   const int64_t q_slots = mma.on ? 0 : rw.num_slots, kv_slots = mma.on ? 0 : cw.num_slots;
   const int64_t n_items = rw.items.size(0);
+  // No (P', dS) where the plan saves no weights (the dense-tile dkv launch
+  // recomputes them): that region is then empty and pds null.
+  const bool save = !one_launch && a.plan.save_weights;
   Scratch scratch({q_slots * H * C, kv_slots * H * C, kTwo ? kv_slots * H * C : 0,
-                   one_launch ? 0 : E * H * 2, kParam ? n_items * H * C : 0});
+                   save ? E * H * 2 : 0, kParam ? n_items * H * C : 0});
   RowGrads r;
   if (into != nullptr && into->dq.defined()) {
     r.dq = into->dq;

@@ -47,6 +47,8 @@ struct KernelPlan {
   bool bwd_one_launch = false;  // the backward's CSR and CSC walks in one launch
   bool mma_backward = false;    // the dot score's backward walks on tensor cores
   bool dense_backward = false;  // ... over the dense tiles of both tile plans (needs the above)
+  bool save_weights = true;     // the two-launch backward's first launch saves each edge's
+                                // (P', dS) for the second (off only in the dense backward)
   bool bwd_merge_in_kernel = true;  // split rows merged by the backward kernels
   bool normalize_first = false;     // rows normalised, then the dot score's kernels (cosine)
 };

@@ -36,9 +36,17 @@
 // included: an edge's CSR position is its row's first edge plus its rank among
 // the row's edges ordered by source (its bit's rank in the row's masks), mapped
 // through rank_pos where the layout's CSR rows are not sorted by source.
+// Where every block of the transposed plan that has edges has a window (batch
+// graphs), the plan saves no weights (save_weights = 0, pds null): the dkv
+// launch then runs every such block dense whatever its cells per edge, and the
+// dq launch writes nothing per edge. Those writes, one 8-byte store per edge
+// and head behind a gather of rank_pos, cost more than the dq launch's
+// matrix products (bf16 PATTERN-like batch, 4 x 32: dq 1.26 ms with them, dkv
+// 0.28 ms without).
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <atomic>
+#include <cfloat>
 
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
@@ -215,7 +223,7 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
             d[n][e] = ds;
             if constexpr (!KV) {
               // The edge's CSR position: its rank among its row's edges by source.
-              if (bit) {
+              if (bit && a.pds != nullptr) {
                 const unsigned m = e < 2 ? ma : mb;
                 int pos = (e < 2 ? e_a + rank_a : e_b + rank_b) + __popc(m & ((1u << j) - 1u));
                 if (a.rank_pos != nullptr) pos = __ldg(a.rank_pos + pos);
@@ -313,7 +321,10 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
     a.H = (int)H;
     a.scale = (float)scale;
     a.scale2 = (float)(scale * kLog2e);
-    a.cells_per_edge = (float)cells_per_edge;
+    // No saved weights: the dkv launch's blocks with a window all run dense (a
+    // block's cells per edge never exceed this bound), as its sparse units
+    // would have nothing to read.
+    a.cells_per_edge = KV && pds == nullptr ? FLT_MAX : (float)cells_per_edge;
     auto launch = [&](auto C_) {
       constexpr int kC = decltype(C_)::value;
       constexpr int kSmem = dense_bwd_smem<kC, T>(KV);

@@ -145,9 +145,12 @@ __device__ __forceinline__ void gt_dq_mma_unit(
     const float d0 = p0 * (dp[0] - D0), d1 = p1 * (dp[1] - D1);
     const float d2 = p2 * (dp[2] - D0), d3 = p3 * (dp[3] - D1);
     // Each edge of the tile belongs to one row, so one lane of its fragment row
-    // holds it: that lane stores its (P, dS) (no dropout: P' = P).
-    if (m0 || m1) pds[(int64_t)ea * H + h] = m0 ? make_float2(p0, d0) : make_float2(p1, d1);
-    if (m2 || m3) pds[(int64_t)eb * H + h] = m2 ? make_float2(p2, d2) : make_float2(p3, d3);
+    // holds it: that lane stores its (P, dS) (no dropout: P' = P). No pds: the
+    // dense-tile dkv launch recomputes every weight (the plan's save_weights).
+    if (pds != nullptr) {
+      if (m0 || m1) pds[(int64_t)ea * H + h] = m0 ? make_float2(p0, d0) : make_float2(p1, d1);
+      if (m2 || m3) pds[(int64_t)eb * H + h] = m2 ? make_float2(p2, d2) : make_float2(p3, d3);
+    }
 
     // dS as the SpMM's B fragments (edges 2t, 2t + 1 | 2t + 8, 2t + 9 of row g).
     const uint32_t db0 = transpose8x8(pack2<T>(d0, d1));
@@ -188,8 +191,12 @@ __device__ __forceinline__ void gt_dkv_mma_unit(
   // The CSR position of edge e where it is one of source g's, else -1; its
   // weights then come one trip later, so positions are loaded a tile ahead.
   auto csr_pos = [&](int e) { return cb <= e && e < ce ? __ldg(perm + e) : -1; };
+  // Without pds (a plan that saves no weights sends no column here) the
+  // gradients come out NaN rather than read from nowhere.
+  const float nan = __int_as_float(0x7fc00000);
   auto weights = [&](int pos) {
-    return pos >= 0 ? __ldg(pds + (int64_t)pos * H + h) : make_float2(0.f, 0.f);
+    if (pos < 0) return make_float2(0.f, 0.f);
+    return pds != nullptr ? __ldg(pds + (int64_t)pos * H + h) : make_float2(nan, nan);
   };
   int na = beg < end ? nbr(beg + g) : 0;
   int nb = beg < end ? nbr(beg + g + 8) : 0;

@@ -69,8 +69,9 @@ void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const 
 // pds for every edge (through L.rank_pos where defined), the dkv launch over the
 // transposed graph's (L.tiles_t), recomputing P and dS in its dense blocks; a
 // block whose window holds more than `cells_per_edge` cells per edge runs the
-// sparse units of the two walks above. Needs what those need, both tile plans
-// and the CSC.
+// sparse units of the two walks above. pds null (the plan's save_weights off):
+// the dq launch writes no weights and every dkv block with a window runs dense.
+// Needs what those need, both tile plans and the CSC.
 void gt_backward_dq_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
                           const LayoutView& L, double cells_per_edge, at::Tensor& dq,

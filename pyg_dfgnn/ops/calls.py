@@ -20,7 +20,7 @@ from ..extension import HAS_EXTENSION
 from . import plan as _plan
 from . import spec as _spec
 from .spec import ScoreSpec
-from .tiles import layout_tiles_t, tile_plan
+from .tiles import layout_rank_pos, layout_tiles_t, tile_plan
 
 
 def dropout_p(dropout: float, training: bool, who: str) -> float:
@@ -161,8 +161,8 @@ def plan_parts(layout, plan: _plan.Plan, need_grad: bool,
     """``(tensors, ints, floats)``: what the plan object is built from, by name
     (``cuda/glue/call_plan.h``): the layout tensors the kernels read, with the CSC
     where the call records a backward (and ``csr_row`` where that backward reads
-    it: ``csr_row_backward``; and the dense-tile backward's transposed tile plan
-    and rank map where the plan has it), the sizes and the plan's decisions."""
+    it: ``csr_row_backward``; and the dense-tile backward's transposed tile plan,
+    with the rank map where it saves weights), the sizes and the plan's decisions."""
     rw = layout.work("row", plan.chunk, plan.long_items_first, plan.item_order)
     tensors = {"rowptr": layout.rowptr, "col": layout.col, "row_items": rw.items,
                "row_combine": rw.combine}
@@ -178,10 +178,10 @@ def plan_parts(layout, plan: _plan.Plan, need_grad: bool,
                        col_items=cw.items, col_combine=cw.combine)
         ints["col_slots"] = cw.num_slots
         if plan.dense_backward:
-            entry = layout_tiles_t(layout)
-            tensors["tiles_t"] = entry.tiles_t
-            if entry.rank_pos is not None:
-                tensors["rank_pos"] = entry.rank_pos
+            tensors["tiles_t"] = layout_tiles_t(layout).tiles_t
+            rank_pos = layout_rank_pos(layout) if plan.save_weights else None
+            if rank_pos is not None:
+                tensors["rank_pos"] = rank_pos
     return tensors, ints, {"dense_cells": float(plan.dense_cells)}
 
 

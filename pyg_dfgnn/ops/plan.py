@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 from typing import Iterator, List, Optional, Tuple
 
 import torch
@@ -75,12 +76,13 @@ DENSE_MIN_FRACTION = 0.5
 #: faster on PATTERN / CLUSTER (4.3 / 5.9) and MNIST-like (17.6), slower on
 #: CIFAR10- (23.9) and COCO-SP-like (24.7) batches.
 DENSE_MAX_MEDIAN_CELLS = 20.0
-#: Head sizes whose fp16 / bf16 backward runs over dense tiles by default. On a
-#: PATTERN-like bf16 batch the two dense launches take 0.51 ms at 1 x 128 against
-#: 0.92 ms of sparse tensor-core walks, but at 4 x 32 the dense dq alone takes
-#: 1.26 ms against the sparse dq's 0.59 (its dkv, 0.28 against 0.62, gains); 64
-#: channels are unmeasured. ``plan.override(dense_backward=True)`` forces the others.
-DENSE_BACKWARD_HEAD_SIZES = (128,)
+#: The fp16 / bf16 backward runs over dense tiles by default where the forward's
+#: median window holds at most this many cells per edge. Backward ms, bf16 on
+#: an H200, dense tiles / sparse tensor-core walks at 1 x 128, 2 x 64, 4 x 32:
+#: PATTERN-like (4.3 cells) 0.34 / 0.97, 0.48 / 0.99, 0.59 / 1.26; CLUSTER-like
+#: (5.9) 0.35 / 0.75, 0.49 / 0.76, 0.60 / 0.96; MNIST-like (17.6) 0.18 / 0.16,
+#: 0.24 / 0.16, 0.27 / 0.19 (``benchmarks.dense_backward``).
+DENSE_BACKWARD_MAX_CELLS = 12.0
 #: Inside a dense-tile launch, a block whose window holds more cells per edge
 #: than this runs the sparse units.
 DENSE_BLOCK_MAX_CELLS = 24.0
@@ -100,6 +102,7 @@ _FIELDS = {
     "mma_backward": "a bool (the fp16 / bf16 GT backward's walks on tensor cores)",
     "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
     "dense_backward": "a bool (the tensor-core GT backward over dense tiles)",
+    "save_weights": "a bool (the dense-tile backward saves per-edge weights)",
     "bwd_launches": "1 or 2 (kernel launches of the GT backward)",
     "direct_entry": "a bool (eager calls through the extension's direct entry)",
 }
@@ -165,6 +168,11 @@ def override(**fields) -> Iterator[None]:
             walks' units. By default on wherever the forward runs dense tiles
             and ``mma_backward`` holds (neither has dropout) and the transposed
             graph has a block that can run dense.
+        save_weights (bool): the dense-tile backward's dq launch saves each
+            edge's (P', dS) for the dkv launch's sparse blocks. By default only
+            where a block of the transposed tile plan with edges has no window;
+            elsewhere every dkv block runs dense and recomputes them. ``False``
+            where a block has no window raises.
         bwd_launches (int): ``1`` or ``2`` kernel launches of the GT backward.
         direct_entry (bool): eager forward calls through the extension's direct
             entry (default) or ``torch.ops.dfgnn``'s Python wrapper.
@@ -350,6 +358,11 @@ class Plan:
             (``layout.derived.tile_plan_t``), each block dense up to
             ``dense_cells`` window cells per edge, else on the walks' units
             (needs ``mma_backward`` and ``dense_cells > 0``).
+        save_weights (bool): the two-launch backward's first launch saves each
+            edge's (P', dS) for the second. ``False`` only in the dense-tile
+            backward where every block of the transposed tile plan that has
+            edges has a window (:func:`~pyg_dfgnn.ops.tiles.every_block_windowed`):
+            the dkv launch then runs them all dense, recomputing the weights.
     """
     score: str
     half: bool
@@ -370,6 +383,7 @@ class Plan:
     normalize_first: bool = False
     split_cols: bool = False
     dense_backward: bool = False
+    save_weights: bool = True
 
     @property
     def pmf(self) -> bool:
@@ -384,7 +398,8 @@ class Plan:
                 "mma_backward": int(self.mma_backward),
                 "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel),
                 "normalize_first": int(self.normalize_first),
-                "dense_backward": int(self.dense_backward)}
+                "dense_backward": int(self.dense_backward),
+                "save_weights": int(self.save_weights)}
 
     def kernels(self, backward: bool = False) -> List[Tuple[str, str]]:
         r"""``(kernel, what it does)`` for each kernel the forward (or the
@@ -423,6 +438,13 @@ class Plan:
                     res.append((f"{name}:bwd_one_launch", f"the CSR ({dq}) and CSC (dk, dv) "
                                 "walks side by side in one launch, the CSC walk recomputing "
                                 "its weights"))
+                elif self.mma_backward and self.dense_backward and not self.save_weights:
+                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles ({dq}; "
+                                                 "too sparse blocks walk 8 whole rows per "
+                                                 "warp)"),
+                            (f"{name}:dkv_dense", "tensor cores over dense 64-source tiles of "
+                                                  "the transposed graph, every block with a "
+                                                  "window, recomputing the weights")]
                 elif self.mma_backward and self.dense_backward:
                     res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles ({dq}; "
                                                  "too sparse blocks walk 8 whole rows per "
@@ -605,8 +627,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
         why.append(("bwd_launches", "tensor-core walks" if mma_bwd else
                     f"{layout.num_edges} edges {'<' if one_launch else '>='} "
                     f"{ONE_LAUNCH_BWD_MAX_EDGES}: {'one launch' if bwd_one_launch else 'two'}"))
-    dense_bwd, final_t = _dense_backward(layout, o, dense_cells > 0 and bool(mma_bwd), why,
-                                         head_size)
+    dense_bwd, save, final_t = _dense_backward(layout, o, dense_cells > 0 and bool(mma_bwd),
+                                               why)
     final = final and final_t
     merge = smmf and not capturing
     bwd_merge = dtype == torch.float32 and not capturing
@@ -617,17 +639,18 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec,
                 bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
                 bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first,
-                split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd), final
+                split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd,
+                save_weights=save), final
 
 
-def _dense_backward(layout, o: dict, possible: bool, why: list,
-                    head_size: int) -> Tuple[bool, bool]:
-    """``(dense_backward, final)``: the tensor-core backward over dense tiles
-    wherever the forward runs them (``possible``: dense tiles and
-    ``mma_backward``), the head size is one of :data:`DENSE_BACKWARD_HEAD_SIZES`
-    and the transposed graph has a block that can run dense, unless the
-    ``dense_backward`` override says otherwise (``True`` also forces other head
-    sizes)."""
+def _dense_backward(layout, o: dict, possible: bool, why: list) -> Tuple[bool, bool, bool]:
+    """``(dense_backward, save_weights, final)``: the tensor-core backward over
+    dense tiles wherever the forward runs them (``possible``: dense tiles and
+    ``mma_backward``), their median window holds at most
+    :data:`DENSE_BACKWARD_MAX_CELLS` cells per edge and the transposed graph has
+    a block that can run dense, unless the ``dense_backward`` override says
+    otherwise (``True`` also forces wider windows); it saves no weights where
+    every block of the transposed plan that has edges has a window."""
     asked = o.get("dense_backward")
     if asked is False or not possible:
         if asked:
@@ -636,25 +659,47 @@ def _dense_backward(layout, o: dict, possible: bool, why: list,
                              "backward (mma_backward)")
         if possible:
             why.append(("dense_backward", "off (override)"))
-        return False, True
-    if asked is None and head_size not in DENSE_BACKWARD_HEAD_SIZES:
-        why.append(("dense_backward", f"off: heads of {head_size} channels (the dense "
-                                      f"backward runs by default for "
-                                      f"{', '.join(map(str, DENSE_BACKWARD_HEAD_SIZES))})"))
-        return False, True
+        return False, True, True
+    cells = _median_cells(layout)
+    if asked is None and cells > DENSE_BACKWARD_MAX_CELLS:
+        why.append(("dense_backward", f"off: the median window holds {cells:.1f} cells per "
+                                      f"edge > {DENSE_BACKWARD_MAX_CELLS:g} (the sparse "
+                                      "walks measured faster there)"))
+        return False, True, True
     entry = layout_tiles_t(layout)
     if entry is None:  # a tile plan not built inside torch.compile
-        return False, False
+        return False, True, False
     if entry.tiles_t is None:
         if asked:
             raise ValueError("plan.override(dense_backward=True): no 64-source block of the "
                              "transposed graph can run dense")
         why.append(("dense_backward", "off: no 64-source block of the transposed graph can "
                                       "run dense"))
-        return False, True
+        return False, True, True
     why.append(("dense_backward", "dense tiles in the backward too: dq over the forward's "
                                   "tiles, dk and dv over the transposed graph's"))
-    return True, True
+    save = o.get("save_weights")
+    if save is False and not entry.windowed:
+        raise ValueError("plan.override(save_weights=False): a 64-source block of the "
+                         "transposed graph has no window (over 512 keys or a duplicate "
+                         "edge); its dkv units read the saved weights")
+    if save is not None:
+        why.append(("save_weights", f"{'on' if save else 'off'} (override)"))
+    elif entry.windowed:
+        why.append(("save_weights", "off: every 64-source block with edges has a window, so "
+                                    "the dkv launch runs them all dense"))
+    else:
+        why.append(("save_weights", "on: a 64-source block has no window (over 512 keys or a "
+                                    "duplicate edge); its dkv units read the weights the dq "
+                                    "launch saves"))
+    return True, (not entry.windowed) if save is None else save, True
+
+
+def _median_cells(layout) -> float:
+    """The median window cells per edge of the layout's dense blocks (its tile
+    plan, built where the forward runs dense tiles); ``inf`` without one."""
+    tp = layout_tiles(layout)
+    return math.inf if tp is None else tp.median_cells
 
 
 def _dense_cells(layout, mode) -> Tuple[float, bool]:

@@ -33,8 +33,11 @@ Then the masks of each block with a window, ``ceil(width / 32)`` chunks of
 The dense-tile backward (``cuda/scores/dot_backward_dense.cu``) reads this plan
 in its dq launch and the same format built over the transposed graph (the CSC:
 blocks of 64 source rows, windows of destination rows) in its dkv launch
-(:func:`layout_tiles_t`), with a map from each edge's rank in its row (by
-source: the rank of its mask bit) to its CSR position (:func:`rank_positions`).
+(:func:`layout_tiles_t`). Where a block of the transposed plan with edges has no
+window, its dkv units read per-edge weights that the dq launch saves, at each
+edge's CSR position: a map from each edge's rank in its row (by source: the rank
+of its mask bit) to that position (:func:`rank_positions`). Where every such
+block has a window (:func:`every_block_windowed`), nothing is saved.
 """
 from __future__ import annotations
 
@@ -229,6 +232,14 @@ def rank_positions(col: Tensor, csr_row: Tensor, num_src: int) -> Optional[Tenso
     return torch.sort(key, stable=True).indices.to(torch.int32)
 
 
+def every_block_windowed(plan: Tensor, num_rows: int) -> bool:
+    """Whether every block of ``plan`` (over ``num_rows`` rows) that has edges has
+    a window, that is, none has a window over :data:`MAX_WIDTH` keys or a
+    duplicate edge. One host synchronisation."""
+    meta = plan[:META_INTS * ((num_rows + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
+    return not bool(((meta[:, 2] > 0) & (meta[:, 0] < 0)).any())
+
+
 def transposed_tile_plan(layout) -> Optional[Tensor]:
     r""":func:`build_tile_plan` over ``layout``'s CSC (the transposed graph: blocks
     of :data:`TILE_ROWS` source rows, windows of destination rows), any device."""
@@ -242,7 +253,9 @@ def layout_tiles_t(layout) -> Optional[BackwardTiles]:
     r"""The layout's :class:`~pyg_dfgnn.derived.BackwardTiles`: the tile plan of
     the transposed graph (:func:`build_tile_plan` over the CSC: blocks of
     :data:`TILE_ROWS` source rows, windows of destination rows) and the rank map
-    of :func:`rank_positions`, built on first use and kept in
+    of :func:`rank_positions` where the plan is not :func:`every_block_windowed`
+    (there the backward saves weights; elsewhere :func:`layout_rank_pos` builds
+    it where an override asks for them), built on first use and kept in
     ``layout.derived.tile_plan_t``. ``None`` on CPU layouts and inside a
     ``torch.compile`` region while not built yet (as :func:`layout_tiles`)."""
     if not layout.col.is_cuda:
@@ -252,7 +265,21 @@ def layout_tiles_t(layout) -> Optional[BackwardTiles]:
         if torch.compiler.is_compiling():
             return None
         tiles_t = transposed_tile_plan(layout)
-        rank_pos = None if tiles_t is None else rank_positions(layout.col, layout.csr_row,
-                                                               layout.num_src)
-        entry = layout.derived.tile_plan_t = BackwardTiles(tiles_t, rank_pos)
+        windowed = tiles_t is not None and every_block_windowed(tiles_t, layout.num_src)
+        entry = layout.derived.tile_plan_t = BackwardTiles(tiles_t, None, windowed,
+                                                           ranked=False)
+        if tiles_t is not None and not windowed:
+            layout_rank_pos(layout)
+            entry = layout.derived.tile_plan_t
     return entry
+
+
+def layout_rank_pos(layout) -> Optional[Tensor]:
+    r"""The rank map (:func:`rank_positions`) of a layout whose transposed tile
+    plan is built (:func:`layout_tiles_t`), built on first use and kept with
+    that plan; ``None`` where the CSR rows are sorted by source."""
+    entry = layout.derived.tile_plan_t
+    if not entry.ranked:
+        entry = layout.derived.tile_plan_t = entry._replace(
+            rank_pos=rank_positions(layout.col, layout.csr_row, layout.num_src), ranked=True)
+    return entry.rank_pos
