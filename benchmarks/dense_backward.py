@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import generators, kernels, profile_backward
+from benchmarks import generators, half_precision, kernels, profile_backward
 
 #: Batch graph name -> generator kind.
 GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster", "MNIST": "mnist"}
@@ -109,15 +109,6 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def _names(text: str, known, what: str):
-    names = [x for x in text.split(",") if x]
-    bad = [x for x in names if x not in known]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown {what} {bad}; expected some of "
-                                         f"{','.join(known)}")
-    return names
-
-
 def parse_args(argv=None):
     from benchmarks import cli
     ap = argparse.ArgumentParser(prog="python -m benchmarks.dense_backward",
@@ -125,15 +116,13 @@ def parse_args(argv=None):
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (dense_backward.json)")
     ap.add_argument("--graphs", default=",".join(GRAPHS),
-                    type=lambda s: _names(s, GRAPHS, "graphs"),
                     help=f"comma-separated subset of {','.join(GRAPHS)}")
     ap.add_argument("--shapes", default=",".join(SHAPES),
                     type=lambda s: [profile_backward._shape(x) for x in s.split(",") if x],
                     help="comma-separated heads x channels, C in 32, 64, 128")
-    ap.add_argument("--dtypes", default="bf16", type=lambda s: _names(s, DTYPES, "dtypes"),
+    ap.add_argument("--dtypes", default="bf16",
                     help=f"comma-separated subset of {','.join(DTYPES)}")
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    type=lambda s: _names(s, VARIANTS, "variants"),
                     help=f"comma-separated subset of {','.join(VARIANTS)}")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: only with --tiny, a check of the script")
@@ -142,7 +131,10 @@ def parse_args(argv=None):
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel times")
     ap.add_argument("--rep-ms", type=float, default=kernels.REPEATS[1],
                     help="do_bench repetition time per measurement (ms)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name, known in (("graphs", GRAPHS), ("dtypes", DTYPES), ("variants", VARIANTS)):
+        setattr(args, name, half_precision._names(ap, getattr(args, name), known, name))
+    return args
 
 
 def main(argv=None) -> int:
