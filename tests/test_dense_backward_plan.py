@@ -1,10 +1,10 @@
 """CPU tests of what the dense-tile backward (cuda/scores/dot_backward_dense.cu)
 reads and how the kernel plan picks it: the transposed graph's tile plan, the
-map from an edge's rank in its row to its CSR position, the plan field
-dense_backward (rule, override, flags, kernel names, why) and the plan object's
-parts, and the C++ plan object's checks of them (with the extension). The
-tile plans live on CUDA layouts only, so the plan tests stand in tile plans
-for a CPU layout."""
+map from an edge's rank in its row to its CSR position, the windows test, the
+plan fields dense_backward and save_weights (rule, override, flags, kernel
+names, why) and the plan object's parts, and the C++ plan object's checks of
+them (with the extension). The tile plans live on CUDA layouts only, so the
+plan tests stand in tile plans for a CPU layout."""
 import pytest
 import torch
 from torch_geometric.utils import coalesce

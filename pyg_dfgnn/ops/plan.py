@@ -166,8 +166,9 @@ def override(**fields) -> Iterator[None]:
             forward's tile plan, its dkv launch over the transposed graph's, the
             blocks too sparse for the bound of ``dense_tiles`` on the tensor-core
             walks' units. By default on wherever the forward runs dense tiles
-            and ``mma_backward`` holds (neither has dropout) and the transposed
-            graph has a block that can run dense.
+            whose median window holds at most :data:`DENSE_BACKWARD_MAX_CELLS`
+            cells per edge, ``mma_backward`` holds (neither has dropout) and the
+            transposed graph has a block that can run dense.
         save_weights (bool): the dense-tile backward's dq launch saves each
             edge's (P', dS) for the dkv launch's sparse blocks. By default only
             where a block of the transposed tile plan with edges has no window;
