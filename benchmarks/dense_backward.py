@@ -40,34 +40,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import generators, half_precision, kernels, profile_backward
+from benchmarks import half_precision, kernels, profile_backward
 
-#: Batch graph name -> generator kind.
-GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster", "MNIST": "mnist"}
+#: The batch graphs (:data:`benchmarks.half_precision.BATCH_GRAPHS`) whose forward
+#: runs dense tiles.
+GRAPHS = ("PATTERN", "CLUSTER", "MNIST")
 #: Variant -> the plan overrides it runs under.
 VARIANTS = {"sparse": {"dense_backward": False},
             "dense_saved": {"dense_backward": True, "save_weights": True},
             "dense": {"dense_backward": True}}
 SHAPES = ("1x128", "2x64", "4x32")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: Graphs per batch (``--tiny``: per tiny batch).
-BATCH, TINY_BATCH = 1024, 2
-
-
-def load_batch(name: str, device, tiny: bool):
-    """``(layout with its CSC, nodes)`` of one generated batch graph."""
-    from pyg_dfgnn.layout import GraphLayout
-    kind, nb = GRAPHS[name], TINY_BATCH if tiny else BATCH
-    if kind in ("pattern", "cluster"):
-        ei, batch, _, _ = generators.sbm_batch(kind, nb, seed=0)
-    else:
-        ei, batch = generators.knn_batch(kind, nb, seed=0)
-    n = batch.numel()
-    lay = GraphLayout.from_edge_index(ei.to(device), (n, n))
-    lay.colptr  # noqa: B018  (the CSC built before timing, as a cached layout's)
-    return lay, n
-
-
 def run_variant(lay, n: int, H: int, C: int, dtype, variant: str, device, timer,
                 profile: bool) -> dict:
     """One variant's times (and kernel table on CUDA) of the GT op on ``lay``."""
@@ -160,8 +143,10 @@ def main(argv=None) -> int:
         return profile_backward.wall_timer(fn, 1)
 
     for name in args.graphs:
-        lay, n = load_batch(name, args.device, args.tiny)
-        doc["graphs"][name] = {"nodes": n, "edges": lay.num_edges}
+        # half_precision's graphs: 1,024-graph batches (--tiny: 2), the CSC built
+        g = half_precision.Graph(name, None, args.device, args.tiny)
+        lay, n = g.layout, g.n
+        doc["graphs"][name] = g.info()
         for H, C in args.shapes:
             for dt in args.dtypes:
                 row = {"graph": name, "shape": f"{H}x{C}", "dtype": dt, "variants": []}

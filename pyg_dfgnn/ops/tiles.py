@@ -164,11 +164,17 @@ def build_tile_plan(rowptr: Tensor, col: Tensor, row: Tensor, num_dst: int,
     return masks
 
 
+def block_meta(plan: Tensor, num_rows: int) -> Tensor:
+    """``[blocks, META_INTS]``: the per-block ints of a plan over ``num_rows``
+    rows (``lo``, ``width``, ``edges``, ``offset``, chunk bits; a view)."""
+    return plan[:META_INTS * ((num_rows + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
+
+
 def plan_cells_per_edge(plan: Tensor, num_dst: int) -> Tuple[float, float]:
     """``(fraction of dense-eligible blocks, median window cells per edge over
     them)`` of a plan (the kernel plan's dense-tile rule reads them); ``(0, inf)``
     without any."""
-    meta = plan[:META_INTS * ((num_dst + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
+    meta = block_meta(plan, num_dst)
     ok = meta[:, 0] >= 0
     cells = (TILE_ROWS * meta[:, 1].double() / meta[:, 2].double().clamp(min=1))[ok]
     if cells.numel() == 0:
@@ -236,7 +242,7 @@ def every_block_windowed(plan: Tensor, num_rows: int) -> bool:
     """Whether every block of ``plan`` (over ``num_rows`` rows) that has edges has
     a window, that is, none has a window over :data:`MAX_WIDTH` keys or a
     duplicate edge. One host synchronisation."""
-    meta = plan[:META_INTS * ((num_rows + TILE_ROWS - 1) // TILE_ROWS)].view(-1, META_INTS)
+    meta = block_meta(plan, num_rows)
     return not bool(((meta[:, 2] > 0) & (meta[:, 0] < 0)).any())
 
 
