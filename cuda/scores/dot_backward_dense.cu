@@ -75,8 +75,11 @@ template <typename T> struct DenseBwd {
   float scale, scale2, cells_per_edge;
 };
 
-// Block blockIdx.x of the launch: resident rows [64 b, 64 b + 64), heads one
-// after the other (sharing the masks, as the forward). KV: the dkv launch.
+// Block (blockIdx.x, blockIdx.y) of the launch: resident rows [64 b, 64 b + 64)
+// of head blockIdx.y. One head per block, not the heads one after the other:
+// each head's pass is a chain of dependent copies (resident rows, then each
+// chunk), so at 4 x 32 a block of four passes waited four chains long while the
+// SMs held too few blocks to hide them. KV: the dkv launch.
 template <typename T, int C, bool KV>
 __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
   constexpr int RB = C * 2;    // bytes of a shared-memory row
@@ -98,6 +101,7 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
   const int64_t HC = (int64_t)H * C;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * kDenseRows;
+  const int h = blockIdx.y;
   const int nrows = (int)min((int64_t)kDenseRows, n_res - r0);
 
   // The block's plan entry (dense_entry says what it holds and checks).
@@ -106,26 +110,20 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
     for (int u = 0; u < 2; ++u) {
       const int64_t blk = r0 / kMmaRows + 2 * warp + u;
       if (blk * kMmaRows >= n_res) break;
-      for (int h = 0; h < H; ++h) {
-        if constexpr (KV)
-          gt_dkv_mma_unit<T, C>(a.dout, a.q, a.pds, a.colptr, a.row, a.perm, a.dk, a.dv,
-                                a.ld_kv, a.n_src, H, a.scale, blk * H + h);
-        else
-          gt_dq_mma_unit<T, C>(a.dout, a.q, a.k, a.v, a.lse2, a.dsum, a.rowptr, a.col, a.dq,
-                               a.ld_q, a.pds, a.n_dst, H, a.scale, a.scale2, blk * H + h);
-      }
+      if constexpr (KV)
+        gt_dkv_mma_unit<T, C>(a.dout, a.q, a.pds, a.colptr, a.row, a.perm, a.dk, a.dv,
+                              a.ld_kv, a.n_src, H, a.scale, blk * H + h);
+      else
+        gt_dq_mma_unit<T, C>(a.dout, a.q, a.k, a.v, a.lse2, a.dsum, a.rowptr, a.col, a.dq,
+                             a.ld_q, a.pds, a.n_dst, H, a.scale, a.scale2, blk * H + h);
     }
     return;
   }
   const int lo = tile.lo, hi = tile.lo + tile.width - 1;
 
-  // Resident rows of head h (zeros past the end); committed with the first chunk.
-  auto issue_resident = [&](int h) {
-    copy_rows<T, C, kDenseRows>(xs, ys, X, Y, r0, n_res, HC, (int64_t)h * C);
-  };
   // Streamed rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi);
   // the dkv launch's lse2 and D of those rows after them.
-  auto issue = [&](int h, int ci, int b) {
+  auto issue = [&](int ci, int b) {
     const unsigned ub = bs + b * kBuf;
     copy_rows<T, C, kDenseKeys>(ub, ub + kStr, U, W, lo + ci * kDenseKeys, hi + 1, HC,
                                 (int64_t)h * C);
@@ -151,116 +149,115 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
   // dq: the CSR position of the rows' first edges (pds).
   const int e_a = !KV && ok_a ? __ldg(a.rowptr + ga) : 0;
   const int e_b = !KV && ok_b ? __ldg(a.rowptr + gb) : 0;
-  for (int h = 0; h < H; ++h) {
-    issue_resident(h);  // the previous head ended with every buffer free
-    issue(h, tile.first, 0);
-    // dq: lse2 and D of rows a, b (used only where the row has an edge).
-    float La = 0.f, Lb = 0.f, Da = 0.f, Db = 0.f;
-    if constexpr (!KV) {
-      if (ok_a) { La = __ldg(a.lse2 + ga * H + h); Da = __ldg(a.dsum + ga * H + h); }
-      if (ok_b) { Lb = __ldg(a.lse2 + gb * H + h); Db = __ldg(a.dsum + gb * H + h); }
+  // Resident rows of head h (zeros past the end); committed with the first chunk.
+  copy_rows<T, C, kDenseRows>(xs, ys, X, Y, r0, n_res, HC, (int64_t)h * C);
+  issue(tile.first, 0);
+  // dq: lse2 and D of rows a, b (used only where the row has an edge).
+  float La = 0.f, Lb = 0.f, Da = 0.f, Db = 0.f;
+  if constexpr (!KV) {
+    if (ok_a) { La = __ldg(a.lse2 + ga * H + h); Da = __ldg(a.dsum + ga * H + h); }
+    if (ok_b) { Lb = __ldg(a.lse2 + gb * H + h); Db = __ldg(a.dsum + gb * H + h); }
+  }
+  int rank_a = 0, rank_b = 0;  // dq: the rows' edges in earlier chunks
+
+  float acc1[2 * KS][4];              // dQ / dK: 8-channel tiles of rows a (0, 1), b (2, 3)
+  float acc2[KV ? 2 * KS : 1][4];     // dV
+#pragma unroll
+  for (int b = 0; b < 2 * KS; ++b) acc1[b][0] = acc1[b][1] = acc1[b][2] = acc1[b][3] = 0.f;
+#pragma unroll
+  for (int b = 0; b < (KV ? 2 * KS : 1); ++b)
+    acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
+
+  // Chunk ci with the edge masks ma, mb: bit j is the pair (row_a (row_b),
+  // streamed row lo + 32 ci + j); rows past the end have none.
+  walk_chunks(tile, a.plan, row_a, row_b, [&](int ci, int b) { issue(ci, b); },
+              [&](int ci, int buf, unsigned ma, unsigned mb) {
+    if ((tile.chunks >> ci) & 1u) {  // warp-uniform
+      const unsigned ubuf = bs + buf * kBuf, wbuf = ubuf + kStr;
+      // s (S) and d (dP): rows a, b x streamed rows 8 n + 2t, + 1 of the chunk.
+      float s[4][4], d[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = d[n][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t xa[4], ya[4];
+        ldsm_x4(xa, xs + swizzle<NX>(xrow, 2 * ks + (mi >> 1)));
+        ldsm_x4(ya, ys + swizzle<NX>(xrow, 2 * ks + (mi >> 1)));
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb) {
+          uint32_t b[4];
+          const int key = 16 * kb + mr + 8 * (mi >> 1);
+          ldsm_x4(b, ubuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
+          mma_16816<T>(s[2 * kb], xa[0], xa[1], xa[2], xa[3], b[0], b[1]);
+          mma_16816<T>(s[2 * kb + 1], xa[0], xa[1], xa[2], xa[3], b[2], b[3]);
+          ldsm_x4(b, wbuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
+          mma_16816<T>(d[2 * kb], ya[0], ya[1], ya[2], ya[3], b[0], b[1]);
+          mma_16816<T>(d[2 * kb + 1], ya[0], ya[1], ya[2], ya[3], b[2], b[3]);
+        }
+      }
+      // P and dS in fp32 where the pair is an edge, else 0 (selected, not
+      // multiplied: lse2 is -inf on rows without edges, and the streamed
+      // rows past the window are zeros).
+      const float* ld_s = reinterpret_cast<const float*>(smem + 2 * kRes + buf * kBuf + 2 * kStr);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 8 * n + 2 * t + (e & 1);
+          const bool bit = (((e < 2 ? ma : mb) >> j) & 1u) != 0u;
+          float L, Dv;
+          if constexpr (KV) {
+            L = ld_s[j];
+            Dv = ld_s[kDenseKeys + j];
+          } else {
+            L = e < 2 ? La : Lb;
+            Dv = e < 2 ? Da : Db;
+          }
+          const float p = bit ? exp2f(s[n][e] * a.scale2 - L) : 0.f;
+          const float ds = bit ? p * (d[n][e] - Dv) : 0.f;
+          s[n][e] = p;
+          d[n][e] = ds;
+          if constexpr (!KV) {
+            // The edge's CSR position: its rank among its row's edges by source.
+            if (bit && a.pds != nullptr) {
+              const unsigned m = e < 2 ? ma : mb;
+              int pos = (e < 2 ? e_a + rank_a : e_b + rank_b) + __popc(m & ((1u << j) - 1u));
+              if (a.rank_pos != nullptr) pos = __ldg(a.rank_pos + pos);
+              a.pds[(int64_t)pos * H + h] = make_float2(p, ds);
+            }
+          }
+        }
+      }
+      // The SpMMs: dS (and P) as A fragments, U (and W) rows by ldmatrix.trans.
+      chunk_spmm<T, C>(acc1, d, ubuf, lane);
+      if constexpr (KV) chunk_spmm<T, C>(acc2, s, wbuf, lane);
     }
-    int rank_a = 0, rank_b = 0;  // dq: the rows' edges in earlier chunks
+    if constexpr (!KV) {
+      rank_a += __popc(ma);
+      rank_b += __popc(mb);
+    }
+  });  // every buffer, the resident rows included, is free again
 
-    float acc1[2 * KS][4];              // dQ / dK: 8-channel tiles of rows a (0, 1), b (2, 3)
-    float acc2[KV ? 2 * KS : 1][4];     // dV
+  // The rows: dQ = scale acc1 (dq); dK = scale acc1, dV = acc2 (dkv).
+  T* out1 = KV ? a.dk : a.dq;
+  const int64_t ld = KV ? a.ld_kv : a.ld_q;
+  const int64_t ch0 = (int64_t)h * C;
 #pragma unroll
-    for (int b = 0; b < 2 * KS; ++b) acc1[b][0] = acc1[b][1] = acc1[b][2] = acc1[b][3] = 0.f;
-#pragma unroll
-    for (int b = 0; b < (KV ? 2 * KS : 1); ++b)
-      acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
-
-    // Chunk ci with the edge masks ma, mb: bit j is the pair (row_a (row_b),
-    // streamed row lo + 32 ci + j); rows past the end have none.
-    walk_chunks(tile, a.plan, row_a, row_b, [&](int ci, int b) { issue(h, ci, b); },
-                [&](int ci, int buf, unsigned ma, unsigned mb) {
-      if ((tile.chunks >> ci) & 1u) {  // warp-uniform
-        const unsigned ubuf = bs + buf * kBuf, wbuf = ubuf + kStr;
-        // s (S) and d (dP): rows a, b x streamed rows 8 n + 2t, + 1 of the chunk.
-        float s[4][4], d[4][4];
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] = d[n][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-          uint32_t xa[4], ya[4];
-          ldsm_x4(xa, xs + swizzle<NX>(xrow, 2 * ks + (mi >> 1)));
-          ldsm_x4(ya, ys + swizzle<NX>(xrow, 2 * ks + (mi >> 1)));
-#pragma unroll
-          for (int kb = 0; kb < 2; ++kb) {
-            uint32_t b[4];
-            const int key = 16 * kb + mr + 8 * (mi >> 1);
-            ldsm_x4(b, ubuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
-            mma_16816<T>(s[2 * kb], xa[0], xa[1], xa[2], xa[3], b[0], b[1]);
-            mma_16816<T>(s[2 * kb + 1], xa[0], xa[1], xa[2], xa[3], b[2], b[3]);
-            ldsm_x4(b, wbuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
-            mma_16816<T>(d[2 * kb], ya[0], ya[1], ya[2], ya[3], b[0], b[1]);
-            mma_16816<T>(d[2 * kb + 1], ya[0], ya[1], ya[2], ya[3], b[2], b[3]);
-          }
-        }
-        // P and dS in fp32 where the pair is an edge, else 0 (selected, not
-        // multiplied: lse2 is -inf on rows without edges, and the streamed
-        // rows past the window are zeros).
-        const float* ld_s = reinterpret_cast<const float*>(smem + 2 * kRes + buf * kBuf + 2 * kStr);
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = 8 * n + 2 * t + (e & 1);
-            const bool bit = (((e < 2 ? ma : mb) >> j) & 1u) != 0u;
-            float L, Dv;
-            if constexpr (KV) {
-              L = ld_s[j];
-              Dv = ld_s[kDenseKeys + j];
-            } else {
-              L = e < 2 ? La : Lb;
-              Dv = e < 2 ? Da : Db;
-            }
-            const float p = bit ? exp2f(s[n][e] * a.scale2 - L) : 0.f;
-            const float ds = bit ? p * (d[n][e] - Dv) : 0.f;
-            s[n][e] = p;
-            d[n][e] = ds;
-            if constexpr (!KV) {
-              // The edge's CSR position: its rank among its row's edges by source.
-              if (bit && a.pds != nullptr) {
-                const unsigned m = e < 2 ? ma : mb;
-                int pos = (e < 2 ? e_a + rank_a : e_b + rank_b) + __popc(m & ((1u << j) - 1u));
-                if (a.rank_pos != nullptr) pos = __ldg(a.rank_pos + pos);
-                a.pds[(int64_t)pos * H + h] = make_float2(p, ds);
-              }
-            }
-          }
-        }
-        // The SpMMs: dS (and P) as A fragments, U (and W) rows by ldmatrix.trans.
-        chunk_spmm<T, C>(acc1, d, ubuf, lane);
-        if constexpr (KV) chunk_spmm<T, C>(acc2, s, wbuf, lane);
-      }
-      if constexpr (!KV) {
-        rank_a += __popc(ma);
-        rank_b += __popc(mb);
-      }
-    });  // every buffer, the resident rows included, is free again
-
-    // The rows: dQ = scale acc1 (dq); dK = scale acc1, dV = acc2 (dkv).
-    T* out1 = KV ? a.dk : a.dq;
-    const int64_t ld = KV ? a.ld_kv : a.ld_q;
-    const int64_t ch0 = (int64_t)h * C;
-#pragma unroll
-    for (int b = 0; b < 2 * KS; ++b) {
-      const int64_t c = ch0 + 8 * b + 2 * t;
+  for (int b = 0; b < 2 * KS; ++b) {
+    const int64_t c = ch0 + 8 * b + 2 * t;
+    if (ok_a)
+      *reinterpret_cast<uint32_t*>(out1 + ga * ld + c) =
+          pack2<T>(acc1[b][0] * a.scale, acc1[b][1] * a.scale);
+    if (ok_b)
+      *reinterpret_cast<uint32_t*>(out1 + gb * ld + c) =
+          pack2<T>(acc1[b][2] * a.scale, acc1[b][3] * a.scale);
+    if constexpr (KV) {
       if (ok_a)
-        *reinterpret_cast<uint32_t*>(out1 + ga * ld + c) =
-            pack2<T>(acc1[b][0] * a.scale, acc1[b][1] * a.scale);
+        *reinterpret_cast<uint32_t*>(a.dv + ga * ld + c) = pack2<T>(acc2[b][0], acc2[b][1]);
       if (ok_b)
-        *reinterpret_cast<uint32_t*>(out1 + gb * ld + c) =
-            pack2<T>(acc1[b][2] * a.scale, acc1[b][3] * a.scale);
-      if constexpr (KV) {
-        if (ok_a)
-          *reinterpret_cast<uint32_t*>(a.dv + ga * ld + c) = pack2<T>(acc2[b][0], acc2[b][1]);
-        if (ok_b)
-          *reinterpret_cast<uint32_t*>(a.dv + gb * ld + c) = pack2<T>(acc2[b][2], acc2[b][3]);
-      }
+        *reinterpret_cast<uint32_t*>(a.dv + gb * ld + c) = pack2<T>(acc2[b][2], acc2[b][3]);
     }
   }
 }
@@ -288,6 +285,8 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
   const int64_t n_dst = q.size(0), n_src = k.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_res = KV ? n_src : n_dst;
   if (n_res == 0) return;
+  TORCH_CHECK(H <= 65535, "dfgnn::attention_bwd (dot): the dense tiles take at most 65535 heads "
+              "(a grid dimension), got ", H);
   const at::Tensor& plan = KV ? L.tiles_t : L.tiles;
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto by_shape = [&](auto T_) {
@@ -341,7 +340,8 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
           if (dev < 64) opted.fetch_or(uint64_t{1} << dev);
         }
       }
-      kern<<<ceil_div(n_res, kDenseRows), kDenseThreads, kSmem, stream>>>(a);
+      const dim3 grid((unsigned)ceil_div(n_res, kDenseRows), (unsigned)H);
+      kern<<<grid, kDenseThreads, kSmem, stream>>>(a);
       check_launch();
     };
     if (C == 128) launch(IntC<128>{});

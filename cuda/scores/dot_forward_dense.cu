@@ -28,9 +28,10 @@
 // useful work (W the window, E_b the block's edges), so a block runs dense only
 // where the plan has it (W <= 512, no duplicate edge) and that ratio is at most
 // `cells_per_edge`; the other blocks run the sparse units of dot_forward_mma.cu in
-// the same launch. Heads: a block walks its rows' heads one after the other,
-// sharing the masks (one head at a time was faster than 2 or 4 per pass at 4 x 32:
-// fewer registers, no spills).
+// the same launch. Heads: one head per block (blockIdx.y), each block reading the
+// masks: a head's pass is a chain of dependent loads (q, the plan entry, each
+// chunk), and with the heads one after the other a block waited H chains long
+// (2 or 4 heads per pass instead took more registers and spilled at 4 x 32).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
 #include "device/mma.cuh"
@@ -43,7 +44,7 @@
 namespace dfgnn {
 namespace {
 
-// Rows [r0, r0 + 64) of n_rows, one head after the other, C channels per head.
+// Rows [r0, r0 + 64) of n_rows, head blockIdx.y of H, C channels per head.
 // `plan`: the layout's tile plan (pyg_dfgnn/ops/tiles.py), kTileMetaInts ints per
 // block, then the blocks' edge masks; plan_len ints in all.
 template <typename T, int C>
@@ -66,12 +67,13 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
   const int nrows = (int)min((int64_t)kDenseRows, n_rows - r0);
 
   // q of rows g, g + 8 (head h) as A fragments, straight from global memory:
-  // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8). Head 0's loads go out
-  // first, before the plan entry they do not depend on.
+  // qa[s] = rows g | g + 8 x channels 16 s + 2t (+ 8). The loads go out first,
+  // before the plan entry they do not depend on.
+  const int h = blockIdx.y;
   const int64_t HC = (int64_t)H * C;
   const int64_t ga = r0 + 16 * warp + g, gb = ga + 8;
   uint32_t qa[KS][4];
-  auto load_q = [&](int h) {
+  {
     const uint32_t* qr_a = reinterpret_cast<const uint32_t*>(q + ga * HC + (int64_t)h * C) + t;
     const uint32_t* qr_b = reinterpret_cast<const uint32_t*>(q + gb * HC + (int64_t)h * C) + t;
     const bool ok_a = ga < n_rows, ok_b = gb < n_rows;
@@ -82,133 +84,127 @@ gt_fwd_dense_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* _
       qa[s][2] = ok_a ? __ldg(qr_a + 8 * s + 4) : 0u;
       qa[s][3] = ok_b ? __ldg(qr_b + 8 * s + 4) : 0u;
     }
-  };
-  load_q(0);
+  }
   // The block's plan entry (dense_entry says what it holds and checks).
   const DenseEntry e = dense_entry(plan, plan_len, n_src, nrows, cells_per_edge, warp);
   if (!e.dense) {  // block-uniform: the sparse units of 8 rows, two per warp
     for (int u = 0; u < 2; ++u) {
       const int64_t blk = r0 / kMmaRows + 2 * warp + u;
       if (blk * kMmaRows >= n_rows) break;
-      for (int h = 0; h < H; ++h)
-        gt_mma_unit<T, C>(q, k, v, rowptr, col, out, out32, lse2, n_rows, H, scale2, blk, h);
+      gt_mma_unit<T, C>(q, k, v, rowptr, col, out, out32, lse2, n_rows, H, scale2, blk, h);
     }
     return;
   }
   const int lo = e.lo, hi = e.lo + e.width - 1;
 
   // k and v rows lo + 32 ci + [0, 32) of head h into buffer b (zeros past hi).
-  auto issue = [&](int h, int ci, int b) {
+  auto issue = [&](int ci, int b) {
     const unsigned kb = sbase + b * kBuf;
     copy_rows<T, C, kDenseKeys>(kb, kb + kDenseKeys * RB, k, v, lo + ci * kDenseKeys, hi + 1,
                                 HC, (int64_t)h * C);
     cp_async_commit();
   };
-  issue(0, e.first, 0);
+  issue(e.first, 0);
 
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix and row this lane addresses
   const int row_a = 16 * warp + g, row_b = row_a + 8;  // this lane's rows in the block
-  for (int h = 0; h < H; ++h) {
-    const int64_t ch0 = (int64_t)h * C;
-    if (h > 0) issue(h, e.first, 0);  // the previous head ended with both buffers free
-    if (h > 0) load_q(h);
+  const int64_t ch0 = (int64_t)h * C;
 
-    float acc[2 * KS][4];  // 8-channel tiles of rows g (0, 1) and g + 8 (2, 3)
+  float acc[2 * KS][4];  // 8-channel tiles of rows g (0, 1) and g + 8 (2, 3)
 #pragma unroll
-    for (int b = 0; b < 2 * KS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
-    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows g, g + 8 (l: lane partial)
+  for (int b = 0; b < 2 * KS; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+  float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows g, g + 8 (l: lane partial)
 
-    // Chunk ci with the edge masks ma, mb: bit j is the pair (row_a (row_b), key
-    // lo + 32 ci + j); rows past the end have none.
-    walk_chunks(e, plan, row_a, row_b, [&](int ci, int b) { issue(h, ci, b); },
-                [&](int ci, int buf, unsigned ma, unsigned mb) {
-      if ((e.chunks >> ci) & 1u) {  // warp-uniform
-        const unsigned kbuf = sbase + buf * kBuf, vbuf = kbuf + kDenseKeys * RB;
-        // SDDMM: s[n] = rows g, g + 8 x keys 8 n + 2t, + 1 of the chunk.
-        float s[4][4];
+  // Chunk ci with the edge masks ma, mb: bit j is the pair (row_a (row_b), key
+  // lo + 32 ci + j); rows past the end have none.
+  walk_chunks(e, plan, row_a, row_b, [&](int ci, int b) { issue(ci, b); },
+              [&](int ci, int buf, unsigned ma, unsigned mb) {
+    if ((e.chunks >> ci) & 1u) {  // warp-uniform
+      const unsigned kbuf = sbase + buf * kBuf, vbuf = kbuf + kDenseKeys * RB;
+      // SDDMM: s[n] = rows g, g + 8 x keys 8 n + 2t, + 1 of the chunk.
+      float s[4][4];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
+      for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
-          for (int kb = 0; kb < 2; ++kb) {
-            uint32_t b[4];
-            const int key = 16 * kb + mr + 8 * (mi >> 1);
-            ldsm_x4(b, kbuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
-            mma_16816<T>(s[2 * kb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[0], b[1]);
-            mma_16816<T>(s[2 * kb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
-          }
+        for (int kb = 0; kb < 2; ++kb) {
+          uint32_t b[4];
+          const int key = 16 * kb + mr + 8 * (mi >> 1);
+          ldsm_x4(b, kbuf + swizzle<NX>(key, 2 * ks + (mi & 1)));
+          mma_16816<T>(s[2 * kb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[0], b[1]);
+          mma_16816<T>(s[2 * kb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[2], b[3]);
         }
-        // The lane's entries of tile n are keys 8 n + 2t, + 1: a pair that is no
-        // edge gets score -inf, so weight 2^(-inf - base) = 0.
-        float t0 = kNegInf, t1 = kNegInf;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const int sh = 8 * n + 2 * t;
-          s[n][0] = (ma >> sh) & 1u ? s[n][0] * scale2 : kNegInf;
-          s[n][1] = (ma >> (sh + 1)) & 1u ? s[n][1] * scale2 : kNegInf;
-          s[n][2] = (mb >> sh) & 1u ? s[n][2] * scale2 : kNegInf;
-          s[n][3] = (mb >> (sh + 1)) & 1u ? s[n][3] * scale2 : kNegInf;
-          t0 = fmaxf(t0, fmaxf(s[n][0], s[n][1]));
-          t1 = fmaxf(t1, fmaxf(s[n][2], s[n][3]));
-        }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) {  // the quad holds a row's 32 keys
-          t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
-          t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
-        }
-        const RaisedMax r = raise_max(m0, m1, t0, t1);
-        const float base0 = r.base0, base1 = r.base1, c0 = r.c0, c1 = r.c1;
-        float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          s[n][0] = fast_exp2(s[n][0] - base0);
-          s[n][1] = fast_exp2(s[n][1] - base0);
-          s[n][2] = fast_exp2(s[n][2] - base1);
-          s[n][3] = fast_exp2(s[n][3] - base1);
-          sum0 += s[n][0] + s[n][1];
-          sum1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * c0 + sum0;
-        l1 = l1 * c1 + sum1;
-        if (__any_sync(0xffffffffu, r.rescale)) {
-#pragma unroll
-          for (int b = 0; b < 2 * KS; ++b) {
-            acc[b][0] *= c0; acc[b][1] *= c0;
-            acc[b][2] *= c1; acc[b][3] *= c1;
-          }
-        }
-        // SpMM: P (the S accumulators are the A fragments' layout) times V.
-        chunk_spmm<T, C>(acc, s, vbuf, lane);
       }
-    });
-
-    // Row sums over the quad, then out = acc / l and lse2 = m + log2(l).
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+      // The lane's entries of tile n are keys 8 n + 2t, + 1: a pair that is no
+      // edge gets score -inf, so weight 2^(-inf - base) = 0.
+      float t0 = kNegInf, t1 = kNegInf;
 #pragma unroll
-    for (int b = 0; b < 2 * KS; ++b) {
-      const int64_t c = ch0 + 8 * b + 2 * t;
+      for (int n = 0; n < 4; ++n) {
+        const int sh = 8 * n + 2 * t;
+        s[n][0] = (ma >> sh) & 1u ? s[n][0] * scale2 : kNegInf;
+        s[n][1] = (ma >> (sh + 1)) & 1u ? s[n][1] * scale2 : kNegInf;
+        s[n][2] = (mb >> sh) & 1u ? s[n][2] * scale2 : kNegInf;
+        s[n][3] = (mb >> (sh + 1)) & 1u ? s[n][3] * scale2 : kNegInf;
+        t0 = fmaxf(t0, fmaxf(s[n][0], s[n][1]));
+        t1 = fmaxf(t1, fmaxf(s[n][2], s[n][3]));
+      }
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // the quad holds a row's 32 keys
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
+      }
+      const RaisedMax r = raise_max(m0, m1, t0, t1);
+      const float base0 = r.base0, base1 = r.base1, c0 = r.c0, c1 = r.c1;
+      float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        s[n][0] = fast_exp2(s[n][0] - base0);
+        s[n][1] = fast_exp2(s[n][1] - base0);
+        s[n][2] = fast_exp2(s[n][2] - base1);
+        s[n][3] = fast_exp2(s[n][3] - base1);
+        sum0 += s[n][0] + s[n][1];
+        sum1 += s[n][2] + s[n][3];
+      }
+      l0 = l0 * c0 + sum0;
+      l1 = l1 * c1 + sum1;
+      if (__any_sync(0xffffffffu, r.rescale)) {
+#pragma unroll
+        for (int b = 0; b < 2 * KS; ++b) {
+          acc[b][0] *= c0; acc[b][1] *= c0;
+          acc[b][2] *= c1; acc[b][3] *= c1;
+        }
+      }
+      // SpMM: P (the S accumulators are the A fragments' layout) times V.
+      chunk_spmm<T, C>(acc, s, vbuf, lane);
+    }
+  });
+
+  // Row sums over the quad, then out = acc / l and lse2 = m + log2(l).
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+  for (int b = 0; b < 2 * KS; ++b) {
+    const int64_t c = ch0 + 8 * b + 2 * t;
+    if (ga < n_rows)
+      *reinterpret_cast<uint32_t*>(out + ga * HC + c) = pack2<T>(acc[b][0] * i0, acc[b][1] * i0);
+    if (gb < n_rows)
+      *reinterpret_cast<uint32_t*>(out + gb * HC + c) = pack2<T>(acc[b][2] * i1, acc[b][3] * i1);
+    if (out32 != nullptr) {
       if (ga < n_rows)
-        *reinterpret_cast<uint32_t*>(out + ga * HC + c) = pack2<T>(acc[b][0] * i0, acc[b][1] * i0);
+        *reinterpret_cast<float2*>(out32 + ga * HC + c) =
+            make_float2(acc[b][0] * i0, acc[b][1] * i0);
       if (gb < n_rows)
-        *reinterpret_cast<uint32_t*>(out + gb * HC + c) = pack2<T>(acc[b][2] * i1, acc[b][3] * i1);
-      if (out32 != nullptr) {
-        if (ga < n_rows)
-          *reinterpret_cast<float2*>(out32 + ga * HC + c) =
-              make_float2(acc[b][0] * i0, acc[b][1] * i0);
-        if (gb < n_rows)
-          *reinterpret_cast<float2*>(out32 + gb * HC + c) =
-              make_float2(acc[b][2] * i1, acc[b][3] * i1);
-      }
+        *reinterpret_cast<float2*>(out32 + gb * HC + c) =
+            make_float2(acc[b][2] * i1, acc[b][3] * i1);
     }
-    if (t == 0) {
-      if (ga < n_rows) lse2[ga * H + h] = l0 > 0.f ? m0 + log2f(l0) : kNegInf;
-      if (gb < n_rows) lse2[gb * H + h] = l1 > 0.f ? m1 + log2f(l1) : kNegInf;
-    }
+  }
+  if (t == 0) {
+    if (ga < n_rows) lse2[ga * H + h] = l0 > 0.f ? m0 + log2f(l0) : kNegInf;
+    if (gb < n_rows) lse2[gb * H + h] = l1 > 0.f ? m1 + log2f(l1) : kNegInf;
   }
 }
 
@@ -220,7 +216,10 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   constexpr int kSmem = 2 * 2 * kDenseKeys * C * (int)sizeof(T);  // two k + v chunks
   static_assert(kSmem <= 48 * 1024, "no opt-in for more dynamic shared memory");
   const int64_t N = q.size(0);
-  gt_fwd_dense_kernel<T, C><<<ceil_div(N, kDenseRows), kDenseThreads, kSmem,
+  TORCH_CHECK(q.size(1) <= 65535, "dfgnn::attention_fwd (dot): the dense tiles take at most "
+              "65535 heads (a grid dimension), got ", q.size(1));
+  gt_fwd_dense_kernel<T, C><<<dim3((unsigned)ceil_div(N, kDenseRows), (unsigned)q.size(1)),
+                              kDenseThreads, kSmem,
                               c10::cuda::getCurrentCUDAStream()>>>(
       cptr<T>(q), cptr<T>(k), cptr<T>(v), rowptr.data_ptr<int>(), col.data_ptr<int>(),
       plan.data_ptr<int>(), plan.numel(), mptr<T>(out), out32, lse2.data_ptr<float>(), N,
