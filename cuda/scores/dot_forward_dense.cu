@@ -30,8 +30,9 @@
 // `cells_per_edge`; the other blocks run the sparse units of dot_forward_mma.cu in
 // the same launch. Heads: one head per block (blockIdx.y), each block reading the
 // masks: a head's pass is a chain of dependent loads (q, the plan entry, each
-// chunk), and with the heads one after the other a block waited H chains long
-// (2 or 4 heads per pass instead took more registers and spilled at 4 x 32).
+// chunk), and a block walking all H heads would wait H chains long (PATTERN-like,
+// 4 x 32: 0.117 ms against 0.128; 2 or 4 heads per pass take more registers and
+// spill).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
 #include "device/mma.cuh"
