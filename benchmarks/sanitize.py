@@ -24,6 +24,7 @@ import copy
 import sys
 
 import torch
+from torch_geometric.utils import scatter, softmax
 
 import pyg_dfgnn
 from pyg_dfgnn import ops
@@ -73,16 +74,17 @@ def _graph(kind: str, gen: torch.Generator):
     raise ValueError(kind)
 
 
-def _rel(a, b) -> float:
+def _rel(a, b, floor: float = 0.0) -> float:
+    """``||a - b|| / max(||b||, floor)`` (``||a - b||`` where both are 0)."""
     a, b = a.detach().double().cpu(), b.detach().double().cpu()
     if a.shape != b.shape or not torch.isfinite(a).all():
         return float("inf")
-    d = b.norm()
+    d = max(float(b.norm()), floor)
     return float((a - b).norm() / d) if d > 0 else float((a - b).norm())
 
 
-def _check(name, got, want, tol):
-    err = _rel(got, want)
+def _check(name, got, want, tol, floor: float = 0.0):
+    err = _rel(got, want, floor)
     status = "ok" if err < tol else "FAIL"
     print(f"  {name:<58} rel err {err:.2e} {status}", flush=True)
     if err >= tol:
@@ -268,7 +270,30 @@ def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     _check(name + " out", out, ref, tol)
     _check(name + " dx", x.grad, x64.grad, tol)
-    _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol)
+    _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol,
+           floor=_beta_terms(lay64, x64, 1.3, g.double().cpu()).abs().sum().item())
+
+
+def _beta_terms(lay, x, beta: float, g):
+    r"""The per-edge terms :math:`d\alpha_e \cos_e` of AGNN's ``beta`` gradient
+    (float64, ``lay``'s CSR order) for the loss ``(out * g).sum()``.
+
+    The gradient is their sum, and they cancel (per row :math:`\sum_j
+    d\alpha_{ij} = 0`): in half precision the cosines are rounded, and the error
+    of the sum is a fraction of the terms' magnitudes, not of the sum, which can
+    lie near 0 (a super-node draw: ``dbeta`` -0.092 in float64, -0.029 fused in
+    bf16 by SMMF and PMF alike, with ``sum |terms|`` hundreds of times larger).
+    The check of ``dbeta`` therefore divides by ``sum |terms|`` where that is
+    larger, as the fuzzer does (``tests/test_fuzz.py``)."""
+    x = x.detach()
+    dst = torch.repeat_interleave(torch.arange(lay.num_dst), lay.rowptr.diff().long())
+    src = lay.col.long()
+    xn = torch.nn.functional.normalize(x, dim=-1)
+    cos = (xn[src] * xn[dst]).sum(-1)
+    p = softmax(beta * cos, dst, num_nodes=lay.num_dst)
+    dp = (g[dst] * x[src]).sum(-1)
+    dalpha = p * (dp - scatter(p * dp, dst, 0, dim_size=lay.num_dst, reduce="sum")[dst])
+    return dalpha * cos
 
 
 def layers_case(dtype, autocast):

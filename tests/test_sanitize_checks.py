@@ -1,0 +1,37 @@
+"""CPU checks of benchmarks/sanitize.py's comparisons: AGNN's ``beta`` gradient is
+the sum of per-edge terms that cancel, so its check divides by their magnitudes."""
+import pytest
+import torch
+
+from benchmarks import sanitize
+from pyg_dfgnn import ops
+from pyg_dfgnn.layout import GraphLayout
+
+
+@pytest.mark.parametrize("kind", ["super_node", "small", "batch"])
+def test_beta_terms_add_up_to_the_reference_gradient(kind):
+    gen = torch.Generator().manual_seed(2)
+    ei, n, _ = sanitize._graph(kind, gen)
+    lay = GraphLayout.from_edge_index(ei, (n, n), add_self_loops=True)
+    x = torch.randn(n, 32, dtype=torch.float64, generator=gen, requires_grad=True)
+    beta = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(n, 32, dtype=torch.float64, generator=gen)
+    ops.agnn_attention(lay, x, None, beta).backward(g)
+    terms = sanitize._beta_terms(lay, x, 1.3, g)
+    assert terms.shape == (lay.num_edges,)
+    scale = float(terms.abs().sum())
+    assert abs(float(terms.sum()) - float(beta.grad)) <= 1e-9 * scale
+    assert scale > 5 * abs(float(beta.grad))  # they cancel
+
+
+def test_check_divides_by_the_floor_where_it_is_larger(monkeypatch):
+    monkeypatch.setattr(sanitize, "FAILURES", [])
+    want = torch.tensor([0.09])
+    got = torch.tensor([0.03])
+    sanitize._check("near zero", got, want, 2e-2)  # relative to 0.09: 0.67
+    assert [name for name, _ in sanitize.FAILURES] == ["near zero"]
+    sanitize._check("scaled", got, want, 2e-2, floor=500.0)  # 0.06 / 500
+    assert len(sanitize.FAILURES) == 1
+    assert sanitize._rel(got, want, 500.0) == pytest.approx(0.06 / 500)
+    assert sanitize._rel(got, want, 0.01) == pytest.approx(0.06 / 0.09)
+    assert sanitize._rel(torch.tensor([float("nan")]), want, 500.0) == float("inf")
