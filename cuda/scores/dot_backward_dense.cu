@@ -47,6 +47,7 @@
 
 #include <atomic>
 #include <cfloat>
+#include <string>
 
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
@@ -286,7 +287,7 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
   const int64_t n_res = KV ? n_src : n_dst;
   if (n_res == 0) return;
   TORCH_CHECK(H <= 65535, "dfgnn::attention_bwd (dot): the dense tiles take at most 65535 heads "
-              "(a grid dimension), got ", H);
+              "(a grid dimension), got " + std::to_string(H));
   const at::Tensor& plan = KV ? L.tiles_t : L.tiles;
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto by_shape = [&](auto T_) {

@@ -35,6 +35,8 @@
 // spill).
 // As in the sparse kernel, a non-finite v row of the window makes the rows of its
 // block non-finite even where it is no neighbour (0 * inf in the product).
+#include <string>
+
 #include "device/mma.cuh"
 #include "host/dispatch.cuh"
 #include "host/ops.h"
@@ -218,7 +220,7 @@ void launch_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   static_assert(kSmem <= 48 * 1024, "no opt-in for more dynamic shared memory");
   const int64_t N = q.size(0);
   TORCH_CHECK(q.size(1) <= 65535, "dfgnn::attention_fwd (dot): the dense tiles take at most "
-              "65535 heads (a grid dimension), got ", q.size(1));
+              "65535 heads (a grid dimension), got " + std::to_string(q.size(1)));
   gt_fwd_dense_kernel<T, C><<<dim3((unsigned)ceil_div(N, kDenseRows), (unsigned)q.size(1)),
                               kDenseThreads, kSmem,
                               c10::cuda::getCurrentCUDAStream()>>>(
