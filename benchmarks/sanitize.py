@@ -271,28 +271,28 @@ def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
     _check(name + " out", out, ref, tol)
     _check(name + " dx", x.grad, x64.grad, tol)
     _check(name + " dbeta", beta.grad.reshape(1), b64.grad.reshape(1), tol,
-           floor=_beta_terms(lay64, x64, 1.3, g.double().cpu()).abs().sum().item())
+           floor=beta_terms(lay64.col.long(), lay64.csr_row.long(), x64, 1.3,
+                            g.double().cpu(), n).abs().sum().item())
 
 
-def _beta_terms(lay, x, beta: float, g):
+def beta_terms(src, dst, x, beta: float, g, num_nodes: int):
     r"""The per-edge terms :math:`d\alpha_e \cos_e` of AGNN's ``beta`` gradient
-    (float64, ``lay``'s CSR order) for the loss ``(out * g).sum()``.
+    for the loss ``(out * g).sum()``, over the edges ``src -> dst`` (self-loops
+    included, as the layer adds them), in ``x``'s dtype (float64 for a reference).
 
     The gradient is their sum, and they cancel (per row :math:`\sum_j
     d\alpha_{ij} = 0`): in half precision the cosines are rounded, and the error
     of the sum is a fraction of the terms' magnitudes, not of the sum, which can
     lie near 0 (a super-node draw: ``dbeta`` -0.092 in float64, -0.029 fused in
     bf16 by SMMF and PMF alike, with ``sum |terms|`` hundreds of times larger).
-    The check of ``dbeta`` therefore divides by ``sum |terms|`` where that is
-    larger, as the fuzzer does (``tests/test_fuzz.py``)."""
+    So ``dbeta`` is checked against ``sum |terms|`` where that is larger, here
+    and in the fuzzer (``tests/test_fuzz.py``)."""
     x = x.detach()
-    dst = torch.repeat_interleave(torch.arange(lay.num_dst), lay.rowptr.diff().long())
-    src = lay.col.long()
     xn = torch.nn.functional.normalize(x, dim=-1)
     cos = (xn[src] * xn[dst]).sum(-1)
-    p = softmax(beta * cos, dst, num_nodes=lay.num_dst)
+    p = softmax(beta * cos, dst, num_nodes=num_nodes)
     dp = (g[dst] * x[src]).sum(-1)
-    dalpha = p * (dp - scatter(p * dp, dst, 0, dim_size=lay.num_dst, reduce="sum")[dst])
+    dalpha = p * (dp - scatter(p * dp, dst, 0, dim_size=num_nodes, reduce="sum")[dst])
     return dalpha * cos
 
 

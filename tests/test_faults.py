@@ -141,9 +141,9 @@ def test_out_of_memory_leaves_layer_cache_and_process_usable(name, phase):
     # tensors RETRY_HEADROOM beyond what is reserved. Counting from the allocated
     # memory alone left the retry no room (GAT and AGNN under pytest -n 8); from the
     # reserved memory alone, a large free space let the capped call finish.
-    cap = max(torch.cuda.memory_allocated() + need // 2, torch.cuda.memory_reserved())
-    cap += RETRY_HEADROOM
-    free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    cap = max(allocated + need // 2, reserved) + RETRY_HEADROOM
+    free = reserved - allocated
     if free + RETRY_HEADROOM >= need:
         # Earlier tests in this process (pytest -n) left segments whose free space
         # holds the whole call: no cap at or above the reserved memory can fail it.

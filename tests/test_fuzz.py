@@ -39,8 +39,9 @@ import pytest
 import torch
 from torch import Tensor
 from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
-from torch_geometric.utils import add_self_loops, remove_self_loops, scatter, softmax
+from torch_geometric.utils import add_self_loops, remove_self_loops
 
+from benchmarks.sanitize import beta_terms
 from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
 
@@ -273,12 +274,7 @@ def _agnn_beta_scale(layer, x: Tensor, edge_index: Tensor, seed: int, dtype: tor
     src, dst = edge_index
     w = torch.randn((n, x.size(1)), generator=torch.Generator().manual_seed(seed))
     w = w.to(dtype).double()  # the weights of _forward_backward's loss
-    xn = torch.nn.functional.normalize(x, dim=-1)
-    cos = (xn[src] * xn[dst]).sum(-1)
-    p = softmax(float(layer.beta.detach()) * cos, dst, num_nodes=n)
-    dp = (w[dst] * x[src]).sum(-1)
-    dalpha = p * (dp - scatter(p * dp, dst, 0, dim_size=n, reduce="sum")[dst])
-    terms = dalpha * cos
+    terms = beta_terms(src, dst, x, float(layer.beta.detach()), w, n)
     scale = float(terms.abs().sum())
     assert abs(float(terms.sum()) - float(grad_beta.sum())) <= 1e-9 * max(scale, 1.0), \
         "the beta gradient's terms do not add up to the float64 reference"
