@@ -362,6 +362,53 @@ def test_agnn_fused_normalisation_half(dtype):
     assert rel_err(beta.grad, t[1].grad) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32)])
+def test_agnn_dense_tiles_half(dtype, H, C, plan_override):
+    """A PATTERN-like batch in fp16 / bf16: the cosine score normalises first and
+    runs the dot score's dense-tile forward and backward (the plan says so and
+    the profiler sees those kernels); output and gradients against float64 as
+    close as the sparse tensor-core walks' (dense_tiles off) within 1e-2, beta's
+    gradient (one sum over every edge, ill-conditioned in half precision) no
+    further from float64 than 5 times theirs."""
+    from benchmarks.generators import sbm_batch
+    from torch.profiler import ProfilerActivity, profile
+    ei, batch, _, _ = sbm_batch("pattern", 48, seed=3)
+    n = batch.numel()
+    lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n))
+    torch.manual_seed(stable_seed("dense", H, C))
+    x = torch.randn(n, H, C, device=DEV).to(dtype).requires_grad_()
+    beta = torch.tensor([1.3], device=DEV, requires_grad=True)
+    g = torch.randn(n, H, C, device=DEV).to(dtype)
+    t = [u.detach().double().requires_grad_() for u in (x, beta)]
+    ref, _ = reference.cosine_attention(lay.rowptr, lay.col, t[0], t[0], t[1])
+    ref.backward(g.double())
+
+    def run():
+        x.grad = beta.grad = None
+        poison()
+        out = ops.agnn_attention(lay, x, None, beta)
+        out.backward(g)
+        torch.cuda.synchronize()
+        return out, x.grad.clone(), beta.grad.clone()
+    p = plan.plan_for(lay, dtype, C, score="cosine")
+    assert p.normalize_first and p.dense_cells > 0 and p.dense_backward, p.why
+    run()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dense = run()
+    names = " ".join(e.name for e in prof.events())
+    for kernel in ("gt_fwd_dense_kernel", "gt_bwd_dq_dense_kernel", "gt_bwd_dkv_dense_kernel"):
+        assert kernel in names
+    plan_override(dense_tiles="off")
+    assert plan.plan_for(lay, dtype, C, score="cosine").dense_cells == 0
+    sparse = run()
+    for got in (dense, sparse):
+        assert got[0].dtype == dtype and got[1].dtype == dtype
+        assert rel_err(got[0], ref) < 1e-2 and rel_err(got[1], t[0].grad) < 1e-2
+    beta_err = [rel_err_floor(got[2], t[1].grad, floor=1.0) for got in (dense, sparse)]
+    assert beta_err[0] <= max(1e-2, 5 * beta_err[1]), beta_err
+
+
 @pytest.mark.parametrize("strategy", ["auto", "pmf"])
 def test_agnn_attention_weights(strategy):
     """The attention weights of the one-call AGNN op (auto: SMMF) and of the

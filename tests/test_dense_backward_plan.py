@@ -167,8 +167,14 @@ def test_dense_backward_follows_the_dense_forward(tiled):
     assert not plan.plan_for(lay, BF16, 128, dropout=True).dense_backward
     assert not plan.plan_for(lay, torch.float32, 128).dense_backward
     assert not plan.plan_for(lay, BF16, 48).dense_backward
-    # The cosine score has no dense tiles.
-    assert not plan.plan_for(lay, BF16, 128, score="cosine").dense_backward
+    # The cosine score in half precision normalises first and runs the dot
+    # score's kernels, dense tiles included; the additive score has none.
+    p = plan.plan_for(lay, BF16, 128, score="cosine")
+    assert p.normalize_first and p.dense_cells > 0 and p.dense_backward
+    assert [k for k, _ in p.kernels()][-1] == "dot:fwd_dense"
+    names = [k for k, _ in p.kernels(backward=True)]
+    assert "dot:dq_dense" in names and "dot:dkv_dense" in names
+    assert not plan.plan_for(lay, BF16, 128, score="additive").dense_backward
 
 
 def test_dense_backward_override(tiled):

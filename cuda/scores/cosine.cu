@@ -6,8 +6,8 @@
 //   normalize_first = 1 (fp16 / bf16, whose lse must match the rounded k and q
 //     the backward recomputes the scores from, or PMF): the normalisation
 //     k = x / max(||x||, eps), q = beta k (l2norm_forward_cuda), then the dot
-//     score over (q, k, x) with scale 1, on the kernels the plan names; saved =
-//     (k, q, rnorm).
+//     score over (q, k, x) with scale 1, on the kernels the plan names (the
+//     tensor-core and dense-tile ones included); saved = (k, q, rnorm).
 // The backward is the dot score's over (q, k, x), scale 1 (k, q recomputed
 // where the forward did not build them), then the normalisation's backward:
 // dx = dxn + dv (x is both v and the source of k, q), dbeta from its per-row
@@ -103,8 +103,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& o
 }  // namespace
 
 DFGNN_REGISTER_SCORE(cosine, ScoreOps{"cosine", &check, &forward, &backward, false,
-                                       /*normalizes=*/true, ScorePaths{/*pmf=*/true,
-                                                                       /*mma=*/true},
+                                       /*normalizes=*/true,
+                                       ScorePaths{/*pmf=*/true, /*mma=*/true,
+                                                  /*dense_tiles=*/true},
                                        /*keeps_out32=*/true});
 
 }  // namespace dfgnn

@@ -2,7 +2,8 @@ r"""The cosine score of AGNN (``AGNNConv``):
 :math:`s_{ij} = \beta \cos(\mathbf{x}_i, \mathbf{x}_j)`, summing the
 unnormalised :math:`\mathbf{x}_j`. Its kernels (``cuda/scores/cosine.cu``) score
 the unnormalised rows in fp32 (one gathered row per edge for the score and the
-sum) and, in fp16 / bf16, normalise first and run the dot score with scale 1."""
+sum) and, in fp16 / bf16, normalise first and run the dot score with scale 1,
+on the kernels the plan names for it (tensor cores, dense tiles on batches)."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
@@ -57,7 +58,7 @@ def _saved_like(inputs: Sequence[Tensor], plan=None) -> List[Tensor]:
 SPEC = register(ScoreSpec(
     name="cosine", inputs=("x", "beta"), params=("eps",), dst_input=0, value_input=0,
     row_inputs=(0,), reference=_reference, check=_check, saved_like=_saved_like, mma=True,
-    normalize_first=_normalize_first, keeps_out32=True))
+    dense_tiles=True, normalize_first=_normalize_first, keeps_out32=True))
 
 
 def _normalised(x: Tensor) -> Tensor:
