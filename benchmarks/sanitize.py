@@ -3,8 +3,8 @@
 Runs every kernel family once per path on small graphs, forward and backward,
 and checks each result against the float64 reference, so that a sanitizer run
 covers: GT (with and without edge rows) / GAT (with and without edge terms) /
-GATv2 (with and without edge rows) / AGNN scores; fp32, fp16 and bf16; SMMF and
-PMF; split rows
+GATv2 (with and without edge rows) / AGNN (its half-precision dense tiles too)
+scores; fp32, fp16 and bf16; SMMF and PMF; split rows
 (a super node longer than a work item); the tensor-core forward (16-edge MMA)
 and the dense-tile forward; the one- and two-launch GT backward and its
 tensor-core walks (``mma_backward``) and their dense-tile form
@@ -481,6 +481,10 @@ def _node_cases(G, gen, args) -> None:
         for strat in ("smmf", "pmf"):
             for dt in (f32, b16):
                 agnn_case(f"agnn {kind} {strat} {dt} C32", ei, n, 32, dt, strat)
+    ei, n, _ = G["batch"]
+    for dt in (f16, b16):  # half precision runs the dot kernels, the dense tiles too
+        with _path(dense="force", mma_bwd=True, dense_bwd=True):
+            agnn_case(f"agnn batch dense {dt} C32 dense-bwd", ei, n, 32, dt)
     if not args.quick:
         print("large")
         ei, n, _ = _graph("large", gen)
