@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import sys
 
 import torch
@@ -35,6 +36,21 @@ FAILURES = []
 #: Under autocast a layer's error may reach this times native PyG's own error
 #: there (tests/test_fuzz.py says why).
 NATIVE_FACTOR = 5.0
+#: ``[index, count]``: this process runs every ``count``-th case from ``index``
+#: (``--shard``), so that a slow tool (racecheck) runs in parallel processes.
+SHARD = [0, 1]
+_SEEN = [0]
+
+
+def _case(fn):
+    """A case: counted in call order and run only in its shard (``SHARD``)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        i = _SEEN[0]
+        _SEEN[0] += 1
+        if i % SHARD[1] == SHARD[0]:
+            fn(*args, **kwargs)
+    return run
 
 
 def _graph(kind: str, gen: torch.Generator):
@@ -109,6 +125,7 @@ def _ref_gt(lay, q, k, v, scale, g):
     return out, (q64.grad, k64.grad, v64.grad)
 
 
+@_case
 def gt_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", bwd=None, dense=None,
             dropout=0.0, attn=False, mma_bwd=None, dense_bwd=None, save=None):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
@@ -155,6 +172,7 @@ def _check_score(name, score, lay, inputs, names, params, out, g, dropout):
         _check(f"{name} d{nm}", got.grad, want.grad, tol)
 
 
+@_case
 def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
     """The dot_edge score (GT with per-edge rows ``e`` ``[E, H, C]``, CSR order);
     ``chunk``: edges per work item (a small one splits every row)."""
@@ -172,6 +190,7 @@ def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
                  out, g, dropout)
 
 
+@_case
 def gt_edge_tail_case(name, ei, ns, nd, H, C, D, dtype, dropout=0.0, chunk=None):
     """The dot_edge_tail score (GT with ``[E, D]`` tails of every head's edge row,
     CSR order); ``chunk``: edges per work item."""
@@ -189,6 +208,7 @@ def gt_edge_tail_case(name, ei, ns, nd, H, C, D, dtype, dropout=0.0, chunk=None)
                  (1.0 / C ** 0.5,), out, g, dropout)
 
 
+@_case
 def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=False,
              chunk=None):
     """The additive score on a layout with self-loops where the graph is square;
@@ -225,6 +245,7 @@ def gat_cases(prefix, G, **kw):
         gat_case(f"{prefix} {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4, **kw)
 
 
+@_case
 def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=None,
                edge=False, chunk=None):
     """The GATv2 score on a layout with self-loops where the graph is square;
@@ -254,6 +275,7 @@ def gatv2_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, bwd=
                  dropout)
 
 
+@_case
 def agnn_case(name, ei, n, C, dtype, strategy="smmf"):
     lay = GraphLayout.from_edge_index(ei.to(DEV), (n, n), add_self_loops=True)
     x = torch.randn(n, C, device=DEV, dtype=dtype, requires_grad=True)
@@ -296,6 +318,7 @@ def beta_terms(src, dst, x, beta: float, g, num_nodes: int):
     return dalpha * cos
 
 
+@_case
 def layers_case(dtype, autocast):
     """The three fused layers, forward and backward, as a model runs them."""
     from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedTransformerConv
@@ -387,6 +410,7 @@ def _layer_against_native(name, native, conv, ei, ns, nd, autocast, edge_dim, pa
         _check(f"{name} {k}", got[k], want[k], tols[k])
 
 
+@_case
 def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=None):
     """FusedTransformerConv forward and backward against native PyG in float64:
     the attention backward writes dq, dk, dv into the projections' joined
@@ -406,6 +430,7 @@ def gt_layer_case(name, ei, ns, nd, autocast, bwd=None, mma_bwd=None, edge_dim=N
                           _path(bwd_launches=bwd, mma_bwd=mma_bwd))
 
 
+@_case
 def gat_edge_layer_case(name, ei, ns, nd, autocast, v2=False):
     """FusedGATConv (``v2``: FusedGATv2Conv) with edge features (``edge_dim=16``,
     self-loops with ``fill_value="mean"``: the additive_edge or gatv2_edge score)
@@ -566,7 +591,17 @@ def main(argv=None) -> int:
     ap.add_argument("--edge-only", action="store_true",
                     help="only the cases with per-edge inputs (a quick check of the edge "
                          "walks; their inputs then differ from a whole run's)")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="run every N-th case from the I-th (0-based): N processes with "
+                         "I = 0 .. N-1 run every case once")
     args = ap.parse_args(argv)
+    try:
+        index, count = (int(p) for p in args.shard.split("/"))
+    except ValueError:
+        ap.error(f"--shard must be I/N, got {args.shard!r}")
+    if not 0 <= index < count:
+        ap.error(f"--shard I/N needs 0 <= I < N, got {args.shard!r}")
+    SHARD[:] = [index, count]
     if not pyg_dfgnn.has_cuda_kernels():
         print("needs a CUDA GPU and the compiled extension", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@
 # with a GPU and the built extension:
 #   bash benchmarks/sanitize.sh [OUTDIR] [TOOLS...]
 # $SANITIZE_ARGS adds options of benchmarks/sanitize.py (--edge-only: the cases
-# with per-edge inputs alone).
+# with per-edge inputs alone); $SANITIZE_SHARDS=N splits the cases over N
+# processes in parallel (--shard).
 # Writes one log per tool to OUTDIR (default: a temporary directory) and prints a
 # summary line per tool; exits non-zero if any tool reports an error or a result
 # is wrong. $PYTHON (default: python3) is the interpreter with pyg_dfgnn installed.
@@ -43,12 +44,25 @@ for tool in $tools; do
   # with torch.randn; the layers run under the three other tools.
   [ "$tool" = initcheck ] && args+=(--no-layers)
   t0=$(date +%s)
-  "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
-    "$PYTHON" -m benchmarks.sanitize "${args[@]}" > "$out/sanitize_$tool.log" 2>&1
-  rc=$?
-  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)
-  failed=$(grep -E "^[0-9]+ failed" "$out/sanitize_$tool.log" | tail -1)
-  echo "$tool: rc=$rc ${summary:-no summary} | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
+  # $SANITIZE_SHARDS processes in parallel, each with every N-th case
+  # (racecheck takes minutes in one process); one log per process.
+  n=${SANITIZE_SHARDS:-1}
+  pids=()
+  for ((i = 0; i < n; i++)); do
+    log="$out/sanitize_$tool.log"; [ "$n" -gt 1 ] && log="$out/sanitize_$tool.$i.log"
+    "$san" --tool "$tool" "${extra[@]}" --error-exitcode 3 --print-limit 50 \
+      "$PYTHON" -m benchmarks.sanitize "${args[@]}" --shard "$i/$n" > "$log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  for ((i = 0; i < n; i++)); do
+    log="$out/sanitize_$tool.log" label=$tool
+    [ "$n" -gt 1 ] && log="$out/sanitize_$tool.$i.log" label="$tool (shard $i/$n)"
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+    failed=$(grep -E "^[0-9]+ failed" "$log" | tail -1)
+    echo "$label: rc=$rc ${summary:-no summary} | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
+  done
   [ $rc -eq 0 ] || status=1
   # The GPU layout build on its own: every CSC column-ordering path (warp, block,
   # cub), which the layers above do not all reach.

@@ -35,3 +35,23 @@ def test_check_divides_by_the_floor_where_it_is_larger(monkeypatch):
     assert sanitize._rel(got, want, 500.0) == pytest.approx(0.06 / 500)
     assert sanitize._rel(got, want, 0.01) == pytest.approx(0.06 / 0.09)
     assert sanitize._rel(torch.tensor([float("nan")]), want, 500.0) == float("inf")
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_shards_run_every_case_once(monkeypatch, count):
+    ran = []
+    case = sanitize._case(lambda name: ran.append(name))
+    for index in range(count):
+        monkeypatch.setattr(sanitize, "SHARD", [index, count])
+        monkeypatch.setattr(sanitize, "_SEEN", [0])
+        for i in range(10):
+            case(f"case {i}")
+    assert sorted(ran) == sorted(f"case {i}" for i in range(10))
+
+
+@pytest.mark.parametrize("shard", ["2/2", "1", "a/b", "-1/2"])
+def test_bad_shard_is_a_usage_error(shard, capsys):
+    with pytest.raises(SystemExit) as err:
+        sanitize.main(["--shard", shard])
+    assert err.value.code == 2
+    assert "--shard" in capsys.readouterr().err
