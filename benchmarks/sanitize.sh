@@ -54,16 +54,24 @@ for tool in $tools; do
       "$PYTHON" -m benchmarks.sanitize "${args[@]}" --shard "$i/$n" > "$log" 2>&1 &
     pids+=($!)
   done
-  rc=0
-  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
   for ((i = 0; i < n; i++)); do
+    wait "${pids[$i]}"
+    rc=$?
     log="$out/sanitize_$tool.log" label=$tool
     [ "$n" -gt 1 ] && log="$out/sanitize_$tool.$i.log" label="$tool (shard $i/$n)"
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     failed=$(grep -E "^[0-9]+ failed" "$log" | tail -1)
-    echo "$label: rc=$rc ${summary:-no summary} | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
+    note=
+    # racecheck reports hazards inside cuBLAS's own Hopper GEMM kernels (the
+    # layers' half-precision projections), no pyg_dfgnn code involved
+    # (docs/findings.md); a run whose every hazard lies in such kernels passes.
+    if [ "$tool" = racecheck ] && [ $rc -ne 0 ] &&
+        "$PYTHON" -m benchmarks.sanitize --judge-racecheck "$log" > /dev/null; then
+      rc=0 note=" (every hazard in cuBLAS's kernels)"
+    fi
+    [ $rc -eq 0 ] || status=1
+    echo "$label: rc=$rc ${summary:-no summary}$note | ${failed:-no result line} | $(( $(date +%s) - t0 )) s"
   done
-  [ $rc -eq 0 ] || status=1
   # The GPU layout build on its own: every CSC column-ordering path (warp, block,
   # cub), which the layers above do not all reach.
   t0=$(date +%s)

@@ -55,3 +55,39 @@ def test_bad_shard_is_a_usage_error(shard, capsys):
         sanitize.main(["--shard", shard])
     assert err.value.code == 2
     assert "--shard" in capsys.readouterr().err
+
+
+def _race_log(kernels, tail="0 failed\n"):
+    reports = "".join(
+        f"========= Error: Race reported between Read access at {a}+0xaf0\n"
+        f"=========     and Write access at {b}+0x29b0 [8 hazards]\n" for a, b in kernels)
+    return ("  gt small fp32 H2C32 out   rel err 1.0e-07 ok\n" + reports + tail +
+            f"========= RACECHECK SUMMARY: {len(kernels)} hazards displayed\n")
+
+
+def test_racecheck_passes_where_every_hazard_is_cublas():
+    gemm = "nvjet_sm90_tst_64x32_64x16_1x2_h_bz_NTT"
+    passes, reason = sanitize.racecheck_verdict(_race_log([(gemm, gemm), (gemm, gemm)]))
+    assert passes and "2 hazard reports" in reason and gemm in reason
+
+
+@pytest.mark.parametrize("log, why", [
+    (_race_log([("nvjet_a", "nvjet_a"), ("gt_bwd_dkv_dense_kernel", "nvjet_a")]),
+     "gt_bwd_dkv_dense_kernel"),
+    (_race_log([("nvjet_a", "nvjet_a")], tail="1 failed\n"), "0 failed"),
+    (_race_log([("nvjet_a", "nvjet_a")], tail="========= Internal Sanitizer Error: x\n0 failed\n"),
+     "error"),
+    (_race_log([]), "no hazard report"),
+])
+def test_racecheck_fails_otherwise(log, why):
+    passes, reason = sanitize.racecheck_verdict(log)
+    assert not passes and why in reason
+
+
+def test_judge_racecheck_exit_status(tmp_path, capsys):
+    good, bad = tmp_path / "good.log", tmp_path / "bad.log"
+    good.write_text(_race_log([("nvjet_a", "nvjet_b")]))
+    bad.write_text(_race_log([("row_fwd_smmf", "row_fwd_smmf")]))
+    assert sanitize.main(["--judge-racecheck", str(good)]) == 0
+    assert sanitize.main(["--judge-racecheck", str(bad)]) == 1
+    assert "row_fwd_smmf" in capsys.readouterr().out
