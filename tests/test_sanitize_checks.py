@@ -74,6 +74,12 @@ def test_racecheck_passes_where_every_hazard_is_cublas():
 @pytest.mark.parametrize("log, why", [
     (_race_log([("nvjet_a", "nvjet_a"), ("gt_bwd_dkv_dense_kernel", "nvjet_a")]),
      "gt_bwd_dkv_dense_kernel"),
+    (_race_log([("nvjet_a", "nvjet_a"), ("void dfgnn::(anonymous namespace)::gt_bwd_dq_dense_"
+                                         "kernel<__half, (int)32>(dfgnn::DenseBwd<__half>)",
+                                         "nvjet_a")]),
+     "gt_bwd_dq_dense_kernel<__half, (int)32>"),
+    (_race_log([("nvjet_a", "nvjet_a")]) + "========= Error: Race reported in an unknown form\n",
+     "1 of 2 hazard reports could not be read"),
     (_race_log([("nvjet_a", "nvjet_a")], tail="1 failed\n"), "0 failed"),
     (_race_log([("nvjet_a", "nvjet_a")], tail="========= Internal Sanitizer Error: x\n0 failed\n"),
      "error"),
