@@ -625,10 +625,11 @@ def main(argv=None) -> int:
                          "walks; their inputs then differ from a whole run's)")
     ap.add_argument("--judge-racecheck", metavar="LOG",
                     help="only judge a racecheck log of this workload (racecheck_verdict): "
-                         "exit 0 where every hazard lies in cuBLAS's kernels")
+                         "exit 0 where every hazard lies in cuBLAS's kernels (default: run "
+                         "the cases)")
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="run every N-th case from the I-th (0-based): N processes with "
-                         "I = 0 .. N-1 run every case once")
+                         "I = 0 .. N-1 run every case once (default: %(default)s, every case)")
     args = ap.parse_args(argv)
     try:
         index, count = (int(p) for p in args.shard.split("/"))
