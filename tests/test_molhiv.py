@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmarks import datasets
 from conftest import load_script, needs_data
@@ -44,9 +45,23 @@ def test_encoders_sum_one_table_per_feature_column(mh):
     assert [e.num_embeddings for e in atoms.embeddings] == [119, 9, 11, 12, 9, 5, 8, 2, 2]
     assert [e.num_embeddings for e in bonds.embeddings] == [22, 6, 2]
     x = torch.stack([torch.randint(0, n, (30,)) for n in mh.ATOM_VOCAB], 1)
-    expected = sum(atoms.embeddings[i].weight[x[:, i]] for i in range(9))
-    torch.testing.assert_close(atoms(x), expected, rtol=0, atol=0)
+    # the joined gather against an embedding call per column, forward and backward
+    grad = torch.randn(30, 8)
+    out = atoms(x)
+    out.backward(grad)
+    got = [e.weight.grad.clone() for e in atoms.embeddings]
+    atoms.zero_grad()
+    expected = sum(F.embedding(x[:, i], e.weight) for i, e in enumerate(atoms.embeddings))
+    expected.backward(grad)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    for g, e in zip(got, atoms.embeddings):
+        torch.testing.assert_close(g, e.weight.grad, rtol=1e-6, atol=1e-6)
     assert bonds(torch.tensor([[12, 3, 1]])).shape == (1, 8)
+    torch.testing.assert_close(bonds(torch.tensor([[12, 3, 1]]))[0],
+                               bonds.embeddings[0].weight[12] + bonds.embeddings[1].weight[3]
+                               + bonds.embeddings[2].weight[1], rtol=1e-6, atol=1e-6)
+    # the tables are the parameters (state_dict keys as one Embedding per column)
+    assert sorted(bonds.state_dict()) == [f"embeddings.{i}.weight" for i in range(3)]
 
 
 def test_roc_auc_known_values(mh):
