@@ -165,16 +165,44 @@ def test_layer_matches_pyg(layer, heads, concat, loops):
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 @pytest.mark.parametrize("fill", ["mean", "add", "max", "min", 0.7, "tensor"])
-def test_layer_fill_values_match_pyg(layer, fill):
+@pytest.mark.parametrize("input_loops", [4, 0])
+def test_layer_fill_values_match_pyg(layer, fill, input_loops):
     """The self-loops' features: PyG's add_self_loops with each fill_value, the
     rows of destinations without in-edges included ('mean' / 'max' give them
-    zeros)."""
+    zeros), with and without self-loops in the input (which PyG removes first)."""
     if fill == "tensor":
         fill = torch.randn(6, dtype=F64)
-    ei = _graph()
+    ei = _graph(num_self_loops=input_loops)
+    if not input_loops:
+        ei = remove_self_loops(ei)[0]  # random edges may be loops too
+    assert bool((ei[0] == ei[1]).any()) == bool(input_loops)
     native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6, fill_value=fill)
     x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
     _compare(layer, native, fused, x, ei, 20, 20, ea, call={"return_attention_weights": True})
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_input_without_self_loops_skips_their_removal(layer, monkeypatch):
+    """Where the layout counts no self-loop in the input, the edge features go to
+    PyG's add_self_loops as they are: neither the scatters nor the selection that
+    remove loops run (host time per layer and call), and the layer matches PyG."""
+    from pyg_dfgnn import edge_order
+
+    def removal(*args, **kwargs):
+        raise AssertionError("the self-loop removal ran on an input without self-loops")
+
+    ei = remove_self_loops(_graph(num_self_loops=0))[0]
+    native, fused = _pair(layer, 8, 4, heads=2, edge_dim=6)
+    x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
+    monkeypatch.setattr(edge_order, "compact", removal)
+    monkeypatch.setattr(torch, "nonzero_static", removal)
+    _compare(layer, native, fused, x, ei, 20, 20, ea)
+    monkeypatch.undo()
+    looped = _graph(num_self_loops=2)
+    ea = torch.randn(looped.size(1), 6, dtype=F64)
+    monkeypatch.setattr(torch, "nonzero_static", removal)
+    with pytest.raises(AssertionError, match="removal ran"):  # the guard sees a removal
+        fused(x, looped, ea)
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))

@@ -307,13 +307,19 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     # layout (its edges less the loops it appended): a boolean mask's selection
     # waits for the GPU to count them (a host synchronisation per layer and call)
     # and has a data-dependent shape under torch.compile.
-    keep, num_kept = ei[0] != ei[1], layout.num_edges - n_loops
-    if feats.is_cuda and not torch.compiler.is_compiling():
-        # Scatters: a CUDA row gather costs a fixed time per row (pyg_dfgnn.edge_order).
-        ei, feats = edge_order.compact(keep, num_kept, ei, feats)
-    else:
-        kept = torch.nonzero_static(keep, size=num_kept).view(-1)
-        ei, feats = ei.index_select(1, kept), feats.index_select(0, kept)
+    num_kept = layout.num_edges - n_loops
+    compiling = torch.compiler.is_compiling()
+    # An input without self-loops (molecules, most graphs) keeps every edge, and the
+    # removal's eight small ops per layer and call would be host time for nothing.
+    # Under torch.compile the sizes are symbolic and that test would guard on them.
+    if compiling or num_kept != ei.size(1):
+        keep = ei[0] != ei[1]
+        if feats.is_cuda and not compiling:
+            # Scatters: a CUDA row gather costs a fixed time per row (pyg_dfgnn.edge_order).
+            ei, feats = edge_order.compact(keep, num_kept, ei, feats)
+        else:
+            kept = torch.nonzero_static(keep, size=num_kept).view(-1)
+            ei, feats = ei.index_select(1, kept), feats.index_select(0, kept)
     _, feats = add_self_loops(ei, feats, fill_value=conv.fill_value, num_nodes=n_loops)
     return feats
 
