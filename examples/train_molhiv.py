@@ -237,6 +237,14 @@ def on_device(loader, model: nn.Module, device: torch.device, with_csc: bool = T
                                 with_csc=with_csc, in_thread=in_thread)
 
 
+def _adam(model: nn.Module, lr: float, device: torch.device) -> torch.optim.Adam:
+    r"""Adam over ``model``'s parameters; on a GPU its fused form, one kernel for
+    every parameter where the multi-tensor form launches several per step, and a
+    step that the host bounds pays for each launch (``docs/multi_gpu.md``)."""
+    return torch.optim.Adam(model.parameters(), lr=lr,
+                            fused=True if device.type == "cuda" else None)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -284,7 +292,7 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         in a background thread (:func:`on_device`).
     """
     torch.manual_seed(seed)  # the same dropout masks for every implementation
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = _adam(model, lr, device)
     train_batches = on_device(loaders["train"], model, device, in_thread=prefetch_thread)
     if compiled:
         model = torch.compile(model, dynamic=True)
@@ -387,7 +395,7 @@ def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int
             if impl == "fused":
                 fuse(model)
             model.train()
-            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            opt = _adam(model, lr, device)
             variants = layout_variants(model)
             if compiled:
                 model = torch.compile(model, dynamic=True)

@@ -369,3 +369,11 @@ def test_on_device_batches_keep_the_compiled_fused_model_one_graph(mh, conv):
         loader, model, torch.device("cpu")))))
     assert plain.graph_break_count >= 2
     assert (ahead.graph_count, ahead.graph_break_count) == (1, 0)
+
+
+def test_adam_is_fused_on_gpus_only(mh):
+    """One fused kernel per step on a GPU (the step is host-bound); the default
+    form elsewhere."""
+    model = torch.nn.Linear(3, 2)
+    assert mh._adam(model, 1e-3, torch.device("cuda")).defaults["fused"] is True
+    assert mh._adam(model, 1e-3, torch.device("cpu")).defaults["fused"] is None
