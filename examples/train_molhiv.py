@@ -24,7 +24,9 @@ GAT layer, OGB's molecule examples):
   binary cross-entropy.
 
 The fused model is :func:`pyg_dfgnn.nn.fuse` applied to a copy of the native one:
-same parameters, same function, on the same batches from the same seed. With
+same parameters, same function, on the same batches from the same seed. Their
+epochs alternate (:class:`Training`), so that the host's drift in speed reaches
+both. With
 every ``--conv`` every conv runs fused, bond features included (the
 ``dot_edge``, ``additive_edge`` and ``gatv2_edge`` scores; ``GATConv`` and
 ``GATv2Conv`` take their self-loops' bond features from ``fill_value="mean"``,
@@ -70,7 +72,7 @@ import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +85,7 @@ from benchmarks import cli  # noqa: E402  (before torch_geometric: quiets its im
 from torch_geometric.utils.smiles import e_map, x_map  # noqa: E402
 
 __all__ = ["CONVS", "IMPLS", "AtomEncoder", "BondEncoder", "MoleculeModel", "roc_auc",
-           "make_loaders", "train_one", "sweep", "sweep_table", "parse_args", "main"]
+           "make_loaders", "Training", "train_one", "sweep", "sweep_table", "parse_args", "main"]
 
 CONVS = ("gat", "gatv2", "transformer")
 IMPLS = ("native", "fused")
@@ -272,11 +274,106 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> float:
     return roc_auc(torch.cat(ys), torch.cat(scores))
 
 
+class Training:
+    r"""One model's training with Adam on ``loaders["train"]``, an epoch at a
+    time (:meth:`epoch`), evaluating ROC-AUC on ``loaders["val"]`` and
+    ``loaders["test"]`` after each; :meth:`result` reports it.
+
+    Each training keeps its own state of torch's random generators (CPU and
+    ``device``'s): seeded with ``seed`` when it is made, set before each of its
+    epochs and kept after it, so that two trainings whose epochs alternate
+    (:func:`main`) draw the dropout masks each would draw alone. With
+    ``compiled`` the model runs under ``torch.compile(dynamic=True)`` (its
+    parameters are ``model``'s). ``prefetch_thread``: the training batches are
+    prefetched in a background thread (:func:`on_device`).
+    """
+
+    def __init__(self, model: nn.Module, loaders, epochs: int, lr: float, seed: int,
+                 device: torch.device, desc: str = "", progress: bool = True,
+                 compiled: bool = False, prefetch_thread: bool = False):
+        torch.manual_seed(seed)  # the same dropout masks for every implementation
+        self.device, self.loaders = device, loaders
+        self.opt = _adam(model, lr, device)
+        self.train_batches = on_device(loaders["train"], model, device,
+                                       in_thread=prefetch_thread)
+        self.model = torch.compile(model, dynamic=True) if compiled else model
+        self.rng = _rng_state(device)
+        self.losses: List[float] = []
+        self.times: List[float] = []
+        self.epoch_loss: List[float] = []
+        self.epoch_s: List[float] = []
+        self.curves: Dict[str, List[float]] = {"val": [], "test": []}
+        self.best = {"val": -math.inf, "test": math.nan, "epoch": 0}
+        self.bar = cli.progress(total=epochs * len(loaders["train"]), show=progress, desc=desc)
+
+    def epoch(self) -> None:
+        r"""One pass over the training batches, then the evaluation."""
+        model, opt, device = self.model, self.opt, self.device
+        outer = _rng_state(device)
+        _set_rng_state(self.rng, device)
+        model.train()
+        first = len(self.losses)
+        t_epoch = time.perf_counter()
+        for batch in self.train_batches:
+            _sync(device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = _loss(model, batch)
+            loss.backward()
+            opt.step()
+            _sync(device)
+            self.times.append((time.perf_counter() - t0) * 1e3)
+            self.losses.append(loss.item())
+            self.bar.update(1)
+        self.epoch_s.append(time.perf_counter() - t_epoch)
+        self.rng = _rng_state(device)
+        _set_rng_state(outer, device)
+        self.epoch_loss.append(statistics.fmean(self.losses[first:]))
+        curves = self.curves
+        for part in curves:
+            curves[part].append(evaluate(model, self.loaders[part], device))
+        if curves["val"][-1] > self.best["val"]:  # nan (no positive) never counts as better
+            self.best = {"val": curves["val"][-1], "test": curves["test"][-1],
+                         "epoch": len(self.epoch_s)}
+        self.bar.set_postfix(OrderedDict(
+            loss=f"{self.epoch_loss[-1]:.4f}", val=f"{curves['val'][-1]:.4f}",
+            test_at_best_val=f"{self.best['test']:.4f}",
+            step_ms=f"{statistics.median(self.times):.1f}"))
+
+    def result(self) -> Dict[str, object]:
+        r"""The report of the epochs run (:func:`train_one` returns it)."""
+        self.bar.close()
+        best = self.best
+        return {
+            "test_rocauc": best["test"],
+            "val_rocauc": best["val"] if best["epoch"] else math.nan,
+            "best_epoch": best["epoch"],
+            "median_step_ms": statistics.median(self.times),
+            "mean_step_ms": statistics.fmean(self.times),
+            "median_epoch_s": statistics.median(self.epoch_s),
+            "epoch_s": self.epoch_s,
+            "losses": self.losses,
+            "epoch_loss": self.epoch_loss,
+            "val_rocaucs": self.curves["val"],
+            "test_rocaucs": self.curves["test"],
+        }
+
+
+def _rng_state(device: torch.device) -> Tuple[Tensor, Optional[Tensor]]:
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(state: Tuple[Tensor, Optional[Tensor]], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
 def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
               device: torch.device, desc: str = "", progress: bool = True,
               compiled: bool = False, prefetch_thread: bool = False) -> Dict[str, object]:
-    r"""Trains ``model`` with Adam on ``loaders["train"]`` for ``epochs`` epochs,
-    evaluating ROC-AUC on ``loaders["val"]`` and ``loaders["test"]`` after each.
+    r"""Trains ``model`` for ``epochs`` epochs (:class:`Training`).
 
     Returns:
         dict with ``test_rocauc`` and ``val_rocauc`` at the best validation
@@ -286,61 +383,13 @@ def train_one(model: nn.Module, loaders, epochs: int, lr: float, seed: int,
         copies to the device, the fused layers' layouts (:func:`on_device`) and
         the steps; evaluation left out; a step's time leaves out the first
         three, done one step ahead),
-        ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``. With ``compiled``
-        the model runs under ``torch.compile(dynamic=True)`` (its parameters are
-        ``model``'s). ``prefetch_thread``: the training batches are prefetched
-        in a background thread (:func:`on_device`).
+        ``epoch_loss``, ``val_rocaucs`` and ``test_rocaucs``.
     """
-    torch.manual_seed(seed)  # the same dropout masks for every implementation
-    opt = _adam(model, lr, device)
-    train_batches = on_device(loaders["train"], model, device, in_thread=prefetch_thread)
-    if compiled:
-        model = torch.compile(model, dynamic=True)
-    losses: List[float] = []
-    times: List[float] = []
-    epoch_loss: List[float] = []
-    epoch_s: List[float] = []
-    curves: Dict[str, List[float]] = {"val": [], "test": []}
-    best = {"val": -math.inf, "test": math.nan, "epoch": 0}
-    bar = cli.progress(total=epochs * len(loaders["train"]), show=progress, desc=desc)
-    for epoch in range(1, epochs + 1):
-        model.train()
-        first = len(losses)
-        t_epoch = time.perf_counter()
-        for batch in train_batches:
-            _sync(device)
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss = _loss(model, batch)
-            loss.backward()
-            opt.step()
-            _sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-            losses.append(loss.item())
-            bar.update(1)
-        epoch_s.append(time.perf_counter() - t_epoch)
-        epoch_loss.append(statistics.fmean(losses[first:]))
-        for part in curves:
-            curves[part].append(evaluate(model, loaders[part], device))
-        if curves["val"][-1] > best["val"]:  # nan (no positive) never counts as better
-            best = {"val": curves["val"][-1], "test": curves["test"][-1], "epoch": epoch}
-        bar.set_postfix(OrderedDict(loss=f"{epoch_loss[-1]:.4f}", val=f"{curves['val'][-1]:.4f}",
-                                    test_at_best_val=f"{best['test']:.4f}",
-                                    step_ms=f"{statistics.median(times):.1f}"))
-    bar.close()
-    return {
-        "test_rocauc": best["test"],
-        "val_rocauc": best["val"] if best["epoch"] else math.nan,
-        "best_epoch": best["epoch"],
-        "median_step_ms": statistics.median(times),
-        "mean_step_ms": statistics.fmean(times),
-        "median_epoch_s": statistics.median(epoch_s),
-        "epoch_s": epoch_s,
-        "losses": losses,
-        "epoch_loss": epoch_loss,
-        "val_rocaucs": curves["val"],
-        "test_rocaucs": curves["test"],
-    }
+    run = Training(model, loaders, epochs, lr, seed, device, desc, progress, compiled,
+                   prefetch_thread)
+    for _ in range(epochs):
+        run.epoch()
+    return run.result()
 
 
 def sweep(base: nn.Module, dataset, train_idx: Tensor, batch_sizes: Sequence[int],
@@ -601,13 +650,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Di
         raise SystemExit(f"--sweep-batch-sizes: {max(args.sweep_batch_sizes):,} molecules per "
                          f"batch, but the training split holds {sizes['train']:,}")
 
-    results: Dict[str, Dict[str, object]] = {}
-    for impl in impls:
-        loaders = make_loaders(dataset, split, args.batch_size, args.seed)
-        results[impl] = train_one(models[impl], loaders, args.epochs, args.lr, args.seed,
-                                  device, desc=f"{args.conv}/{impl}",
-                                  progress=not args.no_progress, compiled=args.compile,
-                                  prefetch_thread=args.prefetch_thread)
+    # The implementations' epochs alternate, each going first in turn: the host's
+    # speed drifts over seconds, and the epochs are host-bound, so a drift then
+    # reaches both rather than one implementation's whole run.
+    runs = {impl: Training(models[impl], make_loaders(dataset, split, args.batch_size, args.seed),
+                           args.epochs, args.lr, args.seed, device, desc=f"{args.conv}/{impl}",
+                           progress=not args.no_progress, compiled=args.compile,
+                           prefetch_thread=args.prefetch_thread)
+            for impl in impls}
+    for epoch in range(args.epochs):
+        for impl in (impls if epoch % 2 == 0 else impls[::-1]):
+            runs[impl].epoch()
+    results: Dict[str, Dict[str, object]] = {impl: run.result() for impl, run in runs.items()}
     rows = None
     if args.sweep_batch_sizes:
         rows = sweep(sweep_base, dataset, split["train"], args.sweep_batch_sizes, impls,

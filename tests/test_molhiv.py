@@ -4,6 +4,7 @@ conv, GATConv, GATv2Conv and TransformerConv, runs fused with its bond
 features)."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -139,6 +140,36 @@ def test_prefetch_thread_trains_the_same_steps(mh):
                                  prefetch_thread=in_thread))
     assert len(runs[0]["losses"]) == 8
     assert runs[1]["losses"] == runs[0]["losses"]
+
+
+def test_alternating_epochs_train_as_alone(mh):
+    """Two trainings whose epochs alternate (as main runs native and fused) each
+    take the steps, dropout masks included, that they take alone."""
+    from pyg_dfgnn.nn import fuse
+
+    mols = _molecules()
+    split = {"train": torch.arange(16), "val": torch.arange(8), "test": torch.arange(8, 16)}
+    torch.manual_seed(0)
+    native = mh.MoleculeModel("transformer", hidden=16, heads=2, layers=2, dropout=0.3)
+    models = {"native": native, "fused": fuse(native, inplace=False).model}
+    start = {k: copy.deepcopy(m.state_dict()) for k, m in models.items()}
+    cpu = torch.device("cpu")
+    alone = {k: mh.train_one(m, mh.make_loaders(mols, split, batch_size=4, seed=0), epochs=3,
+                             lr=1e-2, seed=0, device=cpu, progress=False)
+             for k, m in models.items()}
+    for k, m in models.items():
+        m.load_state_dict(start[k])
+    runs = {k: mh.Training(m, mh.make_loaders(mols, split, batch_size=4, seed=0), 3, 1e-2, 0,
+                           cpu, progress=False) for k, m in models.items()}
+    torch.manual_seed(123)  # the caller's draws between epochs reach neither
+    for order in (["native", "fused"], ["fused", "native"], ["native", "fused"]):
+        for k in order:
+            runs[k].epoch()
+            torch.rand(5)
+    for k, run in runs.items():
+        got = run.result()
+        assert len(got["losses"]) == 12 and got["losses"] == alone[k]["losses"], k
+        assert got["test_rocaucs"] == alone[k]["test_rocaucs"], k
 
 
 def test_without_rdkit_one_line(mh, monkeypatch, tmp_path):
