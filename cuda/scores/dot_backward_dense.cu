@@ -268,17 +268,22 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
 // at C = 32 and 64, 5 and 4 blocks cost a few spilled bytes and take the backward
 // from 0.533 to 0.451 ms (PATTERN-like batch, bf16, 4 x 32) and from 0.414 to
 // 0.341 (2 x 64); cut for 2 blocks, the dkv launch took 136 and 185 registers
-// (3 and 2 resident blocks). At C = 128 its accumulators alone take 128: 2 blocks.
-template <int C> constexpr int dense_bwd_min_blocks() { return C <= 32 ? 5 : C <= 64 ? 4 : 2; }
+// (3 and 2 resident blocks). At C = 128 the dkv launch's accumulators alone take
+// 128 registers: 2 blocks (cut for 3 it spills 380 bytes). The dq launch holds one
+// accumulator: cut for 3 blocks (shared memory allows 3 of 64 KB) it spills 132
+// bytes where it used 228 registers at 2 blocks and ran at 12.5 % occupancy.
+template <int C, bool KV> constexpr int dense_bwd_min_blocks() {
+  return C <= 32 ? 5 : C <= 64 ? 4 : KV ? 2 : 3;
+}
 
 // Two kernels of one body, so that a profile names the launches apart.
 template <typename T, int C>
-__global__ void __launch_bounds__(kDenseThreads, dense_bwd_min_blocks<C>())
+__global__ void __launch_bounds__(kDenseThreads, dense_bwd_min_blocks<C, false>())
     gt_bwd_dq_dense_kernel(const DenseBwd<T> a) {
   dense_bwd_block<T, C, false>(a);
 }
 template <typename T, int C>
-__global__ void __launch_bounds__(kDenseThreads, dense_bwd_min_blocks<C>())
+__global__ void __launch_bounds__(kDenseThreads, dense_bwd_min_blocks<C, true>())
     gt_bwd_dkv_dense_kernel(const DenseBwd<T> a) {
   dense_bwd_block<T, C, true>(a);
 }
