@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib.util
+import sys
 import zlib
 from pathlib import Path
 from typing import Optional
@@ -76,10 +77,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load_script(relpath: str):
     """Imports the script ``<repository>/<relpath>`` (e.g. ``examples/train.py``)
-    as a module."""
+    as a module, registered in ``sys.modules``: ``torch.compile`` looks a traced
+    function's module up there by name to read its globals."""
     path = ROOT / relpath
-    spec = importlib.util.spec_from_file_location(f"_script_{path.stem}", path)
+    name = f"_script_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
