@@ -408,3 +408,31 @@ def test_adam_is_fused_on_gpus_only(mh):
     model = torch.nn.Linear(3, 2)
     assert mh._adam(model, 1e-3, torch.device("cuda")).defaults["fused"] is True
     assert mh._adam(model, 1e-3, torch.device("cpu")).defaults["fused"] is None
+
+
+def test_loader_workers_give_every_model_the_same_batches(mh):
+    """Two models' loaders with the same seed and workers yield the same
+    batches epoch after epoch (the workers' seeds draw from the shuffle's
+    generator); the workers stay across epochs."""
+    torch.manual_seed(0)
+    mols = _random_molecules(mh, [3 + i % 5 for i in range(24)])
+    split = {"train": torch.arange(24)}
+
+    def epochs(loader, n=2):
+        return [[b.x.clone() for b in loader] for _ in range(n)]
+
+    a, b = (mh.make_loaders(mols, split, batch_size=5, seed=3, workers=2)["train"]
+            for _ in range(2))
+    assert a.persistent_workers and a.num_workers == 2
+    ea, eb = epochs(a), epochs(b)
+    assert len(ea[0]) == 5
+    for xa, xb in zip(ea[0] + ea[1], eb[0] + eb[1]):
+        assert torch.equal(xa, xb)
+    assert not all(torch.equal(x, y) for x, y in zip(ea[0], ea[1]))  # reshuffled
+
+
+def test_workers_default_follows_the_device(mh):
+    assert mh.parse_args(["--device", "cpu"]).workers == 0
+    assert mh.parse_args(["--device", "cpu", "--workers", "3"]).workers == 3
+    with pytest.raises(SystemExit):
+        mh.parse_args(["--device", "cpu", "--workers", "-1"])
