@@ -115,9 +115,9 @@ def breakdown(fn, calls: int) -> dict:
     finally:
         for module, name, real, _ in spies:
             setattr(module, name, real)
-    (spec, inputs), _ = seen["kernel_inputs"]
+    (inputs,), _ = seen["kernel_inputs"]
     prep_args, prep_kw = seen["prepare"]
-    _, lay, dtype, head_size, _, _, _, need = prep_args
+    spec, lay, dtype, head_size, _, _, _, need = prep_args
     value = inputs[spec.value_input]
     plan = calls_mod.prepare(*prep_args, **prep_kw).plan
     (op_name, op_args), _ = seen["call_op"]
@@ -129,7 +129,7 @@ def breakdown(fn, calls: int) -> dict:
         "needs_grad": lambda: calls_mod.needs_grad(inputs),
         "plan_lookup": lambda: calls_mod.prepare(*prep_args, **prep_kw),
         "explain_record": lambda: calls_mod.record(spec, lay, plan, need, value),
-        "kernel_inputs": lambda: calls_mod.kernel_inputs(spec, inputs),
+        "kernel_inputs": lambda: calls_mod.kernel_inputs(inputs),
         "is_compiling": torch.compiler.is_compiling,
     }
     us = {k: per_call_us(f, calls) for k, f in parts.items()}

@@ -53,10 +53,10 @@ def _call(score, **kw):
 
 @pytest.mark.parametrize("score", list(CALLS))
 def test_attention_backward_wiring(score):
-    leaves, out, lse, attn, saved = _call(score)
+    leaves, out, lse, attn, token, saved = _call(score)
     assert out.requires_grad and out.grad_fn is not None
     assert not lse.requires_grad and not attn.requires_grad  # row statistics, weights
-    assert not any(t.requires_grad for t in saved)
+    assert not any(t.requires_grad for t in saved) and not token.requires_grad
     out.sum().backward()
     for leaf in leaves:
         assert leaf.grad is not None and leaf.grad.shape == leaf.shape
@@ -83,10 +83,10 @@ def test_node_only_when_an_input_requires_grad(which):
 
 
 def test_fake_shapes_follow_the_score_spec():
-    _, out, lse, attn, saved = _call("additive", need_attn=True)
+    _, out, lse, attn, token, saved = _call("additive", need_attn=True)
     assert out.shape == (N, H, C) and lse.shape == (N, H) and attn.shape == (7, H)
-    assert saved == []
-    _, out, _, attn, saved = _call("cosine")
+    assert saved == [] and token.shape == (1,) and token.device.type == "cpu"
+    _, out, _, attn, _, saved = _call("cosine")
     assert out.shape == (N, H, C) and attn.shape == (0,)
     assert [t.shape for t in saved] == [(N, H)]  # fp32: rnorm only
 

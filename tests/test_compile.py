@@ -242,19 +242,18 @@ def _layout(num_src, num_dst=None, **kw):
     return GraphLayout.from_edge_index(ei, (num_src, num_dst or num_src))
 
 
-def _gt_call(lay, dropout=0.0, need_grad=True):
-    """pyg_dfgnn::dot_attention on ``lay``: (out, lse, token)."""
+def _gt_call(lay, dropout=0.0):
+    """pyg_dfgnn::dot_attention (the reference op) on ``lay``: (out, token)."""
     def call(q, k, v):
-        return torch.ops.pyg_dfgnn.dot_attention(q, k, v, lay.handle, 0.4, dropout, need_grad,
-                                                 "auto")[:3]
+        return torch.ops.pyg_dfgnn.dot_attention(q, k, v, lay.handle, 0.4, dropout, "auto")
     return call
 
 
-def _gat_call(lay, dropout=0.0, need_grad=True):
-    """pyg_dfgnn::additive_attention on ``lay``: (out, lse, token)."""
+def _gat_call(lay, dropout=0.0):
+    """pyg_dfgnn::additive_attention (the reference op) on ``lay``: (out, token)."""
     def call(a_dst, a_src, x):
         return torch.ops.pyg_dfgnn.additive_attention(a_dst, a_src, x, lay.handle, 0.2, dropout,
-                                                      need_grad, "auto")[:3]
+                                                      "auto")
     return call
 
 
@@ -287,8 +286,8 @@ def test_op_matches_reference_and_gradchecks(op, graph):
     lay = _layout(**GRAPHS[graph])
     call = (_gt_call if op == "gt" else _gat_call)(lay)
     inputs = _inputs(op, lay)
-    out, lse, token = call(*inputs)
-    assert token.tolist()[2] == int(lay.handle[0]) and lse.shape == (lay.num_dst, HEADS)
+    out, token = call(*inputs)
+    assert token.tolist()[1] == int(lay.handle[0])
     want = _reference(op, lay, *inputs)
     assert rel_err(out, want) < 1e-12
     g = torch.randn_like(out)
@@ -304,7 +303,7 @@ def test_op_dropout_backward_uses_the_forward_mask(op):
     lay = _layout(20, num_edges=120)
     call = (_gt_call if op == "gt" else _gat_call)(lay, dropout=0.3)
     inputs = _inputs(op, lay)
-    out, _, token = call(*inputs)
+    out, token = call(*inputs)
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(token.tolist()[0])
         want = _reference(op, lay, *inputs, dropout=0.3)
@@ -313,32 +312,25 @@ def test_op_dropout_backward_uses_the_forward_mask(op):
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(want, inputs, g)):
         assert rel_err(a, b) < 1e-10
-    assert call(*inputs)[2].tolist()[0] != token.tolist()[0]  # a fresh seed per call
-
-
-def test_op_token_names_the_forward_plan_overrides():
-    """The backward plans with its forward's overrides (the token names them), not
-    with those in effect when it runs."""
-    from pyg_dfgnn.ops import compiled, plan
-    lay = _layout(12, num_edges=40)
-    inputs = _inputs("gt", lay)
-    with plan.override(chunk=8, bwd_launches=2):
-        token = _gt_call(lay)(*inputs)[2]
-        assert compiled._OVERRIDES[token.tolist()[1]] == plan._current() != ()
-    assert compiled._OVERRIDES[_gt_call(lay)(*inputs)[2].tolist()[1]] == ()
+    assert call(*inputs)[1].tolist()[0] != token.tolist()[0]  # a fresh seed per call
 
 
 class StandInKernels:
-    """CPU stand-ins for torch.ops.dfgnn's attention ops, with their schemas'
-    argument order: they compute the score's reference on the CSR the plan object
-    holds and record the calls, so the kernel branch of the compiled ops (the
-    arguments it passes, forward to backward) runs without a GPU."""
+    """CPU kernels for torch.ops.dfgnn's attention ops, registered for the
+    duration of a test: they compute the score's reference on the CSR of the
+    plan object and record the calls, so the kernel path of compiled calls (the
+    C++ autograd kernel, the plan resolved from the handle and plan key, the
+    token from forward to backward) runs without a GPU. Their token is the
+    index of the forward's plan in ``plans``."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.plans = [], []
+        self.lib = torch.library.Library("dfgnn", "IMPL")
+        self.lib.impl("attention_fwd", self.attention_fwd, "CPU")
+        self.lib.impl("attention_bwd", self.attention_bwd, "CPU")
 
-    def __call__(self, name):
-        return getattr(self, name)
+    def close(self):
+        self.lib._destroy()
 
     @staticmethod
     def _reference(plan, inputs, params):
@@ -346,13 +338,18 @@ class StandInKernels:
         lay = SimpleNamespace(rowptr=plan.layout_tensor("rowptr"), col=plan.layout_tensor("col"))
         return ops.spec.get(plan.score()).reference(lay, inputs, params, 0.0, False)[0]
 
-    def attention_fwd(self, inputs, plan, params, dropout, seed, need_attn):
+    def attention_fwd(self, inputs, handle, plan, key, params, dropout, seed, need_attn):
+        from pyg_dfgnn.ops import calls
+        assert plan is None and not need_attn  # a traced call names its plan
+        plan, seed = calls.resolve(handle, key, inputs, dropout)
         self.calls.append(("fwd", plan.chunk(), plan.has_csc(), seed))
-        assert not need_attn
+        self.plans.append((plan, seed))
         out = self._reference(plan, inputs, params)  # dropout: seeds are checked
-        return out, torch.zeros(out.shape[:2]), torch.empty(0), []
+        return (out, torch.zeros(out.shape[:2]), torch.empty(0),
+                torch.tensor([len(self.plans) - 1]), [])
 
-    def attention_bwd(self, grad, inputs, out, lse, saved, plan, params, dropout, seed):
+    def attention_bwd(self, grad, inputs, out, lse, token, saved, params, dropout):
+        plan, seed = self.plans[int(token[0])]
         self.calls.append(("bwd", plan.chunk(), plan.has_csc(), seed))
         leaves = [t.detach().requires_grad_() for t in inputs]
         with torch.enable_grad():
@@ -364,44 +361,57 @@ needs_extension = pytest.mark.skipif(not pyg_dfgnn.HAS_EXTENSION,
                                      reason="needs the compiled extension pyg_dfgnn._C")
 
 
+@pytest.fixture
+def stand_in_kernels(monkeypatch):
+    """:class:`StandInKernels`, with compiled calls taking the kernel path."""
+    from pyg_dfgnn.ops import compiled
+    kernels = StandInKernels()
+    monkeypatch.setattr(compiled, "_kernels_run", lambda value: True)
+    torch._dynamo.reset()
+    yield kernels
+    kernels.close()
+    torch._dynamo.reset()
+
+
 @needs_extension
 @pytest.mark.parametrize("op", ["gt", "gat"])
-def test_kernel_branch_arguments(op, monkeypatch):
-    """The compiled ops' kernel branch: the forward passes the prepared layout with
-    its CSC when a backward follows, the backward the same sizes and the plan of
-    its forward (overrides in effect then, not when the backward runs)."""
-    from pyg_dfgnn.ops import compiled, plan
-    kernels = StandInKernels()
-    monkeypatch.setattr(compiled, "_kernel", kernels)
-    monkeypatch.setattr(compiled, "_runs_kernels", lambda *args: True)
+def test_kernel_path_arguments(op, stand_in_kernels):
+    """The kernel path of compiled calls: the forward runs the plan of the
+    overrides in effect when it runs, with the CSC when a backward follows; the
+    backward gets its forward's plan through the token (not the overrides in
+    effect when it runs), and gradients match the reference."""
+    from pyg_dfgnn.ops import plan
+    kernels = stand_in_kernels
     lay = _layout(40, num_edges=200)
-    call = (_gt_call if op == "gt" else _gat_call)(lay)
-    inputs = _inputs(op, lay)
+    def fn(a, b, c):  # the inputs in _inputs' order
+        if op == "gt":
+            return ops.gt_attention(lay, a, b, c, scale=0.4)
+        return ops.gat_attention(lay, b, a, c, negative_slope=0.2)
+
+    inputs = [t.detach().float().requires_grad_() for t in _inputs(op, lay)]
+    call = torch.compile(fn, fullgraph=True, backend="aot_eager")
     with plan.override(chunk=8):
-        out = call(*inputs)[0]
-    assert rel_err(out, _reference(op, lay, *inputs)) < 1e-12
+        out = call(*inputs)
+    want_out = _reference(op, lay, *[t.double() for t in inputs])
+    assert rel_err(out, want_out) < 1e-5
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, inputs, g)
-    want = torch.autograd.grad(_reference(op, lay, *inputs), inputs, g)
-    assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, want))
+    want = torch.autograd.grad(want_out, inputs, g.double())
+    assert all(rel_err(a, b) < 1e-4 for a, b in zip(got, want))
     (fwd, fwd_chunk, with_csc, _), (bwd, bwd_chunk, bwd_csc, _) = kernels.calls
     assert (fwd, bwd) == ("fwd", "bwd") and with_csc and bwd_csc
     assert fwd_chunk == bwd_chunk == 8  # the forward's chunk
     with torch.no_grad():
-        (_gt_call if op == "gt" else _gat_call)(lay, need_grad=False)(*inputs)
-    assert kernels.calls[-1][2] is False  # no backward: no CSC
+        call(*[t.detach() for t in inputs])
+    assert kernels.calls[-1][:1] == ("fwd",) and kernels.calls[-1][2] is False  # no CSC
 
 
 @needs_extension
 @pytest.mark.parametrize("name", ["gt", "gat"])
-def test_kernel_branch_under_compile_keeps_the_forward_seed(name, monkeypatch):
+def test_kernel_path_under_compile_keeps_the_forward_seed(name, stand_in_kernels):
     """Through AOTAutograd's saved tensors, each layer's backward gets the seed
     its forward drew (the token), and every step draws new ones."""
-    from pyg_dfgnn.ops import compiled
-    kernels = StandInKernels()
-    monkeypatch.setattr(compiled, "_kernel", kernels)
-    monkeypatch.setattr(compiled, "_runs_kernels", lambda *args: True)
-    torch._dynamo.reset()
+    kernels = stand_in_kernels
     _, fused = models(name, dropout=0.3)
     model = torch.compile(fused.train(), dynamic=True, backend="aot_eager")
     seeds = []
@@ -421,7 +431,7 @@ def test_opcheck(op):
     inputs = [t.detach().float().requires_grad_() for t in _inputs(op, lay)]
     fn = torch.ops.pyg_dfgnn.dot_attention if op == "gt" else torch.ops.pyg_dfgnn.additive_attention
     param = 0.4 if op == "gt" else 0.2
-    torch.library.opcheck(fn, (*inputs, lay.handle, param, 0.0, True, "auto"))
+    torch.library.opcheck(fn, (*inputs, lay.handle, param, 0.0, "auto"))
 
 
 def test_op_checks_shapes_when_it_runs():
@@ -479,7 +489,7 @@ def test_cuda_new_graph_each_step_does_not_recompile(name, dtype):
         seen.append(compiled_graphs())
         check_close(got, step(eager, x, ei.clone()), *tol)
     assert seen[1] == seen[-1] <= 4, seen
-    assert ENTRY[name] in targets
+    assert "dfgnn.attention_fwd.default" in targets  # the eager op, its plan by handle
 
 
 @pytest.mark.cuda
@@ -532,14 +542,19 @@ def test_cuda_plan_overrides_reach_the_compiled_ops(name):
 @pytest.mark.parametrize("op", ["gt", "gat"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_opcheck_and_kernels_match_reference(op, dtype):
+    """The kernel op as compiled code calls it, its plan named by the layout's
+    handle and a plan key: every opcheck (no Plan object among its arguments),
+    and outputs and gradients (through the token) against the reference."""
+    from pyg_dfgnn.ops import calls
     cpu_layout = _layout(40, num_edges=300)
     lay = cpu_layout.to(DEV)
     assert layout_of(int(lay.handle[0])) is lay and lay.handle.device.type == "cpu"
     assert layout_of(int(cpu_layout.handle[0])) is cpu_layout
     inputs = [t.detach().to(dtype).requires_grad_() for t in _inputs(op, lay, device=DEV)]
-    fn = torch.ops.pyg_dfgnn.dot_attention if op == "gt" else torch.ops.pyg_dfgnn.additive_attention
-    param = 0.4 if op == "gt" else 0.2
-    args = (*inputs, lay.handle, param, 0.0, True, "auto")
+    score, param = ("dot", 0.4) if op == "gt" else ("additive", 0.2)
+    key = calls.plan_key(score, "auto", True)
+    fn = torch.ops.dfgnn.attention_fwd.default
+    args = (inputs, lay.handle, None, key, [param], 0.0, 0, False)
     torch.library.opcheck(fn, args)
     out = fn(*args)[0]
     want = _reference(op, lay, *[t.double() for t in inputs])

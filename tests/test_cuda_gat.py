@@ -436,7 +436,7 @@ def test_cosine_op_opcheck_and_bad_input():
     beta = torch.tensor([1.1], device=DEV, requires_grad=True)
     args = ops.op_args("cosine", lay, [x, beta], (1e-12,), need_attn=True)
     opcheck_plan_op(torch.ops.dfgnn.attention_fwd.default, args)
-    out, lse, attn, saved = torch.ops.dfgnn.attention_fwd(*args)
+    out, lse, attn, _token, saved = torch.ops.dfgnn.attention_fwd(*args)
     k = torch.nn.functional.normalize(x.detach(), dim=-1, eps=1e-12)
     want = torch.ops.dfgnn.attention_fwd(*ops.op_args("dot", lay, [1.1 * k, k, x.detach()],
                                                       (1.0,), need_attn=True, need_grad=False))

@@ -599,8 +599,8 @@ def test_dropout_backward_matches_forward_mask():
 #: (a ``torch.classes`` object): test_schema takes ``len()`` of every argument, which
 #: the Plan answers with NotImplementedError instead of TypeError, and the
 #: aot_dispatch checks deep-copy the arguments, which the Plan (per layout, not
-#: picklable) refuses. The compiled path never traces the Plan: its
-#: ``pyg_dfgnn::<score>_attention`` ops take tensors and pass every opcheck
+#: picklable) refuses. Compiled code never passes the Plan: it names the plan
+#: by the layout's handle and a plan key, and that call passes every opcheck
 #: (tests/test_compile.py); :func:`opcheck_plan_op` checks what test_schema would
 #: (no input is written) itself.
 PLAN_OPCHECK = ("test_autograd_registration", "test_faketensor")
@@ -742,7 +742,7 @@ def test_impossible_plan_arguments_raise_before_launch(case, plan_override):
             d[name] = val
     with pytest.raises(RuntimeError, match=msg):
         obj = torch.classes.dfgnn.Plan("dot", tensors, ints, floats)
-        torch.ops.dfgnn.attention_fwd(inputs, obj, [0.125], 0.0, 0, need_attn)
+        torch.ops.dfgnn.attention_fwd(inputs, lay.handle, obj, 0, [0.125], 0.0, 0, need_attn)
     torch.cuda.synchronize()
 
 
@@ -799,8 +799,8 @@ def test_garbage_tile_plan_stays_in_bounds(plan_override):
 
     def call(tile_plan):
         obj = torch.classes.dfgnn.Plan("dot", {**tensors, "tiles": tile_plan}, ints, floats)
-        return torch.ops.dfgnn.attention_fwd([q, k, v], obj, [1 / math.sqrt(128)], 0.0, 0,
-                                             False)
+        return torch.ops.dfgnn.attention_fwd([q, k, v], lay.handle, obj, 0, [1 / math.sqrt(128)],
+                                             0.0, 0, False)
 
     gen = torch.Generator(device=DEV).manual_seed(0)
     for lo_hi in ((0, 2**31 - 1), (-5, n + 600), (0, n)):

@@ -147,7 +147,7 @@ def test_out32_only_where_a_backward_follows(score, strategy, fields, dtype, pla
     for need_grad in (False, True):
         poison()
         args = ops.op_args(score, lay, ins, params, need_grad=need_grad, strategy=strategy)
-        out, _lse, _attn, saved[need_grad] = torch.ops.dfgnn.attention_fwd(*args)
+        out, _lse, _attn, _token, saved[need_grad] = torch.ops.dfgnn.attention_fwd(*args)
     extra = len(saved[True]) - len(saved[False])
     assert extra == (0 if dtype == torch.float32 else 1)
     if extra:

@@ -33,9 +33,9 @@ def test_direct_entry_matches_torch_ops(score):
     args = _args(score)
     direct = pyg_dfgnn._C.attention_fwd(*args)
     wrapped = torch.ops.dfgnn.attention_fwd.default(*args)
-    assert isinstance(direct, tuple) and len(direct) == len(wrapped) == 4
-    assert isinstance(direct[3], list) and len(direct[3]) == len(wrapped[3])
-    for a, b in zip(direct[:3], wrapped[:3]):
+    assert isinstance(direct, tuple) and len(direct) == len(wrapped) == 5
+    assert isinstance(direct[4], list) and len(direct[4]) == len(wrapped[4])
+    for a, b in zip(direct[:4], wrapped[:4]):
         assert a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
         assert a.requires_grad == b.requires_grad
     assert type(direct[0].grad_fn).__name__ == type(wrapped[0].grad_fn).__name__
@@ -46,11 +46,11 @@ def test_direct_entry_matches_torch_ops(score):
 
 def test_direct_entry_rejects_bad_arguments():
     args = _args()
-    with pytest.raises(TypeError, match="dfgnn::attention_fwd: takes 6 positional arguments, "
-                                        "got 5"):
+    with pytest.raises(TypeError, match="dfgnn::attention_fwd: takes 8 positional arguments, "
+                                        "got 7"):
         pyg_dfgnn._C.attention_fwd(*args[:-1])
     bad = list(args)
-    bad[2] = ["0.3"]  # params
+    bad[4] = ["0.3"]  # params
     with pytest.raises(TypeError, match="argument 'params' must be a list of floats, got str"):
         pyg_dfgnn._C.attention_fwd(*bad)
     bad = list(args)
@@ -62,13 +62,25 @@ def test_direct_entry_rejects_bad_arguments():
     with pytest.raises(TypeError, match="argument 'inputs' must be a list or tuple, got Tensor"):
         pyg_dfgnn._C.attention_fwd(*bad)
     bad = list(args)
-    bad[1] = {"rowptr": None}  # not the plan object
+    bad[2] = {"rowptr": None}  # not the plan object
     with pytest.raises(TypeError, match="argument 'plan' must be"):
         pyg_dfgnn._C.attention_fwd(*bad)
     bad = list(args)
-    bad[5] = 1  # need_attn
+    bad[7] = 1  # need_attn
     with pytest.raises(TypeError, match="argument 'need_attn' must be a bool, got int"):
         pyg_dfgnn._C.attention_fwd(*bad)
+
+
+def test_direct_entry_takes_a_call_without_a_plan():
+    """A call that names its plan by the layout's handle and a plan key (as
+    compiled code makes it) converts ``None`` for the plan; on meta tensors the
+    fake sizes the outputs from the key."""
+    from pyg_dfgnn.ops import calls
+    args = _args()
+    args[2], args[3] = None, calls.plan_key("dot", "auto", True)
+    out, lse, attn, token, saved = pyg_dfgnn._C.attention_fwd(*args)
+    assert out.shape == (N, H, C) and lse.shape == (N, H) and attn.shape == (0,)
+    assert token.shape == (1,) and saved == [] and out.grad_fn is not None
 
 
 class _Sub(torch.Tensor):

@@ -861,9 +861,9 @@ def test_bwd_into_checks_its_outputs():
     lay = get_layout(ei, size=(n, n), add_self_loops=False)
     q, k, v = (torch.randn(n, H, C, device="cuda") for _ in range(3))
     args = op_args("dot", lay, [q, k, v], (0.5,))
-    out, lse, _, saved = torch.ops.dfgnn.attention_fwd(*args)
+    out, lse, _, token, saved = torch.ops.dfgnn.attention_fwd(*args)
     grad = torch.randn_like(out)
-    tail = (args[0], out, lse, saved, args[1], args[2], 0.0, 0)
+    tail = (args[0], out, lse, token, saved, args[4], 0.0)
     want = torch.ops.dfgnn.attention_bwd(grad, *tail)
     joined = torch.full((n, 4 * H * C), float("nan"), device="cuda")
     good = [joined[:, i * H * C:(i + 1) * H * C].view(n, H, C) for i in range(3)]

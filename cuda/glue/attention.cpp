@@ -3,17 +3,24 @@
 // their CUDA kernels and their autograd kernel. paper §3-4 (forward), §4.3
 // (backward).
 //
-//   attention_fwd(inputs, plan, params, dropout, seed, need_attn)
-//       -> (out [N_dst, H, C], lse2 [N_dst, H] f32, attn [E, H] f32 or [0], saved)
+//   attention_fwd(inputs, handle, plan, key, params, dropout, seed, need_attn)
+//       -> (out [N_dst, H, C], lse2 [N_dst, H] f32, attn [E, H] f32 or [0], token,
+//           saved)
 //       saved ends with out in float32 [N_dst, H, C] where the plan has the CSC,
 //       the score keeps_out32 and the inputs are fp16 / bf16 (keeps_out32 below)
-//   attention_bwd(grad_out, inputs, out, lse2, saved, plan, params, dropout, seed)
+//   attention_bwd(grad_out, inputs, out, lse2, token, saved, params, dropout)
 //       -> a gradient per input
 //   attention_bwd_into(grads, ...attention_bwd's arguments): the gradients
 //       written into `grads` (scores with writes_into only)
 //
 // `inputs` and `params` are the score's, in the order of its Python spec
-// (pyg_dfgnn/ops/scores); the score itself comes with the plan. The fakes are
+// (pyg_dfgnn/ops/scores); the score itself comes with the plan. Eager calls
+// pass the plan; code that torch.compile traces passes None, the layout's
+// handle and a plan key, and the forward resolves them when it runs
+// (call_token.h: resolve_plan), drawing the dropout seed there too. The token
+// carries the plan and seed to the backward in both cases, so that eager and
+// compiled calls share these ops and this autograd kernel: AOTAutograd traces
+// the node's backward into the compiled backward graph. The fakes are
 // registered from the specs (pyg_dfgnn/ops/_fakes.py).
 //
 // Autograd lives here and not in torch.library.register_autograd: a Python
@@ -34,6 +41,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -42,25 +50,27 @@
 
 #include "glue/autograd_common.h"
 #include "glue/call_plan.h"
+#include "glue/call_token.h"
 #include "host/input_checks.h"
 
 namespace dfgnn {
 namespace {
 
 using Tensors = std::vector<Tensor>;
-using FwdResult = std::tuple<Tensor, Tensor, Tensor, Tensors>;
+using FwdResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensors>;
+using OptPlan = std::optional<PlanPtr>;
 
 constexpr char kFwd[] = "dfgnn::attention_fwd";
 constexpr char kBwd[] = "dfgnn::attention_bwd";
 constexpr char kBwdInto[] = "dfgnn::attention_bwd_into";
 
-using FwdSig = FwdResult(at::TensorList, const PlanPtr&, at::ArrayRef<double>, double, int64_t,
-                         bool);
-using BwdSig = Tensors(const Tensor&, at::TensorList, const Tensor&, const Tensor&,
-                       at::TensorList, const PlanPtr&, at::ArrayRef<double>, double, int64_t);
+using FwdSig = FwdResult(at::TensorList, const Tensor&, const OptPlan&, int64_t,
+                         at::ArrayRef<double>, double, int64_t, bool);
+using BwdSig = Tensors(const Tensor&, at::TensorList, const Tensor&, const Tensor&, const Tensor&,
+                       at::TensorList, at::ArrayRef<double>, double);
 using BwdIntoSig = void(at::TensorList, const Tensor&, at::TensorList, const Tensor&,
-                        const Tensor&, at::TensorList, const PlanPtr&, at::ArrayRef<double>,
-                        double, int64_t);
+                        const Tensor&, const Tensor&, at::TensorList, at::ArrayRef<double>,
+                        double);
 
 // What every score's inputs share: CUDA tensors on the layout's device,
 // contiguous (the scores check shapes and dtypes).
@@ -79,6 +89,21 @@ void check_inputs(at::TensorList inputs, const CallPlan& P, const char* op) {
   }
 }
 
+// `inputs` with each one that does not start on a 16-byte boundary (a
+// contiguous view at an odd offset) copied: vector rows assume it. Empty where
+// every input does, the common case.
+Tensors aligned_copies(at::TensorList inputs) {
+  bool all = true;
+  for (const Tensor& t : inputs)
+    all = all && (!t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+  if (all) return {};
+  Tensors res(inputs.begin(), inputs.end());
+  for (Tensor& t : res)
+    if (t.defined() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0)
+      t = t.clone(at::MemoryFormat::Contiguous);
+  return res;
+}
+
 // Whether a forward on plan P keeps its rows in fp32 (ScoreOps::keeps_out32)
 // for fp16 / bf16 inputs: only where a backward follows (the plan has the CSC),
 // so inference and fp32 calls pay nothing. Its saved list then ends with them.
@@ -89,10 +114,15 @@ void check_dropout(double dropout, const char* op) {
               std::to_string(dropout));
 }
 
-FwdResult attention_fwd(at::TensorList inputs, const PlanPtr& plan, at::ArrayRef<double> params,
-                        double dropout, int64_t seed, bool need_attn) {
+FwdResult attention_fwd(at::TensorList inputs, const Tensor& handle, const OptPlan& given,
+                        int64_t key, at::ArrayRef<double> params, double dropout, int64_t seed,
+                        bool need_attn) {
+  PlanPtr plan = given.has_value() ? *given : resolve_plan(handle, key, inputs, dropout, &seed);
+  TORCH_CHECK(plan, kFwd, ": no plan");
   const CallPlan& P = *plan;
   check_inputs(inputs, P, kFwd);
+  const Tensors copies = aligned_copies(inputs);
+  if (!copies.empty()) inputs = copies;
   check_dropout(dropout, kFwd);
   AttentionCall call{inputs, P.L, P.p, params, dropout, seed, need_attn};
   call.keep_out32 = keeps_out32(P);
@@ -104,7 +134,8 @@ FwdResult attention_fwd(at::TensorList inputs, const PlanPtr& plan, at::ArrayRef
                           " score's forward returned no out32");
     r.saved.push_back(std::move(r.out32));  // last: backward_call takes it from there
   }
-  return {std::move(r.out), std::move(r.lse2), std::move(r.attn), std::move(r.saved)};
+  return {std::move(r.out), std::move(r.lse2), std::move(r.attn),
+          make_token(std::move(plan), seed), std::move(r.saved)};
 }
 
 // The backward's arguments past `inputs`, checked; the call, with the forward's
@@ -149,11 +180,14 @@ AttentionCall backward_call(const char* op, const Tensor& grad_out, at::TensorLi
 }
 
 Tensors attention_bwd(const Tensor& grad_out, at::TensorList inputs, const Tensor& out,
-                      const Tensor& lse2, at::TensorList saved, const PlanPtr& plan,
-                      at::ArrayRef<double> params, double dropout, int64_t seed) {
-  const CallPlan& P = *plan;
+                      const Tensor& lse2, const Tensor& token, at::TensorList saved,
+                      at::ArrayRef<double> params, double dropout) {
+  const TokenParts t = token_parts(token, kBwd);
+  const CallPlan& P = *t.plan;
+  const Tensors copies = aligned_copies(inputs);
+  if (!copies.empty()) inputs = copies;
   const AttentionCall call =
-      backward_call(kBwd, grad_out, inputs, out, lse2, saved, P, params, dropout, seed);
+      backward_call(kBwd, grad_out, inputs, out, lse2, saved, P, params, dropout, t.seed);
   const c10::cuda::CUDAGuard guard(inputs[0].device());
   return P.score->backward(grad_out, out, lse2, saved, call, {});
 }
@@ -180,12 +214,14 @@ void check_into(const Tensor& t, const Tensor& like, size_t i) {
 }
 
 void attention_bwd_into(at::TensorList grads, const Tensor& grad_out, at::TensorList inputs,
-                        const Tensor& out, const Tensor& lse2, at::TensorList saved,
-                        const PlanPtr& plan, at::ArrayRef<double> params, double dropout,
-                        int64_t seed) {
-  const CallPlan& P = *plan;
+                        const Tensor& out, const Tensor& lse2, const Tensor& token,
+                        at::TensorList saved, at::ArrayRef<double> params, double dropout) {
+  const TokenParts t = token_parts(token, kBwdInto);
+  const CallPlan& P = *t.plan;
+  const Tensors copies = aligned_copies(inputs);
+  if (!copies.empty()) inputs = copies;
   const AttentionCall call =
-      backward_call(kBwdInto, grad_out, inputs, out, lse2, saved, P, params, dropout, seed);
+      backward_call(kBwdInto, grad_out, inputs, out, lse2, saved, P, params, dropout, t.seed);
   TORCH_CHECK(P.score->writes_into, kBwdInto, ": the ", P.score_name,
               " score's backward allocates its gradients (it does not write into given ones)");
   TORCH_CHECK(grads.size() == inputs.size(), kBwdInto, ": one gradient per input (",
@@ -219,11 +255,13 @@ struct AttentionBackward final : Node {
   std::vector<torch::autograd::SavedVariable> inputs_;
   torch::autograd::SavedVariable out_;
   Tensor lse2_;
+  Tensor token_;
   Tensors saved_;
+  // The plan where the call passed it (eager calls); none in a traced call,
+  // whose backward finds it in token_ when it runs.
   PlanPtr plan_;
   std::vector<double> params_;
   double dropout_ = 0.0;
-  int64_t seed_ = 0;
   // For inputs that are whole outputs of a JoinedGradients node (scores with
   // writes_into): that node and the input's first column in its joined
   // gradient, where the backward writes the input's gradient; column -1
@@ -238,6 +276,7 @@ struct AttentionBackward final : Node {
     for (auto& v : inputs_) v.reset_data();
     out_.reset_data();
     lse2_.reset();
+    token_.reset();
     saved_.clear();
   }
 
@@ -245,8 +284,8 @@ struct AttentionBackward final : Node {
     std::lock_guard<std::mutex> lock(mutex_);
     variable_list res(inputs_.size());
     if (!grads[0].defined()) return res;  // out unused: nothing flows back
-    TORCH_CHECK(plan_->has_csc, "dfgnn::AttentionBackward: the forward was called without the "
-                "CSC layout (colptr, row, perm, col_items, col_combine), so it cannot be "
+    TORCH_CHECK(!plan_ || plan_->has_csc, "dfgnn::AttentionBackward: the forward was called "
+                "without the CSC layout (colptr, row, perm, col_items, col_combine), so it cannot be "
                 "differentiated");
     Tensors in;
     in.reserve(inputs_.size());
@@ -260,9 +299,8 @@ struct AttentionBackward final : Node {
         if (c >= 0) return backward_joined(col, grad, in, out);
     }
     static const auto op = find_op<BwdSig>(kBwd);
-    Tensors g = call_backward_op(op, grad, at::TensorList(in), out, lse2_,
-                                 at::TensorList(saved_), plan_, at::ArrayRef<double>(params_),
-                                 dropout_, seed_);
+    Tensors g = call_backward_op(op, grad, at::TensorList(in), out, lse2_, token_,
+                                 at::TensorList(saved_), at::ArrayRef<double>(params_), dropout_);
     for (size_t i = 0; i < res.size() && i < g.size(); ++i) res[i] = std::move(g[i]);
     return res;
   }
@@ -323,8 +361,8 @@ struct AttentionBackward final : Node {
     static const auto op = find_op<BwdIntoSig>(kBwdInto);
     {
       at::AutoDispatchBelowADInplaceOrView below;
-      op.call(at::TensorList(res), grad, at::TensorList(in), out, lse2_, at::TensorList(saved_),
-              plan_, at::ArrayRef<double>(params_), dropout_, seed_);
+      op.call(at::TensorList(res), grad, at::TensorList(in), out, lse2_, token_,
+              at::TensorList(saved_), at::ArrayRef<double>(params_), dropout_);
     }
     for (size_t i = 0; i < n; ++i)
       if (column[i] >= 0 && owner[i] == i)
@@ -333,30 +371,32 @@ struct AttentionBackward final : Node {
   }
 };
 
-FwdResult attention_below(at::TensorList inputs, const PlanPtr& plan,
-                          at::ArrayRef<double> params, double dropout, int64_t seed,
+FwdResult attention_below(at::TensorList inputs, const Tensor& handle, const OptPlan& plan,
+                          int64_t key, at::ArrayRef<double> params, double dropout, int64_t seed,
                           bool need_attn) {
   static const auto op = find_op<FwdSig>(kFwd);
   at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(inputs, plan, params, dropout, seed, need_attn);
+  return op.call(inputs, handle, plan, key, params, dropout, seed, need_attn);
 }
 
 // The Autograd kernel of attention_fwd: out is differentiable in every input;
 // lse2, attn and saved are not.
-FwdResult attention_autograd(at::TensorList inputs, const PlanPtr& plan,
-                             at::ArrayRef<double> params, double dropout, int64_t seed,
-                             bool need_attn) {
+FwdResult attention_autograd(at::TensorList inputs, const Tensor& handle, const OptPlan& plan,
+                             int64_t key, at::ArrayRef<double> params, double dropout,
+                             int64_t seed, bool need_attn) {
   // Before the no-node shortcut: a dual tensor need not require a gradient, and
   // its tangent would be dropped silently.
   for (const Tensor& t : inputs)
     TORCH_CHECK(!t.defined() || !t._fw_grad(/*level=*/0).defined(), kFwd,
                 ": forward-mode AD (dual tensors) is not supported");
-  if (!records_grad(inputs)) return attention_below(inputs, plan, params, dropout, seed, need_attn);
+  if (!records_grad(inputs))
+    return attention_below(inputs, handle, plan, key, params, dropout, seed, need_attn);
   if (const auto& functorch = at::functorch::functorchTLSAccessor())
     functorch->checkSupportsCppAutogradFunction();  // functorch transforms: not supported
   // The kernel is launched before the node is built: a small graph's step is
   // host-bound, and the node's bookkeeping then runs while the kernel does.
-  auto [out, lse2, attn, saved] = attention_below(inputs, plan, params, dropout, seed, need_attn);
+  auto [out, lse2, attn, token, saved] =
+      attention_below(inputs, handle, plan, key, params, dropout, seed, need_attn);
   auto node = make_node<AttentionBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(out, NodePtr(node));
@@ -364,12 +404,12 @@ FwdResult attention_autograd(at::TensorList inputs, const PlanPtr& plan,
   for (const Tensor& t : inputs) node->inputs_.emplace_back(t, /*is_output=*/false);
   node->out_ = torch::autograd::SavedVariable(out, /*is_output=*/true);
   node->lse2_ = lse2;
+  node->token_ = token;
   node->saved_ = saved;
-  node->plan_ = plan;
+  if (plan.has_value()) node->plan_ = *plan;
   node->params_ = params.vec();
   node->dropout_ = dropout;
-  node->seed_ = seed;
-  if (plan->score->writes_into && inputs[0].is_cuda()) {
+  if (node->plan_ && node->plan_->score->writes_into && inputs[0].is_cuda()) {
     const size_t n = inputs.size();
     node->sink_.resize(n);
     node->column_.assign(n, -1);
@@ -389,7 +429,7 @@ FwdResult attention_autograd(at::TensorList inputs, const PlanPtr& plan,
       node->column_.clear();
     }
   }
-  return {out, lse2, attn, saved};
+  return {out, lse2, attn, token, saved};
 }
 
 }  // namespace
@@ -425,17 +465,23 @@ TORCH_LIBRARY_FRAGMENT(dfgnn, m) {
       // FakeTensor tracing (torch.library.opcheck) hands the real object to the
       // fakes, which read its sizes (torch._library.fake_class_registry).
       .def("tracing_mode", [](const PlanPtr&) { return std::string("real"); });
+  // cudagraph_unsafe: a CUDA graph that Inductor records (mode="reduce-overhead")
+  // would replay the launches of one layout for every later handle.
+  // nondeterministic_seeded: a traced forward draws its dropout seed when it runs,
+  // so two calls are never merged or recomputed.
   m.def(
-      "attention_fwd(Tensor[] inputs, __torch__.torch.classes.dfgnn.Plan plan, float[] params, "
-      "float dropout, int seed, bool need_attn) -> (Tensor, Tensor, Tensor, Tensor[])");
+      "attention_fwd(Tensor[] inputs, Tensor handle, __torch__.torch.classes.dfgnn.Plan? plan, "
+      "int key, float[] params, float dropout, int seed, bool need_attn) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor[])",
+      {at::Tag::cudagraph_unsafe, at::Tag::nondeterministic_seeded});
   m.def(
-      "attention_bwd(Tensor grad_out, Tensor[] inputs, Tensor out, Tensor lse, Tensor[] saved, "
-      "__torch__.torch.classes.dfgnn.Plan plan, float[] params, float dropout, int seed) "
-      "-> Tensor[]");
+      "attention_bwd(Tensor grad_out, Tensor[] inputs, Tensor out, Tensor lse, Tensor token, "
+      "Tensor[] saved, float[] params, float dropout) -> Tensor[]",
+      {at::Tag::cudagraph_unsafe});
   m.def(
       "attention_bwd_into(Tensor(a!)[] grads, Tensor grad_out, Tensor[] inputs, Tensor out, "
-      "Tensor lse, Tensor[] saved, __torch__.torch.classes.dfgnn.Plan plan, float[] params, "
-      "float dropout, int seed) -> ()");
+      "Tensor lse, Tensor token, Tensor[] saved, float[] params, float dropout) -> ()",
+      {at::Tag::cudagraph_unsafe});
 }
 
 TORCH_LIBRARY_IMPL(dfgnn, CUDA, m) {

@@ -15,6 +15,10 @@
 // exact torch.Tensor returns NotImplemented, and pyg_dfgnn.ops takes the torch.ops
 // path for it, for torch function modes and under torch.compile
 // (pyg_dfgnn/ops/direct.py, call_op).
+//
+// It also holds the plan resolver (call_token.h): the Python function that
+// builds the plan of a forward call compiled code makes, registered by
+// pyg_dfgnn.ops.calls when it is imported.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -23,6 +27,9 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "glue/call_plan.h"
+#include "glue/call_token.h"
 
 namespace dfgnn {
 namespace {
@@ -221,6 +228,20 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
+// The plan resolver: set once, by pyg_dfgnn.ops.calls (a new registration
+// replaces it, as a module reload makes one).
+PyObject* resolver = nullptr;
+
+PyObject* set_plan_resolver(PyObject* /*module*/, PyObject* fn) {
+  if (!PyCallable_Check(fn)) {
+    PyErr_Format(PyExc_TypeError, "set_plan_resolver: a callable, got %s", Py_TYPE(fn)->tp_name);
+    return nullptr;
+  }
+  Py_INCREF(fn);
+  Py_XSETREF(resolver, fn);
+  Py_RETURN_NONE;
+}
+
 constexpr char kAttentionFwd[] = "dfgnn::attention_fwd";
 constexpr char kProjections[] = "dfgnn::projections";
 
@@ -232,11 +253,60 @@ PyMethodDef methods[] = {
     {"projections",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kProjections>)),
      METH_FASTCALL, "torch.ops.dfgnn.projections without the Python op wrapper (same arguments)"},
+    {"set_plan_resolver", &set_plan_resolver, METH_O,
+     "registers fn(handle, key, inputs, dropout) -> (plan, seed), the plan and dropout seed "
+     "of a forward call made without a plan (compiled code)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
 
 }  // namespace
+
+PlanPtr resolve_plan(const at::Tensor& handle, int64_t key, at::TensorList inputs,
+                     double dropout, int64_t* seed) {
+  pybind11::gil_scoped_acquire gil;
+  TORCH_CHECK(resolver != nullptr, "dfgnn::attention_fwd: a call without a plan needs "
+              "pyg_dfgnn.ops imported (it builds the plan from the layout's handle)");
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(inputs.size()));
+  if (list == nullptr) throw python_error();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    PyObject* t = THPVariable_Wrap(inputs[i]);
+    if (t == nullptr) {
+      Py_DECREF(list);
+      throw python_error();
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), t);
+  }
+  PyObject* h = THPVariable_Wrap(handle);
+  if (h == nullptr) {
+    Py_DECREF(list);
+    throw python_error();
+  }
+  PyObject* res =
+      PyObject_CallFunction(resolver, "OLOd", h, static_cast<long long>(key), list, dropout);
+  Py_DECREF(h);
+  Py_DECREF(list);
+  if (res == nullptr) throw python_error();  // the resolver's exception, as it raised it
+  PlanPtr plan;
+  long long s = -1;
+  if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2 &&
+      PyLong_Check(PyTuple_GET_ITEM(res, 1))) {
+    s = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+    try {
+      plan = torch::jit::toIValue(PyTuple_GET_ITEM(res, 0), c10::getCustomClassType<PlanPtr>())
+                 .toCustomClass<CallPlan>();
+    } catch (const std::exception&) {
+      plan.reset();
+    }
+  }
+  Py_DECREF(res);
+  if (PyErr_Occurred()) throw python_error();
+  TORCH_CHECK(plan, "dfgnn::attention_fwd: the plan resolver must return (a dfgnn.Plan, an int "
+              "seed)");
+  *seed = static_cast<int64_t>(s);
+  return plan;
+}
+
 }  // namespace dfgnn
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&dfgnn::module_def); }

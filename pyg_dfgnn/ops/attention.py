@@ -8,7 +8,8 @@ tensors, with the extension built and a supported head size, that runs the
 kernels the plan (:mod:`pyg_dfgnn.ops.plan`) picks through
 ``torch.ops.dfgnn.attention_fwd`` (autograd in C++); otherwise the score's
 pure-PyTorch reference. Both compute the same function. Inside
-``torch.compile`` it is the score's custom op (:mod:`pyg_dfgnn.ops.compiled`).
+``torch.compile`` the same op runs, its plan built when the compiled code runs
+(:mod:`pyg_dfgnn.ops.compiled`).
 """
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
         prep = calls.prepare(spec, layout, dtype, head_size, strategy, p > 0, return_attention,
                              need_grad)
         calls.record(spec, layout, prep.plan, need_grad, value)
-        out, _lse, attn, _saved = call_op("attention_fwd", (
-            calls.kernel_inputs(spec, inputs), prep.obj, params, p,
+        out, _lse, attn, _token, _saved = call_op("attention_fwd", (
+            calls.kernel_inputs(inputs), layout.handle, prep.obj, 0, params, p,
             calls.seed() if p > 0 else 0, return_attention))
     else:
         choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)

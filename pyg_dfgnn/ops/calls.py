@@ -2,7 +2,8 @@ r"""What a fused call needs before its kernels run: whether the kernels run at a
 the call's plan as the extension takes it (one ``torch.classes.dfgnn.Plan``
 object per layout and plan key), its inputs as the kernels read them, and the
 dropout seed. Shared by the eager ops (:mod:`pyg_dfgnn.ops.attention`) and the
-ops compiled code calls (:mod:`pyg_dfgnn.ops.compiled`).
+calls compiled code makes (:mod:`pyg_dfgnn.ops.compiled`), whose plans
+:func:`resolve` builds when they run.
 
 A small graph's call is host-bound, so what one call needs of the layout is
 looked up by one key in ``layout.derived.calls`` and built on the first call.
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..extension import HAS_EXTENSION
+from ..layout import layout_of
 from . import plan as _plan
 from . import spec as _spec
 from .spec import ScoreSpec
@@ -92,17 +94,10 @@ def uses_kernels(layout, x: Tensor) -> bool:
     return runs_kernels(layout, x.is_cuda, x.size(-1), x.dtype)
 
 
-def kernel_inputs(spec: ScoreSpec, inputs: Sequence[Tensor]) -> List[Tensor]:
-    """``inputs`` as the kernels read them: contiguous, and the row inputs on
-    16-byte boundaries (the plan's vector rows assume it; a contiguous view at an
-    odd offset is copied)."""
-    res = []
-    for i, t in enumerate(inputs):
-        t = t.contiguous()
-        if i in spec.row_inputs and t.data_ptr() % 16:
-            t = t.clone()
-        res.append(t)
-    return res
+def kernel_inputs(inputs: Sequence[Tensor]) -> List[Tensor]:
+    """``inputs`` as the attention op takes them: contiguous (the op copies an
+    input that does not start on a 16-byte boundary, which vector rows need)."""
+    return [t.contiguous() for t in inputs]
 
 
 class Prepared(NamedTuple):
@@ -135,6 +130,66 @@ def prepare(spec: ScoreSpec, layout, dtype: torch.dtype, head_size: int, strateg
         key = key + ("capturing",)
         hit = calls.get(key) or _prepare(spec, layout, key, True)
     return hit
+
+
+# ------------------------------------------------------------ compiled calls
+# Plan keys of the calls that torch.compile traces, by id: attention_fwd takes
+# an int, as a traced graph holds no Python objects. A model has a handful.
+_KEY_IDS: Dict[tuple, int] = {}
+_KEYS: List[tuple] = []
+
+
+@torch.compiler.assume_constant_result
+def plan_key(score: str, strategy: str, need_grad: bool) -> int:
+    """The id of a traced call's plan key, ``attention_fwd``'s ``key``: what
+    :func:`prepare` takes beyond the layout, the inputs' dtype and head size and
+    the dropout (the score by name). The forward builds its plan from it, the
+    layout's handle, its inputs and its dropout when it runs (:func:`resolve`). A
+    trace takes the id as a constant (sizes and the dropout may be symbolic
+    there)."""
+    key = (score, strategy, bool(need_grad))
+    kid = _KEY_IDS.get(key)
+    if kid is None:
+        kid = _KEY_IDS[key] = len(_KEYS)
+        _KEYS.append(key)
+    return kid
+
+
+def key_parts(kid: int) -> tuple:
+    """``(score, strategy, need_grad)`` of the plan key id ``kid``
+    (:func:`plan_key`)."""
+    return _KEYS[kid]
+
+
+def resolve(handle: Tensor, kid: int, inputs: List[Tensor],
+            dropout: float) -> Tuple[object, int]:
+    """``(plan object, seed)`` of a forward call compiled code makes: the call
+    names its layout by ``handle`` and its plan by the key id ``kid``, with the
+    dropout probability it applies; the plan overrides are those in effect when
+    it runs. The extension calls it
+    (``cuda/glue/call_token.h``), and its exceptions reach the caller as raised.
+
+    Raises:
+        ValueError: inputs the score rejects, or as :func:`prepare`.
+        NotImplementedError: as :func:`runs_kernels`.
+        LookupError: no live layout has the handle.
+    """
+    name, strategy, need_grad = _KEYS[kid]
+    dropout = dropout > 0
+    spec = _spec.get(name)
+    layout = layout_of(int(handle[0]))
+    spec.check(layout, *inputs)
+    value = inputs[spec.value_input]
+    dtype, head_size = value.dtype, value.size(-1)
+    runs_kernels(layout, True, head_size, dtype)
+    prep = prepare(spec, layout, dtype, head_size, strategy, dropout, False, need_grad)
+    return prep.obj, (seed() if dropout else 0)
+
+
+if HAS_EXTENSION:
+    from .. import _C
+
+    _C.set_plan_resolver(resolve)
 
 
 def _prepare(spec: ScoreSpec, layout, key: tuple, capturing: bool) -> Prepared:
@@ -241,8 +296,8 @@ def reference_reason(layout, value: Tensor) -> str:
 def op_args(score: str, layout, inputs: Sequence[Tensor], params: Sequence[float],
             dropout: float = 0.0, seed: int = 0, need_attn: bool = False, need_grad: bool = True,
             strategy: str = "smmf") -> tuple:
-    """The argument tuple of ``torch.ops.dfgnn.attention_fwd`` for a call of the
-    score ``score`` on ``layout`` with the plan of ``strategy`` (tests and
+    """The argument tuple of ``torch.ops.dfgnn.attention_fwd`` for an eager call
+    of the score ``score`` on ``layout`` with the plan of ``strategy`` (tests and
     benchmarks that call the op directly).
 
     Raises:
@@ -252,5 +307,5 @@ def op_args(score: str, layout, inputs: Sequence[Tensor], params: Sequence[float
     value = inputs[spec.value_input]
     prep = prepare(spec, layout, value.dtype, value.size(-1), strategy, dropout > 0, need_attn,
                    need_grad)
-    return (list(inputs), prep.obj, [float(p) for p in params], float(dropout), int(seed),
-            bool(need_attn))
+    return (list(inputs), layout.handle, prep.obj, 0, [float(p) for p in params],
+            float(dropout), int(seed), bool(need_attn))

@@ -1,27 +1,27 @@
-r"""The fused ops as ``torch.compile`` sees them: one custom op per score
-function, ``pyg_dfgnn::<score>_attention``, that takes the layout as its
-``handle`` tensor. They are defined from the score specs
-(:mod:`pyg_dfgnn.ops.spec`), with their fakes and autograd, by :func:`define`.
+r"""The fused ops as ``torch.compile`` sees them.
 
-Inside a compiled region the score's op (:func:`~pyg_dfgnn.ops.attention.attention`)
-calls its custom op instead of reading the layout in Python. The compiled graph
-then depends on tensors and on static configuration only: the handle is a graph
-input read from the layout on each call, so a new graph (a mini-batch) is a new
-input value, not a recompile. Everything that reads the layout's integers runs
-inside the op when it runs, exactly as an eager call runs it: the input checks,
-the int64-index ``NotImplementedError``, the kernel plan and its work items
-(:func:`~pyg_dfgnn.ops.calls.prepare`) and the dropout seed (drawn on each call
-from torch's CPU generator and returned in the ``token`` output for the
-backward).
+Where the kernels run (CUDA tensors, the extension loaded, heads the kernels
+take), a compiled call is the eager call's op, ``dfgnn::attention_fwd``, with
+its autograd kernel (``cuda/glue/attention.cpp``): AOTAutograd traces that
+kernel's node into the compiled backward graph, so eager and compiled calls
+run one op and one autograd path. The traced call passes no plan but the
+layout's ``handle`` tensor and a plan key (:func:`~pyg_dfgnn.ops.calls.plan_key`);
+the op builds the plan when it runs (:func:`~pyg_dfgnn.ops.calls.resolve`:
+the input checks, the int64-index ``NotImplementedError``, the kernel plan and
+the dropout seed, drawn on each call from torch's CPU generator), and its token
+output carries plan and seed to the backward. The compiled graph thus depends on
+tensors and static configuration only: a new graph (a mini-batch) is a new
+handle value, not a recompile.
 
-The backward op (``<score>_attention_bwd``, wired with
-:func:`torch.library.register_autograd`) takes that token: the seed, the plan
-overrides of the forward (so the backward walks the forward's work items) and
-the layout, which the token's storage keeps alive until the backward has run. On
-CUDA with kernel support it calls ``torch.ops.dfgnn.attention_bwd`` with what
-the C++ autograd node passes (``cuda/glue/attention.cpp``); elsewhere it
-differentiates the score's reference, recomputed with the forward's dropout mask
-(a generator seeded from the token).
+Elsewhere (CPU tensors, or no kernel for the heads) a compiled call runs the
+score's reference inside one custom op per score,
+``pyg_dfgnn::<score>_attention``, defined from the score specs
+(:mod:`pyg_dfgnn.ops.spec`) by :func:`define`: the reference reads the layout,
+which a trace must not. Its backward op (``<score>_attention_bwd``, wired with
+:func:`torch.library.register_autograd`) differentiates the reference,
+recomputed with the forward's dropout mask (a generator seeded from the
+forward's ``token``, whose storage also keeps the layout alive until the
+backward has run).
 
 The ops carry the ``cudagraph_unsafe`` tag: a CUDA graph that Inductor records
 (``mode="reduce-overhead"``) would replay the launches of one layout for every
@@ -51,12 +51,6 @@ _BWD_TAGS = tuple(getattr(torch.Tag, name) for name in ("cudagraph_unsafe",)
                   if hasattr(torch.Tag, name))
 _FWD_TAGS = _BWD_TAGS + tuple(getattr(torch.Tag, name) for name in ("nondeterministic_seeded",)
                               if hasattr(torch.Tag, name))
-
-# Plan overrides (pyg_dfgnn.ops.plan.override) a forward ran with, by id: the
-# token names them, as a tensor holds no Python objects. Tests and benchmarks use
-# a handful of distinct overrides, so the table stays small.
-_OVERRIDE_IDS: Dict[tuple, int] = {}
-_OVERRIDES: List[tuple] = []
 _DEFINED: Dict[str, ScoreSpec] = {}
 
 
@@ -67,12 +61,7 @@ class _Keep(np.ndarray):
 
 
 def _token(seed: int, layout, handle_id: int) -> Tensor:
-    overrides = _plan._current()
-    oid = _OVERRIDE_IDS.get(overrides)
-    if oid is None:
-        oid = _OVERRIDE_IDS[overrides] = len(_OVERRIDES)
-        _OVERRIDES.append(overrides)
-    arr = np.array([seed, oid, handle_id], dtype=np.int64).view(_Keep)
+    arr = np.array([seed, handle_id], dtype=np.int64).view(_Keep)
     arr.layout = layout
     return torch.from_numpy(arr)
 
@@ -94,53 +83,24 @@ def _dropout_rng(seed: int, dropout: float, device: torch.device):
         yield
 
 
-def _kernel(name: str):
-    """``torch.ops.dfgnn.<name>.default`` (a function: tests stand in for the
-    kernels on machines without them)."""
-    return getattr(torch.ops.dfgnn, name).default
-
-
-def _runs_kernels(layout, is_cuda: bool, head_size: int, dtype: torch.dtype) -> bool:
-    return calls.runs_kernels(layout, is_cuda, head_size, dtype)
-
-
 def _forward(spec: ScoreSpec, inputs: List[Tensor], handle: Tensor, params: List[float],
-             dropout: float, need_grad: bool, strategy: str):
+             dropout: float, strategy: str):
     handle_id = int(handle[0])
     layout = layout_of(handle_id)
     spec.check(layout, *inputs)
     value = inputs[spec.value_input]
-    head_size, dtype = value.size(2), value.dtype
-    if _runs_kernels(layout, value.is_cuda, head_size, dtype):
-        prep = calls.prepare(spec, layout, dtype, head_size, strategy, dropout > 0, False,
-                             need_grad)
-        seed = calls.seed() if dropout > 0 else 0
-        out, lse, _attn, saved = _kernel("attention_fwd")(
-            calls.kernel_inputs(spec, inputs), prep.obj, params, dropout, seed, False)
-    else:
-        choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
-        seed = calls.seed() if dropout > 0 else 0
-        with _dropout_rng(seed, dropout, value.device):
-            out = spec.reference(layout, inputs, params, dropout, dropout > 0)[0].contiguous()
-        dst = inputs[spec.dst_input]
-        lse = value.new_zeros((dst.size(0), value.size(1)), dtype=_FLOAT)  # the kernels' only
-        saved = [torch.zeros_like(t) for t in spec.saved_like(inputs)]
-    return out, lse, _token(seed, layout, handle_id), list(saved)
+    choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
+    seed = calls.seed() if dropout > 0 else 0
+    with _dropout_rng(seed, dropout, value.device):
+        out = spec.reference(layout, inputs, params, dropout, dropout > 0)[0].contiguous()
+    return out, _token(seed, layout, handle_id)
 
 
-def _backward(spec: ScoreSpec, grad: Tensor, inputs: List[Tensor], out: Tensor, lse: Tensor,
-              token: Tensor, saved: List[Tensor], params: List[float], dropout: float,
-              strategy: str) -> List[Tensor]:
-    seed, oid, handle_id = token.tolist()
+def _backward(spec: ScoreSpec, grad: Tensor, inputs: List[Tensor], token: Tensor,
+              params: List[float], dropout: float) -> List[Tensor]:
+    seed, handle_id = token.tolist()
     layout = layout_of(handle_id)  # alive: the token's storage holds it
     value = inputs[spec.value_input]
-    head_size, dtype = value.size(2), value.dtype
-    if _runs_kernels(layout, value.is_cuda, head_size, dtype):
-        prep = calls.prepare(spec, layout, dtype, head_size, strategy, dropout > 0, False, True,
-                             overrides=_OVERRIDES[oid])
-        return list(_kernel("attention_bwd")(
-            grad.contiguous(), calls.kernel_inputs(spec, inputs), out, lse, saved, prep.obj,
-            params, dropout, seed))
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in inputs]
         with _dropout_rng(seed, dropout, value.device):
@@ -150,8 +110,9 @@ def _backward(spec: ScoreSpec, grad: Tensor, inputs: List[Tensor], out: Tensor, 
 
 
 def define(spec: ScoreSpec) -> None:
-    """Defines ``pyg_dfgnn::<spec.name>_attention`` and its backward op, with
-    fakes and autograd (once per score)."""
+    """Defines ``pyg_dfgnn::<spec.name>_attention`` (the reference of the score
+    ``spec`` inside one op) and its backward op, with fakes and autograd (once
+    per score)."""
     if spec.name in _DEFINED:
         return
     _DEFINED[spec.name] = spec
@@ -159,40 +120,31 @@ def define(spec: ScoreSpec) -> None:
     name = f"{spec.name}_attention"
     feats = ", ".join(f"Tensor {a}" for a in spec.inputs)
     params = "".join(f", float {p}" for p in spec.params)
-    _LIB.define(f"{name}({feats}, Tensor handle{params}, float dropout, bool need_grad, "
-                "str strategy) -> (Tensor, Tensor, Tensor, Tensor[])", tags=_FWD_TAGS)
-    _LIB.define(f"{name}_bwd(Tensor grad_out, {feats}, Tensor out, Tensor lse, Tensor token, "
-                f"Tensor[] saved{params}, float dropout, str strategy) -> Tensor[]",
-                tags=_BWD_TAGS)
+    _LIB.define(f"{name}({feats}, Tensor handle{params}, float dropout, str strategy) "
+                "-> (Tensor, Tensor)", tags=_FWD_TAGS)
+    _LIB.define(f"{name}_bwd(Tensor grad_out, {feats}, Tensor token{params}, float dropout) "
+                "-> Tensor[]", tags=_BWD_TAGS)
 
     def forward(*args):
         inputs, handle = list(args[:n_in]), args[n_in]
-        params_, (dropout, need_grad, strategy) = list(args[n_in + 1:n_in + 1 + n_par]), \
-            args[n_in + 1 + n_par:]
-        return _forward(spec, inputs, handle, params_, dropout, need_grad, strategy)
+        params_ = list(args[n_in + 1:n_in + 1 + n_par])
+        dropout, strategy = args[n_in + 1 + n_par:]
+        return _forward(spec, inputs, handle, params_, dropout, strategy)
 
     def backward_op(grad, *args):
-        inputs = list(args[:n_in])
-        out, lse, token, saved = args[n_in:n_in + 4]
-        params_ = list(args[n_in + 4:n_in + 4 + n_par])
-        dropout, strategy = args[n_in + 4 + n_par:]
-        return _backward(spec, grad, inputs, out, lse, token, list(saved), params_, dropout,
-                         strategy)
+        inputs, token = list(args[:n_in]), args[n_in]
+        params_ = list(args[n_in + 1:n_in + 1 + n_par])
+        (dropout,) = args[n_in + 1 + n_par:]
+        return _backward(spec, grad, inputs, token, params_, dropout)
 
     _LIB.impl(name, forward, "CompositeExplicitAutograd")
     _LIB.impl(f"{name}_bwd", backward_op, "CompositeExplicitAutograd")
 
     def fake_forward(*args):
         inputs = args[:n_in]
-        need_grad = args[n_in + 2 + n_par]
         dst, value = inputs[spec.dst_input], inputs[spec.value_input]
         out = value.new_empty((dst.size(0), value.size(1), value.size(2)))
-        lse = value.new_empty((dst.size(0), value.size(1)), dtype=_FLOAT)
-        saved = spec.saved_like(inputs)
-        if (calls.keeps_out32(spec, value.dtype, need_grad) and value.is_cuda
-                and HAS_EXTENSION and _plan.kernel_supports(value.size(2), value.dtype)):
-            saved = saved + [value.new_empty(out.shape, dtype=_FLOAT)]  # the kernels' only
-        return out, lse, torch.empty(3, dtype=torch.int64), saved
+        return out, torch.empty(2, dtype=torch.int64)
 
     def fake_backward(grad, *args):
         return [t.new_empty(t.shape) for t in args[:n_in]]
@@ -201,29 +153,39 @@ def define(spec: ScoreSpec) -> None:
     torch.library.register_fake(f"pyg_dfgnn::{name}_bwd", fake_backward, lib=_LIB)
 
     def setup_context(ctx, inputs, output):
-        out, lse, token, saved = output
-        ctx.save_for_backward(*inputs[:n_in], out, lse, token, *saved)
-        ctx.n_saved = len(saved)
-        ctx.config = tuple(inputs[n_in + 1:n_in + 1 + n_par]) + (inputs[n_in + 1 + n_par],
-                                                                   inputs[-1])
+        _out, token = output
+        ctx.save_for_backward(*inputs[:n_in], token)
+        ctx.config = tuple(inputs[n_in + 1:n_in + 1 + n_par]) + (inputs[n_in + 1 + n_par],)
 
-    def backward(ctx, grad_out, _grad_lse, _grad_token, _grad_saved):
+    def backward(ctx, grad_out, _grad_token):
         t = ctx.saved_tensors
-        feats, (out, lse, token), saved = t[:n_in], t[n_in:n_in + 3], list(t[n_in + 3:])
         grads = getattr(torch.ops.pyg_dfgnn, f"{name}_bwd").default(
-            grad_out, *feats, out, lse, token, saved, *ctx.config)
-        return (*grads, None, *([None] * n_par), None, None, None)
+            grad_out, *t[:n_in], t[n_in], *ctx.config)
+        return (*grads, None, *([None] * n_par), None, None)
 
     torch.library.register_autograd(f"pyg_dfgnn::{name}", backward,
                                     setup_context=setup_context, lib=_LIB)
 
 
+def _kernels_run(value: Tensor) -> bool:
+    """Whether a traced call with the row input ``value`` takes the kernels."""
+    return HAS_EXTENSION and value.is_cuda and _plan.kernel_supports(value.size(2), value.dtype)
+
+
 def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequence[float],
               dropout: float, need_grad: bool, strategy: str) -> Tensor:
-    """:func:`~pyg_dfgnn.ops.attention.attention` without attention weights,
-    through ``pyg_dfgnn::<score>_attention`` (the layout as its handle);
-    ``dropout`` is the probability the call applies (0 outside training)."""
+    """:func:`~pyg_dfgnn.ops.attention.attention` without attention weights, as
+    compiled code calls it (the layout as its handle); ``dropout`` is the
+    probability the call applies (0 outside training). Whether the kernels run
+    is decided from the inputs alone (device, head size, dtype), as a trace
+    must not read the layout."""
+    value = inputs[spec.value_input]
+    params = [float(p) for p in params]
+    if _kernels_run(value):
+        key = calls.plan_key(spec.name, strategy, need_grad)
+        return torch.ops.dfgnn.attention_fwd.default(
+            calls.kernel_inputs(inputs), layout.handle, None, key, params, float(dropout), 0,
+            False)[0]
     op = getattr(torch.ops.pyg_dfgnn, f"{spec.name}_attention").default
-    out, _lse, _token, _saved = op(*inputs, layout.handle, *(float(p) for p in params),
-                                   float(dropout), bool(need_grad), strategy)
+    out, _token = op(*inputs, layout.handle, *params, float(dropout), strategy)
     return out

@@ -239,8 +239,8 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
 
 def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
     """Whether heads of ``head_size`` channels of ``dtype`` are read as 16-byte
-    vectors (``dispatch_row_shape``); the ops pass the kernels 16-byte aligned
-    rows (:func:`pyg_dfgnn.ops.calls.kernel_inputs`)."""
+    vectors (``dispatch_row_shape``); the attention op copies an input that does
+    not start on a 16-byte boundary (``cuda/glue/attention.cpp``)."""
     row_bytes = head_size * dtype.itemsize
     return row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES
 
