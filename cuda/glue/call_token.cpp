@@ -1,7 +1,8 @@
 // Tokens of forward calls (call_token.h).
 #include "glue/call_token.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/core/TensorBody.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/core/Storage.h>
 
 #include <utility>
@@ -23,7 +24,13 @@ at::Tensor make_token(PlanPtr plan, int64_t seed) {
   c10::DataPtr ptr(&data->seed, data, &delete_token, c10::Device(c10::kCPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), sizeof(int64_t), std::move(ptr),
                        /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, at::TensorOptions().dtype(at::kLong)).set_(storage, 0, {1}, {1});
+  // The tensor made directly, not by ops through the dispatcher: every call
+  // makes one, and a small graph's call is host time.
+  at::Tensor token = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      caffe2::TypeMeta::Make<int64_t>());
+  token.unsafeGetTensorImpl()->set_sizes_contiguous({1});
+  return token;
 }
 
 TokenParts token_parts(const at::Tensor& token, const char* op) {
