@@ -35,8 +35,8 @@ BUILD_COUNT = 0
 
 _INT32_MAX = 2**31 - 1
 
-# handle id -> layout, for the ops that compiled code calls (pyg_dfgnn.ops.compiled):
-# they receive a layout's `handle` tensor, not the layout. Weak values: the
+# handle id -> layout, for the calls compiled code makes (pyg_dfgnn.ops.calls.resolve,
+# pyg_dfgnn.ops.compiled): they receive a layout's `handle` tensor, not the layout. Weak values: the
 # registry never keeps a layout alive.
 _BY_HANDLE: "weakref.WeakValueDictionary[int, GraphLayout]" = weakref.WeakValueDictionary()
 _HANDLE_IDS = itertools.count(1)

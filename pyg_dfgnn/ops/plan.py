@@ -133,7 +133,8 @@ def override(**fields) -> Iterator[None]:
     default rule. The previous state returns when the block exits, also on an
     exception. Overrides are per thread and asyncio task (:mod:`contextvars`);
     a backward keeps the decisions of its forward. Under ``torch.compile`` the fused
-    ops (:mod:`pyg_dfgnn.ops.compiled`) read them when the compiled code runs; code
+    calls read them when the compiled code runs (the op builds its plan then:
+    :func:`pyg_dfgnn.ops.calls.resolve`); code
     that Dynamo traces sees none (it cannot read a context variable), so a traced
     ``return_attention`` call runs the default plan.
 
@@ -200,7 +201,8 @@ def override(**fields) -> Iterator[None]:
 
 def _current() -> Tuple[Tuple[str, object], ...]:
     # Dynamo cannot trace ContextVar.get, so traced code runs the default plan; the
-    # compiled entry ops (pyg_dfgnn.ops.compiled) run outside the trace and read it.
+    # plans of compiled calls are built outside the trace, when they run
+    # (pyg_dfgnn.ops.calls.resolve), and read it.
     if torch.compiler.is_compiling():
         return ()
     return _OVERRIDES.get()
