@@ -406,6 +406,36 @@ def test_kernel_path_arguments(op, stand_in_kernels):
     assert kernels.calls[-1][:1] == ("fwd",) and kernels.calls[-1][2] is False  # no CSC
 
 
+def test_plan_keys_name_their_fields_in_every_process():
+    """A plan key is its fields (score, strategy, need_grad) as one int, not an
+    id handed out per process: a compiled graph's constant means the same plan
+    key wherever it runs."""
+    from pyg_dfgnn.ops import calls
+    from pyg_dfgnn.ops.plan import STRATEGIES
+    keys = {}
+    for spec in ops.spec.specs():
+        for strategy in STRATEGIES:
+            for need_grad in (False, True):
+                key = calls.plan_key(spec.name, strategy, need_grad)
+                assert calls.key_parts(key) == (spec.name, strategy, need_grad)
+                keys[key] = (spec.name, strategy, need_grad)
+    assert len(keys) == 2 * len(STRATEGIES) * len(list(ops.spec.specs()))
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        calls.plan_key("dot", "bogus", True)
+    with pytest.raises(ValueError, match="unknown score function"):
+        calls.plan_key("sigmoid", "auto", True)
+
+
+@needs_extension
+def test_kernel_path_bad_strategy_raises_value_error(stand_in_kernels):
+    lay = _layout(12, num_edges=40)
+    q, k, v = [t.detach().float() for t in _inputs("gt", lay)]
+    call = torch.compile(lambda q, k, v: ops.gt_attention(lay, q, k, v, strategy="bogus"),
+                         backend="aot_eager")
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        call(q, k, v)
+
+
 @needs_extension
 @pytest.mark.parametrize("name", ["gt", "gat"])
 def test_kernel_path_under_compile_keeps_the_forward_seed(name, stand_in_kernels):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -133,38 +133,42 @@ def prepare(spec: ScoreSpec, layout, dtype: torch.dtype, head_size: int, strateg
 
 
 # ------------------------------------------------------------ compiled calls
-# Plan keys of the calls that torch.compile traces, by id: attention_fwd takes
-# an int, as a traced graph holds no Python objects. A model has a handful.
-_KEY_IDS: Dict[tuple, int] = {}
-_KEYS: List[tuple] = []
-
-
 @torch.compiler.assume_constant_result
 def plan_key(score: str, strategy: str, need_grad: bool) -> int:
-    """The id of a traced call's plan key, ``attention_fwd``'s ``key``: what
+    """A traced call's plan key, ``attention_fwd``'s ``key``: what
     :func:`prepare` takes beyond the layout, the inputs' dtype and head size and
-    the dropout (the score by name). The forward builds its plan from it, the
-    layout's handle, its inputs and its dropout when it runs (:func:`resolve`). A
-    trace takes the id as a constant (sizes and the dropout may be symbolic
-    there)."""
-    key = (score, strategy, bool(need_grad))
-    kid = _KEY_IDS.get(key)
-    if kid is None:
-        kid = _KEY_IDS[key] = len(_KEYS)
-        _KEYS.append(key)
-    return kid
+    the dropout, as one int (a traced graph holds no Python objects): the
+    score's place in the registration order, the strategy's in
+    :data:`~pyg_dfgnn.ops.plan.STRATEGIES`, and ``need_grad``, so that the
+    same call has the same key in every process. The forward builds its plan
+    from it, the layout's handle, its inputs and its dropout when it runs
+    (:func:`resolve`). A trace takes the key as a constant (sizes and the
+    dropout may be symbolic there).
+
+    Raises:
+        ValueError: an unknown score or strategy.
+    """
+    names = [s.name for s in _spec.specs()]
+    if score not in names:
+        _spec.get(score)  # raises, naming the known scores
+    if strategy not in _plan.STRATEGIES:
+        raise ValueError(f"strategy must be one of {_plan.STRATEGIES}, got {strategy!r}")
+    fields = names.index(score) * len(_plan.STRATEGIES) + _plan.STRATEGIES.index(strategy)
+    return fields * 2 + int(bool(need_grad))
 
 
-def key_parts(kid: int) -> tuple:
-    """``(score, strategy, need_grad)`` of the plan key id ``kid``
-    (:func:`plan_key`)."""
-    return _KEYS[kid]
+def key_parts(key: int) -> Tuple[str, str, bool]:
+    """``(score, strategy, need_grad)`` of the plan key ``key`` (:func:`plan_key`)."""
+    fields, need_grad = divmod(int(key), 2)
+    score, strategy = divmod(fields, len(_plan.STRATEGIES))
+    return ([s.name for s in _spec.specs()][score], _plan.STRATEGIES[strategy],
+            bool(need_grad))
 
 
-def resolve(handle: Tensor, kid: int, inputs: List[Tensor],
+def resolve(handle: Tensor, key: int, inputs: List[Tensor],
             dropout: float) -> Tuple[object, int]:
     """``(plan object, seed)`` of a forward call compiled code makes: the call
-    names its layout by ``handle`` and its plan by the key id ``kid``, with the
+    names its layout by ``handle`` and its plan by the plan key ``key``, with the
     dropout probability it applies; the plan overrides are those in effect when
     it runs. The extension calls it
     (``cuda/glue/call_token.h``), and its exceptions reach the caller as raised.
@@ -174,7 +178,7 @@ def resolve(handle: Tensor, kid: int, inputs: List[Tensor],
         NotImplementedError: as :func:`runs_kernels`.
         LookupError: no live layout has the handle.
     """
-    name, strategy, need_grad = _KEYS[kid]
+    name, strategy, need_grad = key_parts(key)
     dropout = dropout > 0
     spec = _spec.get(name)
     layout = layout_of(int(handle[0]))
