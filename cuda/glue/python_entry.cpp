@@ -171,6 +171,21 @@ Pushed push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::ji
   }
 }
 
+// A new Python list of `ts`; throws python_error (a Python error set) on failure.
+PyObject* wrap_tensors(at::TensorList ts) {
+  PyObject* l = PyList_New(static_cast<Py_ssize_t>(ts.size()));
+  if (l == nullptr) throw python_error();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    PyObject* t = THPVariable_Wrap(ts[i]);
+    if (t == nullptr) {
+      Py_DECREF(l);
+      throw python_error();
+    }
+    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(i), t);
+  }
+  return l;
+}
+
 // _C.<op>(*args): all of the schema's arguments, positionally; returns the tuple
 // of its tensor outputs, or NotImplemented (see the file comment).
 template <const char* kOp>
@@ -196,19 +211,6 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   }
   // The outputs: a schema's tensors (a Tensor[] output as a list), or the tensors
   // of its one Tensor[] output.
-  auto wrap_list = [](const std::vector<at::Tensor>& ts) -> PyObject* {
-    PyObject* l = PyList_New(static_cast<Py_ssize_t>(ts.size()));
-    if (l == nullptr) throw python_error();
-    for (size_t i = 0; i < ts.size(); ++i) {
-      PyObject* t = THPVariable_Wrap(ts[i]);
-      if (t == nullptr) {
-        Py_DECREF(l);
-        throw python_error();
-      }
-      PyList_SET_ITEM(l, static_cast<Py_ssize_t>(i), t);
-    }
-    return l;
-  };
   const bool one_list = stack.size() == 1 && stack[0].isTensorList();
   const std::vector<at::Tensor> flat = one_list ? stack[0].toTensorVector() : std::vector<at::Tensor>();
   const size_t n_out = one_list ? flat.size() : stack.size();
@@ -216,7 +218,7 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   if (out == nullptr) throw python_error();
   for (size_t i = 0; i < n_out; ++i) {
     PyObject* t = one_list                     ? THPVariable_Wrap(flat[i])
-                  : stack[i].isTensorList() ? wrap_list(stack[i].toTensorVector())
+                  : stack[i].isTensorList() ? wrap_tensors(stack[i].toTensorVector())
                                               : THPVariable_Wrap(stack[i].toTensor());
     if (t == nullptr) {
       Py_DECREF(out);
@@ -267,16 +269,7 @@ PlanPtr resolve_plan(const at::Tensor& handle, int64_t key, at::TensorList input
   pybind11::gil_scoped_acquire gil;
   TORCH_CHECK(resolver != nullptr, "dfgnn::attention_fwd: a call without a plan needs "
               "pyg_dfgnn.ops imported (it builds the plan from the layout's handle)");
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(inputs.size()));
-  if (list == nullptr) throw python_error();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    PyObject* t = THPVariable_Wrap(inputs[i]);
-    if (t == nullptr) {
-      Py_DECREF(list);
-      throw python_error();
-    }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), t);
-  }
+  PyObject* list = wrap_tensors(inputs);
   PyObject* h = THPVariable_Wrap(handle);
   if (h == nullptr) {
     Py_DECREF(list);
