@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "glue/attention_sig.h"
 #include "glue/autograd_common.h"
 #include "glue/call_plan.h"
 #include "glue/call_token.h"
@@ -57,15 +58,11 @@ namespace dfgnn {
 namespace {
 
 using Tensors = std::vector<Tensor>;
-using FwdResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensors>;
-using OptPlan = std::optional<PlanPtr>;
 
 constexpr char kFwd[] = "dfgnn::attention_fwd";
 constexpr char kBwd[] = "dfgnn::attention_bwd";
 constexpr char kBwdInto[] = "dfgnn::attention_bwd_into";
 
-using FwdSig = FwdResult(at::TensorList, const Tensor&, const OptPlan&, int64_t,
-                         at::ArrayRef<double>, double, int64_t, bool);
 using BwdSig = Tensors(const Tensor&, at::TensorList, const Tensor&, const Tensor&, const Tensor&,
                        at::TensorList, at::ArrayRef<double>, double);
 using BwdIntoSig = void(at::TensorList, const Tensor&, at::TensorList, const Tensor&,

@@ -7,10 +7,11 @@
 // torch.ops.dfgnn.attention_fwd(*args) parses its arguments against the
 // schema in Python's op wrapper (torch function checks, JIT type matching per
 // argument) before the dispatcher sees them. _C.attention_fwd(*args) takes the same
-// positional arguments, converts them by the schema's argument kinds and calls the
-// same operator through the dispatcher, boxed: autograd (the Autograd kernel in
-// attention.cpp), the profiler's record, inference mode and Python dispatch modes
-// act as on the torch.ops path. Python-level dispatch (__torch_function__ of tensor
+// positional arguments, converts them to the kernels' C++ types (attention_sig.h)
+// and calls the same operator through the dispatcher, unboxed; _C.projections
+// converts by the schema's argument kinds and calls it boxed. Either way autograd
+// (the Autograd kernels in attention.cpp and projections.cpp), the profiler's
+// record, inference mode and Python dispatch modes act as on the torch.ops path. Python-level dispatch (__torch_function__ of tensor
 // subclasses and TorchFunctionModes) does not: a tensor argument that is not an
 // exact torch.Tensor returns NotImplemented, and pyg_dfgnn.ops takes the torch.ops
 // path for it, for torch function modes and under torch.compile
@@ -26,8 +27,10 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "glue/attention_sig.h"
 #include "glue/call_plan.h"
 #include "glue/call_token.h"
 
@@ -40,7 +43,10 @@ struct GilRelease {
   ~GilRelease() { PyEval_RestoreThread(state); }
 };
 
-// What push_arg did with an argument.
+constexpr char kAttentionFwd[] = "dfgnn::attention_fwd";
+constexpr char kProjections[] = "dfgnn::projections";
+
+// What a converter did with an argument.
 enum class Pushed { kOk, kSubclass, kError };
 
 // Raises TypeError through the C API, not a C++ exception: the argument checks
@@ -52,71 +58,130 @@ Pushed type_error(const char* op, const c10::Argument& arg, const char* want, Py
   return Pushed::kError;
 }
 
-// Converts a list or tuple `o` for a list argument of element type `elem`
-// (Tensor, Tensor?, int or float) into `stack`.
-Pushed push_list(PyObject* o, const c10::Argument& arg, const c10::TypePtr& elem, const char* op,
-                 torch::jit::Stack& stack) {
+Pushed unconverted(const char* op, const c10::Argument& arg, const c10::TypePtr& type) {
+  PyErr_Format(PyExc_RuntimeError,
+               "%s: argument '%s' has a type the direct entry does not convert: %s", op,
+               arg.name().c_str(), type->str().c_str());
+  return Pushed::kError;
+}
+
+// The converters of one Python argument `o` for the schema's argument `arg`
+// into a C++ value: the generic path (push_arg) and the typed entry of
+// attention_fwd share them.
+Pushed tensor_arg(PyObject* o, const c10::Argument& arg, const char* op, at::Tensor& t) {
+  if (!THPVariable_Check(o)) return type_error(op, arg, "a Tensor", o);
+  if (!THPVariable_CheckExact(o)) return Pushed::kSubclass;
+  t = THPVariable_Unpack(o);
+  return Pushed::kOk;
+}
+
+Pushed int_arg(PyObject* o, const c10::Argument& arg, const char* op, int64_t& v) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) return type_error(op, arg, "an int", o);
+  const long long x = PyLong_AsLongLong(o);
+  if (x == -1 && PyErr_Occurred()) return Pushed::kError;
+  v = static_cast<int64_t>(x);
+  return Pushed::kOk;
+}
+
+Pushed float_arg(PyObject* o, const c10::Argument& arg, const char* op, double& v) {
+  if (!PyFloat_Check(o) && !PyLong_Check(o)) return type_error(op, arg, "a float", o);
+  v = PyFloat_AsDouble(o);
+  return v == -1.0 && PyErr_Occurred() ? Pushed::kError : Pushed::kOk;
+}
+
+Pushed bool_arg(PyObject* o, const c10::Argument& arg, const char* op, bool& v) {
+  if (!PyBool_Check(o)) return type_error(op, arg, "a bool", o);
+  v = o == Py_True;
+  return Pushed::kOk;
+}
+
+// A list or tuple of numbers: double (floats and ints) or int64_t (ints).
+template <typename Num>
+Pushed numbers_arg(PyObject* o, const c10::Argument& arg, const char* op, std::vector<Num>& v) {
+  constexpr bool kFloat = std::is_same_v<Num, double>;
+  const char* want = kFloat ? "a list of floats" : "a list of ints";
   if (!PyList_Check(o) && !PyTuple_Check(o)) return type_error(op, arg, "a list or tuple", o);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
   PyObject** items = PySequence_Fast_ITEMS(o);
-  const bool optional = elem->kind() == c10::TypeKind::OptionalType;
-  const c10::TypePtr inner = optional ? elem->castRaw<c10::OptionalType>()->getElementType() : elem;
-  if (inner->kind() == c10::TypeKind::FloatType && !optional) {
-    c10::List<double> list;
-    list.reserve(n);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (!PyFloat_Check(items[i]) && !(PyLong_Check(items[i]) && !PyBool_Check(items[i])))
-        return type_error(op, arg, "a list of floats", items[i]);
-      const double v = PyFloat_AsDouble(items[i]);
-      if (v == -1.0 && PyErr_Occurred()) return Pushed::kError;
-      list.push_back(v);
+  v.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const bool is_int = PyLong_Check(items[i]) && !PyBool_Check(items[i]);
+    if (!is_int && !(kFloat && PyFloat_Check(items[i]))) return type_error(op, arg, want, items[i]);
+    if constexpr (kFloat) {
+      const double x = PyFloat_AsDouble(items[i]);
+      if (x == -1.0 && PyErr_Occurred()) return Pushed::kError;
+      v.push_back(x);
+    } else {
+      const long long x = PyLong_AsLongLong(items[i]);
+      if (x == -1 && PyErr_Occurred()) return Pushed::kError;
+      v.push_back(static_cast<int64_t>(x));
     }
-    stack.emplace_back(std::move(list));
-    return Pushed::kOk;
   }
-  if (inner->kind() == c10::TypeKind::IntType && !optional) {
-    c10::List<int64_t> list;
-    list.reserve(n);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (!PyLong_Check(items[i]) || PyBool_Check(items[i]))
-        return type_error(op, arg, "a list of ints", items[i]);
-      const long long v = PyLong_AsLongLong(items[i]);
-      if (v == -1 && PyErr_Occurred()) return Pushed::kError;
-      list.push_back(static_cast<int64_t>(v));
-    }
-    stack.emplace_back(std::move(list));
-    return Pushed::kOk;
-  }
-  if (inner->kind() != c10::TypeKind::TensorType) {
-    PyErr_Format(PyExc_RuntimeError,
-                 "%s: argument '%s' has a type the direct entry does not convert: %s", op,
-                 arg.name().c_str(), arg.type()->str().c_str());
-    return Pushed::kError;
-  }
-  std::vector<std::optional<at::Tensor>> tensors;
-  tensors.reserve(n);
+  return Pushed::kOk;
+}
+
+// A list or tuple of exact tensors: Elem at::Tensor (Tensor[]) or
+// std::optional<at::Tensor> (Tensor?[], None allowed).
+template <typename Elem>
+Pushed tensors_arg(PyObject* o, const c10::Argument& arg, const char* op, std::vector<Elem>& v) {
+  constexpr bool kOptional = !std::is_same_v<Elem, at::Tensor>;
+  if (!PyList_Check(o) && !PyTuple_Check(o)) return type_error(op, arg, "a list or tuple", o);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  v.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* t = items[i];
-    if (optional && t == Py_None) {
-      tensors.emplace_back();
+    if (kOptional && t == Py_None) {
+      v.emplace_back();
       continue;
     }
     if (!THPVariable_Check(t)) return type_error(op, arg, "a list of Tensors", t);
     if (!THPVariable_CheckExact(t)) return Pushed::kSubclass;
-    tensors.emplace_back(THPVariable_Unpack(t));
-  }
-  if (optional) {
-    c10::List<std::optional<at::Tensor>> list;
-    list.reserve(n);
-    for (auto& t : tensors) list.push_back(std::move(t));
-    stack.emplace_back(std::move(list));
-  } else {
-    c10::List<at::Tensor> list;
-    list.reserve(n);
-    for (auto& t : tensors) list.push_back(std::move(*t));
-    stack.emplace_back(std::move(list));
+    v.emplace_back(THPVariable_Unpack(t));
   }
   return Pushed::kOk;
+}
+
+// A torch.classes object of `type` (the plan).
+Pushed object_arg(PyObject* o, const c10::Argument& arg, const char* op,
+                  const c10::TypePtr& type, c10::IValue& v) {
+  try {
+    v = torch::jit::toIValue(o, type);
+  } catch (const std::exception&) {
+    return type_error(op, arg, type->str().c_str(), o);
+  }
+  return Pushed::kOk;
+}
+
+// Converts a list or tuple `o` for a list argument of element type `elem`
+// (Tensor, Tensor?, int or float) into `stack`.
+Pushed push_list(PyObject* o, const c10::Argument& arg, const c10::TypePtr& elem, const char* op,
+                 torch::jit::Stack& stack) {
+  const bool optional = elem->kind() == c10::TypeKind::OptionalType;
+  const c10::TypePtr inner = optional ? elem->castRaw<c10::OptionalType>()->getElementType() : elem;
+  Pushed p = Pushed::kOk;
+  if (inner->kind() == c10::TypeKind::FloatType && !optional) {
+    std::vector<double> v;
+    if ((p = numbers_arg(o, arg, op, v)) == Pushed::kOk) stack.emplace_back(c10::List<double>(v));
+  } else if (inner->kind() == c10::TypeKind::IntType && !optional) {
+    std::vector<int64_t> v;
+    if ((p = numbers_arg(o, arg, op, v)) == Pushed::kOk) stack.emplace_back(c10::List<int64_t>(v));
+  } else if (inner->kind() != c10::TypeKind::TensorType) {
+    return unconverted(op, arg, arg.type());
+  } else if (optional) {
+    std::vector<std::optional<at::Tensor>> v;
+    if ((p = tensors_arg(o, arg, op, v)) == Pushed::kOk) {
+      c10::List<std::optional<at::Tensor>> list;
+      list.reserve(v.size());
+      for (auto& t : v) list.push_back(std::move(t));
+      stack.emplace_back(std::move(list));
+    }
+  } else {
+    std::vector<at::Tensor> v;
+    if ((p = tensors_arg(o, arg, op, v)) == Pushed::kOk)
+      stack.emplace_back(c10::List<at::Tensor>(std::move(v)));
+  }
+  return p;
 }
 
 // Converts args[i] for the schema's argument `arg`; kSubclass: a tensor subclass
@@ -130,44 +195,37 @@ Pushed push_arg(PyObject* o, const c10::Argument& arg, const char* op, torch::ji
     }
     type = type->castRaw<c10::OptionalType>()->getElementType();
   }
+  Pushed p = Pushed::kOk;
   switch (type->kind()) {
-    case c10::TypeKind::TensorType:
-      if (!THPVariable_Check(o)) return type_error(op, arg, "a Tensor", o);
-      if (!THPVariable_CheckExact(o)) return Pushed::kSubclass;
-      stack.emplace_back(THPVariable_Unpack(o));
-      return Pushed::kOk;
+    case c10::TypeKind::TensorType: {
+      at::Tensor t;
+      if ((p = tensor_arg(o, arg, op, t)) == Pushed::kOk) stack.emplace_back(std::move(t));
+      return p;
+    }
     case c10::TypeKind::IntType: {
-      if (!PyLong_Check(o) || PyBool_Check(o)) return type_error(op, arg, "an int", o);
-      const long long v = PyLong_AsLongLong(o);
-      if (v == -1 && PyErr_Occurred()) return Pushed::kError;
-      stack.emplace_back(static_cast<int64_t>(v));
-      return Pushed::kOk;
+      int64_t v = 0;
+      if ((p = int_arg(o, arg, op, v)) == Pushed::kOk) stack.emplace_back(v);
+      return p;
     }
     case c10::TypeKind::FloatType: {
-      if (!PyFloat_Check(o) && !PyLong_Check(o)) return type_error(op, arg, "a float", o);
-      const double v = PyFloat_AsDouble(o);
-      if (v == -1.0 && PyErr_Occurred()) return Pushed::kError;
-      stack.emplace_back(v);
-      return Pushed::kOk;
+      double v = 0.0;
+      if ((p = float_arg(o, arg, op, v)) == Pushed::kOk) stack.emplace_back(v);
+      return p;
+    }
+    case c10::TypeKind::BoolType: {
+      bool v = false;
+      if ((p = bool_arg(o, arg, op, v)) == Pushed::kOk) stack.emplace_back(v);
+      return p;
     }
     case c10::TypeKind::ListType:
       return push_list(o, arg, type->castRaw<c10::ListType>()->getElementType(), op, stack);
-    case c10::TypeKind::BoolType:
-      if (!PyBool_Check(o)) return type_error(op, arg, "a bool", o);
-      stack.emplace_back(o == Py_True);
-      return Pushed::kOk;
-    case c10::TypeKind::ClassType:  // a torch.classes object (the plan)
-      try {
-        stack.emplace_back(torch::jit::toIValue(o, type));
-      } catch (const std::exception&) {
-        return type_error(op, arg, type->str().c_str(), o);
-      }
-      return Pushed::kOk;
+    case c10::TypeKind::ClassType: {  // a torch.classes object (the plan)
+      c10::IValue v;
+      if ((p = object_arg(o, arg, op, type, v)) == Pushed::kOk) stack.emplace_back(std::move(v));
+      return p;
+    }
     default:
-      PyErr_Format(PyExc_RuntimeError,
-                   "%s: argument '%s' has a type the direct entry does not convert: %s", op,
-                   arg.name().c_str(), type->str().c_str());
-      return Pushed::kError;
+      return unconverted(op, arg, type);
   }
 }
 
@@ -230,6 +288,65 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
+// _C.attention_fwd(*args): call_op's contract for dfgnn::attention_fwd, but the
+// arguments are converted straight to the kernels' C++ types (attention_sig.h)
+// and the operator is called unboxed: no IValue stack, no boxing and unboxing of
+// the lists in the autograd kernel's wrapper. The forward is every eager call's
+// host path.
+PyObject* attention_fwd_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  static const c10::OperatorHandle handle_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(kAttentionFwd, "");
+  static const auto op = handle_op.typed<FwdSig>();
+  const auto& a = handle_op.schema().arguments();
+  if (static_cast<size_t>(nargs) != a.size()) {
+    PyErr_Format(PyExc_TypeError, "%s: takes %zu positional arguments, got %zd", kAttentionFwd,
+                 a.size(), nargs);
+    return nullptr;
+  }
+  const char* name = kAttentionFwd;
+  std::vector<at::Tensor> inputs;
+  at::Tensor layout_handle;
+  OptPlan plan;
+  int64_t key = 0, seed = 0;
+  std::vector<double> params;
+  double dropout = 0.0;
+  bool need_attn = false;
+  Pushed p = tensors_arg(args[0], a[0], name, inputs);
+  if (p == Pushed::kOk) p = tensor_arg(args[1], a[1], name, layout_handle);
+  if (p == Pushed::kOk && args[2] != Py_None) {
+    c10::IValue v;
+    p = object_arg(args[2], a[2], name, c10::getCustomClassType<PlanPtr>(), v);
+    if (p == Pushed::kOk) plan = v.toCustomClass<CallPlan>();
+  }
+  if (p == Pushed::kOk) p = int_arg(args[3], a[3], name, key);
+  if (p == Pushed::kOk) p = numbers_arg(args[4], a[4], name, params);
+  if (p == Pushed::kOk) p = float_arg(args[5], a[5], name, dropout);
+  if (p == Pushed::kOk) p = int_arg(args[6], a[6], name, seed);
+  if (p == Pushed::kOk) p = bool_arg(args[7], a[7], name, need_attn);
+  if (p == Pushed::kError) return nullptr;
+  if (p == Pushed::kSubclass) Py_RETURN_NOTIMPLEMENTED;
+  FwdResult r;
+  {
+    GilRelease no_gil;
+    r = op.call(inputs, layout_handle, plan, key, params, dropout, seed, need_attn);
+  }
+  PyObject* out = PyTuple_New(5);
+  if (out == nullptr) throw python_error();
+  auto& [o, lse2, attn, token, saved] = r;
+  const at::Tensor* tensors[] = {&o, &lse2, &attn, &token};
+  for (Py_ssize_t i = 0; i < 5; ++i) {
+    PyObject* t = i < 4 ? THPVariable_Wrap(*tensors[i]) : wrap_tensors(saved);
+    if (t == nullptr) {
+      Py_DECREF(out);
+      throw python_error();
+    }
+    PyTuple_SET_ITEM(out, i, t);
+  }
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
 // The plan resolver: set once, by pyg_dfgnn.ops.calls (a new registration
 // replaces it, as a module reload makes one).
 PyObject* resolver = nullptr;
@@ -244,12 +361,9 @@ PyObject* set_plan_resolver(PyObject* /*module*/, PyObject* fn) {
   Py_RETURN_NONE;
 }
 
-constexpr char kAttentionFwd[] = "dfgnn::attention_fwd";
-constexpr char kProjections[] = "dfgnn::projections";
-
 PyMethodDef methods[] = {
     {"attention_fwd",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op<kAttentionFwd>)),
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&attention_fwd_entry)),
      METH_FASTCALL,
      "torch.ops.dfgnn.attention_fwd without the Python op wrapper (same arguments)"},
     {"projections",

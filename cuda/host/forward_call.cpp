@@ -6,6 +6,22 @@
 #include "host/split_merge.h"
 
 namespace dfgnn {
+namespace {
+
+// A [0] tensor of `dtype` on `like`'s device (its allocator and dispatch keys),
+// made directly: attn, when the call returns no weights, costs no operator call.
+at::Tensor no_elements(const at::Tensor& like, at::ScalarType dtype) {
+  c10::Allocator* alloc = like.storage().allocator();
+  c10::DataPtr data = alloc != nullptr ? alloc->allocate(0) : c10::DataPtr(nullptr, like.device());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), alloc,
+                       /*resizable=*/alloc != nullptr);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), like.key_set(),
+                                                   c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_contiguous({0});
+  return at::Tensor(std::move(impl));
+}
+
+}  // namespace
 
 ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L, bool pmf_,
                          bool need_attn_, bool keep_out32)
@@ -17,7 +33,7 @@ ForwardCall::ForwardCall(const at::Tensor& x, int64_t n_dst, const LayoutView& L
   const int64_t H = x.size(1), n_edges = L.col.numel();
   lse2 = scratch.empty_with({n_dst, H}, x.options().dtype(at::kFloat));
   attn = need_attn ? at::empty({n_edges, H}, x.options().dtype(at::kFloat))
-                   : at::empty({0}, x.options().dtype(at::kFloat));
+                   : no_elements(out, at::kFloat);
   if (keep_out32 && x.scalar_type() != at::kFloat)
     out32 = at::empty({n_dst, H, x.size(2)}, x.options().dtype(at::kFloat));
 }
