@@ -121,3 +121,19 @@ def test_profiler_records_the_op_on_the_direct_entry():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         pyg_dfgnn._C.attention_fwd(*args)
     assert "dfgnn::attention_fwd" in {e.name for e in prof.events()}
+
+
+def test_eager_overrides_decide_the_direct_entry(monkeypatch):
+    """An eager caller passes the overrides it read (``plan.eager_overrides``) to
+    ``call_op``, which takes the direct entry by them, not by those in effect."""
+    from pyg_dfgnn.ops import direct
+    args = tuple(_args())
+    entered = []
+    real = pyg_dfgnn._C.attention_fwd
+    monkeypatch.setattr(direct._C, "attention_fwd", lambda *a: entered.append(1) or real(*a))
+    with ops.plan.override(direct_entry=False):
+        fields = ops.plan.eager_overrides()
+        assert direct.call_op("attention_fwd", args, ())[0].shape == (N, H, C)
+    assert entered == [1]
+    assert direct.call_op("attention_fwd", args, fields)[0].shape == (N, H, C)
+    assert entered == [1]

@@ -134,3 +134,22 @@ def test_layer_with_gemm_terms_matches_pyg(mode):
     assert rel_err(out.double().cpu(), ref) < tol[0]
     for a, b, t in zip(got, want, tol[1:]):
         assert rel_err(a.double().cpu(), b) < t
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("x_rows", "x has 11 rows"), ("a_src", "expected x"), ("a_dst", "expected x"),
+    ("dtype", "share a dtype"), ("dim", "expected x")])
+def test_op_rejects_each_bad_input(bad, match):
+    """The additive score's check: its one-expression common case lets no bad
+    input through."""
+    from pyg_dfgnn import ops
+    from pyg_dfgnn.layout import GraphLayout
+    lay = GraphLayout.from_edge_index(random_graph(12, 9, num_edges=40), (12, 9))
+    a_src, a_dst, x = torch.randn(12, 2), torch.randn(9, 2), torch.randn(12, 2, 4)
+    ops.gat_attention(lay, a_src, a_dst, x)
+    a_src, a_dst, x = {
+        "x_rows": (a_src[:11], a_dst, x[:11]), "a_src": (a_src[:, :1], a_dst, x),
+        "a_dst": (a_src, a_dst[:8], x), "dtype": (a_src, a_dst.double(), x),
+        "dim": (a_src, a_dst, x[:, :, 0])}[bad]
+    with pytest.raises(ValueError, match=match):
+        ops.gat_attention(lay, a_src, a_dst, x)

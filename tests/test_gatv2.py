@@ -144,3 +144,19 @@ def test_explain_names_the_plan_on_cpu():
     report = pyg_dfgnn.explain(fused, torch.randn(15, 6, dtype=torch.float64), ei)
     assert report.fused and report.ops[0].score == "gatv2" and report.ops[0].plan is None
     assert "reference" in str(report)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("x_r_rows", "x_r must have 9 rows"), ("x_l_rows", "x_l 12"), ("heads", "expected x_r"),
+    ("att", "att"), ("dtype", "share a dtype"), ("dim", "expected x_r")])
+def test_op_rejects_each_bad_input(bad, match):
+    """The check's one-expression common case lets no bad input through."""
+    lay = GraphLayout.from_edge_index(random_graph(12, 9, num_edges=40), (12, 9))
+    x_l, x_r, att = torch.randn(12, 2, 4), torch.randn(9, 2, 4), torch.randn(2, 4)
+    ops.gatv2_attention(lay, x_l, x_r, att)
+    x_l, x_r, att = {
+        "x_r_rows": (x_l, x_r[:8], att), "x_l_rows": (x_l[:11], x_r, att),
+        "heads": (x_l, x_r[:, :1], att), "att": (x_l, x_r, att[:, :3]),
+        "dtype": (x_l, x_r.double(), att), "dim": (x_l, x_r[:, 0], att)}[bad]
+    with pytest.raises(ValueError, match=match):
+        ops.gatv2_attention(lay, x_l, x_r, att)

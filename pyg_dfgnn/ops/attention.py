@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..extension import HAS_EXTENSION
 from . import calls, compiled
+from . import plan as _plan
 from . import spec as _spec
 from .plan import choose_strategy
 from .spec import ScoreSpec
@@ -56,9 +57,9 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
         ValueError: inputs the score rejects, a bad ``strategy``, or ``dropout``
             outside ``[0, 1)``.
     """
-    who = f"{spec.name} attention"
-    p = calls.dropout_p(dropout, training, who)
-    if torch.compiler.is_compiling() and not return_attention:
+    p = calls.dropout_p(dropout, training, spec.name)
+    traced = torch.compiler.is_compiling()
+    if traced and not return_attention:
         return compiled.attention(spec, layout, inputs, params, p,
                                   calls.needs_grad(inputs), strategy)
     spec.check(layout, *inputs)
@@ -66,13 +67,17 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
     head_size, dtype = value.shape[-1], value.dtype
     if calls.runs_kernels(layout, value.is_cuda, head_size, dtype):
         need_grad = calls.needs_grad(inputs)
+        # Read once and passed on: every step below would read them again (the
+        # host path of a small graph's call).
+        fields = () if traced else _plan.eager_overrides()
         # The kernel plan; it checks strategy.
         prep = calls.prepare(spec, layout, dtype, head_size, strategy, p > 0, return_attention,
-                             need_grad)
-        calls.record(spec, layout, prep.plan, need_grad, value)
+                             need_grad, overrides=fields)
+        if not traced:
+            calls.record(spec, layout, prep.plan, need_grad, value, eager=True)
         out, _lse, attn, _token, _saved = call_op("attention_fwd", (
             calls.kernel_inputs(inputs), layout.handle, prep.obj, 0, params, p,
-            calls.seed() if p > 0 else 0, return_attention))
+            calls.seed() if p > 0 else 0, return_attention), None if traced else fields)
     else:
         choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
         calls.record(spec, layout, None, calls.needs_grad(inputs), value,

@@ -25,10 +25,11 @@ from .spec import ScoreSpec
 from .tiles import layout_rank_pos, layout_tiles_t, tile_plan
 
 
-def dropout_p(dropout: float, training: bool, who: str) -> float:
-    """The dropout probability a call applies; raises for one outside ``[0, 1)``."""
+def dropout_p(dropout: float, training: bool, score: str) -> float:
+    """The dropout probability a call of the score ``score`` applies; raises for
+    one outside ``[0, 1)``."""
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{who}: dropout must be in [0, 1), got {dropout}")
+        raise ValueError(f"{score} attention: dropout must be in [0, 1), got {dropout}")
     return float(dropout) if training else 0.0
 
 
@@ -274,11 +275,12 @@ def recording():
 
 
 def record(spec: ScoreSpec, layout, plan: Optional[_plan.Plan], need_grad: bool,
-           value: Tensor, why: str = "") -> None:
+           value: Tensor, why: str = "", eager: bool = False) -> None:
     """Adds a call to the innermost :func:`recording` block, if any; none while
     ``torch.compile`` traces (a trace runs once for many calls, and some
-    versions' Dynamo cannot read a context variable)."""
-    if torch.compiler.is_compiling():
+    versions' Dynamo cannot read a context variable). ``eager``: the caller has
+    checked that no trace is running."""
+    if not eager and torch.compiler.is_compiling():
         return
     records = _RECORDS.get()
     if records is not None:

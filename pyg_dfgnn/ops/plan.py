@@ -208,24 +208,32 @@ def _current() -> Tuple[Tuple[str, object], ...]:
     return _OVERRIDES.get()
 
 
+def eager_overrides() -> Tuple[Tuple[str, object], ...]:
+    """The overrides in effect as ``(field, value)`` pairs, for a caller that knows
+    no trace is running (one context-variable read: an eager call's host path)."""
+    return _OVERRIDES.get()
+
+
 def overrides() -> dict:
     """The overrides in effect (field -> value), empty outside :func:`override` and
     inside code that ``torch.compile`` traces (which runs the default plan)."""
     return dict(_current())
 
 
-def _get(name: str, default):
-    """One override's value, else ``default`` (no dict on the common path)."""
-    for key, value in _current():
+def _get(name: str, default, fields: Optional[Tuple[Tuple[str, object], ...]] = None):
+    """One override's value among ``fields`` (by default those in effect), else
+    ``default`` (no dict on the common path)."""
+    for key, value in _current() if fields is None else fields:
         if key == name:
             return value
     return default
 
 
-def direct_entry() -> bool:
+def direct_entry(fields: Optional[Tuple[Tuple[str, object], ...]] = None) -> bool:
     """Whether eager forward calls take the extension's direct entry (the host
-    path, not a kernel: not part of :class:`Plan`)."""
-    return _get("direct_entry", True)
+    path, not a kernel: not part of :class:`Plan`), by the overrides ``fields``
+    (:func:`eager_overrides`; by default those in effect)."""
+    return _get("direct_entry", True, fields)
 
 
 # ------------------------------------------------------------------ support tables

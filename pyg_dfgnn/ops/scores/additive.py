@@ -21,6 +21,13 @@ def check_terms(layout, a_dst: Tensor, a_src: Tensor, x: Tensor) -> None:
     """Raises :class:`ValueError` unless ``x`` is ``[N_src, H, C]``, ``a_src``
     ``[N_src, H]`` and ``a_dst`` ``[N_dst, H]``, of one dtype, on the layout's
     device."""
+    xs = x.shape
+    if (len(xs) == 3 and xs[0] == layout.num_src and a_src.shape == (xs[0], xs[1])
+            and a_dst.shape == (layout.num_dst, xs[1])
+            and x.dtype == a_src.dtype == a_dst.dtype and x.device == layout._device):
+        # The common case, in one expression: this runs on every call's host path
+        # (no torch.Size slices, the layout's device cached).
+        return
     if x.dim() != 3 or a_src.shape != x.shape[:2] or a_dst.shape != (layout.num_dst, x.size(1)):
         raise ValueError(f"gat_attention: expected x [N_src, H, C], a_src [N_src, H], a_dst "
                          f"[N_dst, H]; got {tuple(x.shape)}, {tuple(a_src.shape)}, "

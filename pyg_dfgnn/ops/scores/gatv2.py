@@ -23,6 +23,13 @@ def check_rows(layout, x_r: Tensor, x_l: Tensor, att: Tensor) -> None:
     """Raises :class:`ValueError` unless ``x_r`` is ``[N_dst, H, C]``, ``x_l``
     ``[N_src, H, C]`` and ``att`` ``[H, C]``, of one dtype, on the layout's
     device."""
+    xs = x_l.shape
+    if (len(xs) == 3 and xs[0] == layout.num_src and x_r.shape == (layout.num_dst, xs[1], xs[2])
+            and att.shape == (xs[1], xs[2]) and x_r.dtype == x_l.dtype == att.dtype
+            and x_l.device == layout._device and x_r.device == x_l.device
+            and att.device == x_l.device):
+        # The common case, in one expression, as check_qkv (scores/dot.py).
+        return
     if (x_r.dim() != 3 or x_l.dim() != 3 or x_r.shape[1:] != x_l.shape[1:]
             or att.shape != x_l.shape[1:]):
         raise ValueError(f"gatv2_attention: expected x_r [N_dst, H, C], x_l [N_src, H, C] and "
