@@ -1,18 +1,23 @@
 r"""Host path of one fused op call: the latency of a forward (one call, then
-synchronise) on Cora, per score function, with the kernel's own GPU time beside
-it (CUDA events over the same call), so the difference is host time.
+synchronise) on Cora, per score function, and where it goes: the GPU's view of
+the call (CUDA events), its kernels' own time (the profiler) and the host's.
 
     python -m benchmarks.host_path --data DIR --calls 1000 --out out/host_path.json
 
-Each row: median and 10th / 90th percentile of ``calls`` single calls (perf_counter
-around call + synchronize, after 50 warm-up calls), the median GPU time between
-events around the call (CUDA events: the kernels and the host gaps inside the
-call), and the host time per call of ``calls`` calls back to back; under
-``no_grad`` and with autograd recording (the node). ``--breakdown`` adds where
-the host time of a call goes: the extension's op alone (the dispatcher, the
-autograd node, the output allocations and the launches), the Python steps before
-it (argument checks, the plan lookup, the kernel inputs, ...) each timed alone,
-and the Python remainder (the whole call less the op).
+Each row: median and 10th / 90th percentile of ``calls`` single calls
+(perf_counter around call + synchronize, after 50 warm-up calls); then the same
+calls with CUDA events recorded around each (a pass of its own, so the events'
+host time stays out of the first), their median wall time and the median span
+between the events (the kernels and the host gaps before and between them); the
+kernels' own device time and the number of GPU operations per call (from
+:mod:`torch.profiler`); and the host time per call of ``calls`` calls back to back;
+under ``no_grad`` and with autograd recording (the node). The run's ``meta``
+holds the floors of a synchronisation: ``synchronize()`` with the GPU idle, and
+two events recorded and synchronised. ``--breakdown`` adds where the host time of
+a call goes: the extension's op alone (the dispatcher, the autograd node, the
+output allocations and the launches), the Python steps before it (argument
+checks, the plan lookup, the kernel inputs, ...) each timed alone, and the Python
+remainder (the whole call less the op).
 Needs a CUDA GPU and the compiled extension.
 """
 from __future__ import annotations
@@ -58,7 +63,13 @@ def measure(fn, calls: int) -> dict:
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
-    wall, gpu = [], []
+    wall = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e6)
+    ev_wall, gpu = [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -66,14 +77,54 @@ def measure(fn, calls: int) -> dict:
         fn()
         end.record()
         torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) * 1e6)
+        ev_wall.append((time.perf_counter() - t0) * 1e6)
         gpu.append(start.elapsed_time(end) * 1e3)
     q = statistics.quantiles(wall, n=10)
     # Calls back to back, one synchronisation at the end: the host's time per call
     # while the GPU keeps up (Cora's kernels are shorter than the host path).
     host = per_call_us(fn, calls, rounds=1)
     return {"median_us": statistics.median(wall), "p10_us": q[0], "p90_us": q[-1],
-            "gpu_median_us": statistics.median(gpu), "host_us": host}
+            "with_events_median_us": statistics.median(ev_wall),
+            "gpu_median_us": statistics.median(gpu), "host_us": host, **kernel_time(fn)}
+
+
+def kernel_time(fn, calls: int = 20) -> dict:
+    """The device time of the GPU operations one call of ``fn`` runs (kernels,
+    copies; microseconds, from the profiler's CUPTI records) and their number per
+    call; ``None`` with the reason where the profiler records no GPU activity."""
+    torch.cuda.synchronize()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    except RuntimeError as e:  # no CUPTI
+        return {"kernel_us": None, "gpu_ops_per_call": None, "kernel_time_error": str(e)}
+    if not ops:
+        return {"kernel_us": None, "gpu_ops_per_call": None,
+                "kernel_time_error": "the profiler recorded no GPU activity"}
+    return {"kernel_us": sum(e.device_time for e in ops) / calls,
+            "gpu_ops_per_call": len(ops) / calls}
+
+
+def sync_floors(calls: int) -> dict:
+    """Median microseconds of ``torch.cuda.synchronize()`` with the GPU idle, and of
+    two events recorded and synchronised (what the events' pass adds to a call)."""
+    bare, events = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        bare.append((time.perf_counter() - t0) * 1e6)
+        t0 = time.perf_counter()
+        start.record()
+        end.record()
+        torch.cuda.synchronize()
+        events.append((time.perf_counter() - t0) * 1e6)
+    return {"sync_idle_us": statistics.median(bare),
+            "events_sync_us": statistics.median(events)}
 
 
 def per_call_us(fn, calls: int, rounds: int = 7) -> float:
@@ -120,10 +171,10 @@ def breakdown(fn, calls: int) -> dict:
     spec, lay, dtype, head_size, _, _, _, need = prep_args
     value = inputs[spec.value_input]
     plan = calls_mod.prepare(*prep_args, **prep_kw).plan
-    (op_name, op_args), _ = seen["call_op"]
+    op_call, _ = seen["call_op"]
     parts = {
         "whole_call": fn,
-        "extension_op": lambda: attention_mod.call_op(op_name, op_args),
+        "extension_op": lambda: attention_mod.call_op(*op_call),
         "check_inputs": lambda: spec.check(lay, *inputs),
         "runs_kernels": lambda: calls_mod.runs_kernels(lay, value.is_cuda, head_size, dtype),
         "needs_grad": lambda: calls_mod.needs_grad(inputs),
@@ -164,15 +215,21 @@ def main(argv=None) -> int:
                     row["host_parts_us"] = breakdown(fn, args.calls)
             row.update(score=score, autograd=grad)
             rows.append(row)
+            kern = ("-" if row["kernel_us"] is None else
+                    f"{row['kernel_us']:5.1f} us in {row['gpu_ops_per_call']:.0f} op(s)")
             print(f"{score:9s} {'grad' if grad else 'no_grad':8s} median {row['median_us']:7.1f} us"
-                  f" (p10 {row['p10_us']:6.1f}, p90 {row['p90_us']:6.1f}); kernels "
-                  f"{row['gpu_median_us']:6.1f} us; host per call {row['host_us']:5.1f} us",
-                  flush=True)
+                  f" (p10 {row['p10_us']:6.1f}, p90 {row['p90_us']:6.1f}); with events "
+                  f"{row['with_events_median_us']:6.1f} us, their span {row['gpu_median_us']:6.1f}"
+                  f" us; kernels {kern}; host per call {row['host_us']:5.1f} us", flush=True)
             if args.breakdown:
                 print("  host us per call: " + ", ".join(
                     f"{k} {v:.2f}" for k, v in row["host_parts_us"].items()), flush=True)
+    floors = sync_floors(args.calls)
+    print(f"synchronize, GPU idle: {floors['sync_idle_us']:.1f} us; two events recorded and "
+          f"synchronised: {floors['events_sync_us']:.1f} us", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C,
+            **floors,
             "command": "python -m benchmarks.host_path " + shlex.join(
                 sys.argv[1:] if argv is None else list(argv))}
     cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
