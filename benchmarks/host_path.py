@@ -23,6 +23,7 @@ Needs a CUDA GPU and the compiled extension.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import shlex
@@ -99,7 +100,7 @@ def kernel_time(fn, calls: int = 20) -> dict:
                 fn()
             torch.cuda.synchronize()
         ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    except RuntimeError as e:  # no CUPTI
+    except (RuntimeError, AssertionError) as e:  # no CUPTI: no CUDA activity to record
         return {"kernel_us": None, "gpu_ops_per_call": None, "kernel_time_error": str(e)}
     if not ops:
         return {"kernel_us": None, "gpu_ops_per_call": None,
@@ -188,22 +189,30 @@ def breakdown(fn, calls: int) -> dict:
     return us
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_path",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=cli.HelpFormatter)
-    datasets.add_data_argument(parser, "Planetoid/Cora/raw/")
-    parser.add_argument("--calls", type=int, default=1000, help="timed calls per row")
-    parser.add_argument("--scores", default="dot,additive,gatv2,cosine",
-                        help="comma-separated score functions")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also time the parts of a call's host path alone")
-    parser.add_argument("--out", default="host_path.json", help="JSON output")
-    args = parser.parse_args(argv)
-    cli.require_kernels("benchmarks.host_path")
-    with datasets.exit_on_missing_data():
-        data = datasets.planetoid("Cora", root=args.data).to("cuda")
-    rows = []
+def parse_overrides(parser, items) -> dict:
+    """``--override FIELD=VALUE`` items as :func:`pyg_dfgnn.ops.plan.override`'s
+    keyword arguments (values as Python literals, else strings); exits with the
+    parser's message on a malformed item or a field or value the plan rejects."""
+    fields = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--override takes FIELD=VALUE, got {item!r}")
+        try:
+            fields[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fields[name] = text
+    try:
+        with ops.plan.override(**fields):
+            pass
+    except ValueError as e:
+        parser.error(str(e))
+    return fields
+
+
+def measure_scores(args, data, rows: list) -> None:
+    """Appends a row per score of ``args.scores`` and autograd mode (see the
+    module docstring) to ``rows``, printing each."""
     for score in args.scores.split(","):
         lay = get_layout(data.edge_index, size=(data.num_nodes, data.num_nodes),
                          add_self_loops=score in ("additive", "gatv2", "cosine"))
@@ -224,12 +233,36 @@ def main(argv=None) -> int:
             if args.breakdown:
                 print("  host us per call: " + ", ".join(
                     f"{k} {v:.2f}" for k, v in row["host_parts_us"].items()), flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_path",
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=cli.HelpFormatter)
+    datasets.add_data_argument(parser, "Planetoid/Cora/raw/")
+    parser.add_argument("--calls", type=int, default=1000, help="timed calls per row")
+    parser.add_argument("--scores", default="dot,additive,gatv2,cosine",
+                        help="comma-separated score functions")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the parts of a call's host path alone")
+    parser.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a kernel-plan override for every call (pyg_dfgnn.ops.plan."
+                             "override), e.g. chunk=16; repeatable")
+    parser.add_argument("--out", default="host_path.json", help="JSON output")
+    args = parser.parse_args(argv)
+    overrides = parse_overrides(parser, args.override)
+    cli.require_kernels("benchmarks.host_path")
+    with datasets.exit_on_missing_data():
+        data = datasets.planetoid("Cora", root=args.data).to("cuda")
+    rows = []
+    with ops.plan.override(**overrides):
+        measure_scores(args, data, rows)
     floors = sync_floors(args.calls)
     print(f"synchronize, GPU idle: {floors['sync_idle_us']:.1f} us; two events recorded and "
           f"synchronised: {floors['events_sync_us']:.1f} us", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "calls": args.calls, "heads": HEADS, "C": C,
-            **floors,
+            **floors, "overrides": {k: repr(v) for k, v in overrides.items()},
             "command": "python -m benchmarks.host_path " + shlex.join(
                 sys.argv[1:] if argv is None else list(argv))}
     cli.out_file(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -142,3 +142,18 @@ def test_skip_summary_counts_reasons(tmp_path):
     assert "6 skipped, by reason" in r.stdout, r.stdout
     assert "    5  needs a thing" in r.stdout and "    1  needs another" in r.stdout
     assert "SKIPPED" not in r.stdout
+
+
+def test_host_path_overrides_are_checked_before_the_gpu(capsys):
+    """``benchmarks.host_path --override FIELD=VALUE``: values as Python literals
+    (else strings), and a bad item exits with the plan's message before anything
+    needs a GPU."""
+    host_path = load_benchmark("host_path")
+    assert host_path.parse_overrides(argparse.ArgumentParser(), [
+        "chunk=16", "item_order=rcm", "two_rows=False"]) == {
+        "chunk": 16, "item_order": "rcm", "two_rows": False}
+    for bad, message in ((["chunk=0"], "chunk must be"), (["nope=1"], "unknown field"),
+                         (["chunk"], "FIELD=VALUE")):
+        with pytest.raises(SystemExit) as e:
+            host_path.main([a for item in bad for a in ("--override", item)])
+        assert e.value.code == 2 and message in capsys.readouterr().err
