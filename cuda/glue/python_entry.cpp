@@ -11,8 +11,9 @@
 // and calls the same operator through the dispatcher, unboxed; _C.projections
 // converts by the schema's argument kinds and calls it boxed. Either way autograd
 // (the Autograd kernels in attention.cpp and projections.cpp), the profiler's
-// record, inference mode and Python dispatch modes act as on the torch.ops path. Python-level dispatch (__torch_function__ of tensor
-// subclasses and TorchFunctionModes) does not: a tensor argument that is not an
+// record, inference mode and Python dispatch modes act as on the torch.ops path.
+// Python-level dispatch (__torch_function__ of tensor subclasses and
+// TorchFunctionModes) does not: a tensor argument that is not an
 // exact torch.Tensor returns NotImplemented, and pyg_dfgnn.ops takes the torch.ops
 // path for it, for torch function modes and under torch.compile
 // (pyg_dfgnn/ops/direct.py, call_op).

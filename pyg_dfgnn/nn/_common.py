@@ -14,7 +14,6 @@ from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor
 from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import edge_order, extension
-from ..ops.plan import STRATEGIES
 
 # MessagePassing hook dictionaries; a registered hook expects PyG's propagate().
 _HOOK_DICTS = (
@@ -177,12 +176,6 @@ def gat_fallback_reason(conv, x, edge_index, edge_attr, return_attention_weights
         if reason:
             return reason
     return kernels_missing(conv, x)
-
-
-def check_strategy(strategy: str) -> str:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    return strategy
 
 
 def propagate_is_customised(conv) -> bool:

@@ -7,7 +7,8 @@ from torch_geometric.typing import Adj
 
 from ..layout_cache import get_layout
 from ..ops import agnn_attention
-from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
+from ..ops.plan import check_strategy
+from ._common import (adjacency_supported, edge_index_size, fused_layer,
                       kernels_missing, propagate_is_customised, use_own_propagate)
 
 

@@ -9,7 +9,8 @@ from typing import List, NamedTuple
 import torch
 from torch_geometric.nn.conv import MessagePassing
 
-from ._common import _HOOK_DICTS, FUSED, check_strategy
+from ..ops.plan import check_strategy
+from ._common import _HOOK_DICTS, FUSED
 
 # FUSED (native class -> fused subclass) is filled by the layer modules, which
 # pyg_dfgnn.nn imports. The fused classes add one attribute (``strategy``;

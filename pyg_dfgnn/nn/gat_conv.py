@@ -11,7 +11,8 @@ from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size
 
 from ..layout_cache import get_layout
 from ..ops import gat_attention
-from ._common import (check_strategy, edge_index_size, fused_layer, gat_edge_reason,
+from ..ops.plan import check_strategy
+from ._common import (edge_index_size, fused_layer, gat_edge_reason,
                       gat_fallback_reason, gat_output, looped_edge_features,
                       message_edge_features, use_own_propagate)
 from ._projections import autocast_dtype, plain_linears

@@ -10,7 +10,8 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor
 
 from ..layout_cache import get_layout
 from ..ops.scores.gatv2 import gatv2_attention
-from ._common import (check_strategy, edge_index_size, fused_layer, gat_edge_reason,
+from ..ops.plan import check_strategy
+from ._common import (edge_index_size, fused_layer, gat_edge_reason,
                       gat_fallback_reason, gat_output, looped_edge_features,
                       message_edge_features, use_own_propagate)
 from ._projections import edge_rows

@@ -14,7 +14,8 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor
 
 from ..layout_cache import get_layout
 from ..ops import gt_attention
-from ._common import (adjacency_supported, check_strategy, edge_index_size, fused_layer,
+from ..ops.plan import check_strategy
+from ._common import (adjacency_supported, edge_index_size, fused_layer,
                       is_sparse_tensor, kernels_missing, message_edge_features,
                       num_adjacency_edges, propagate_is_customised, use_own_propagate)
 from ._edge_tails import csr_tails, edge_tails_out, tail_projections, tail_weight

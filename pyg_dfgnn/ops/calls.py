@@ -149,12 +149,9 @@ def plan_key(score: str, strategy: str, need_grad: bool) -> int:
     Raises:
         ValueError: an unknown score or strategy.
     """
-    names = [s.name for s in _spec.specs()]
-    if score not in names:
-        _spec.get(score)  # raises, naming the known scores
-    if strategy not in _plan.STRATEGIES:
-        raise ValueError(f"strategy must be one of {_plan.STRATEGIES}, got {strategy!r}")
-    fields = names.index(score) * len(_plan.STRATEGIES) + _plan.STRATEGIES.index(strategy)
+    _spec.get(score)  # raises for an unknown score, naming the known ones
+    _plan.check_strategy(strategy)
+    fields = _spec.names().index(score) * len(_plan.STRATEGIES) + _plan.STRATEGIES.index(strategy)
     return fields * 2 + int(bool(need_grad))
 
 
@@ -162,8 +159,7 @@ def key_parts(key: int) -> Tuple[str, str, bool]:
     """``(score, strategy, need_grad)`` of the plan key ``key`` (:func:`plan_key`)."""
     fields, need_grad = divmod(int(key), 2)
     score, strategy = divmod(fields, len(_plan.STRATEGIES))
-    return ([s.name for s in _spec.specs()][score], _plan.STRATEGIES[strategy],
-            bool(need_grad))
+    return _spec.names()[score], _plan.STRATEGIES[strategy], bool(need_grad)
 
 
 def resolve(handle: Tensor, key: int, inputs: List[Tensor],

@@ -182,8 +182,7 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
     value = inputs[spec.value_input]
     params = [float(p) for p in params]
     if _kernels_run(value):
-        if strategy not in _plan.STRATEGIES:  # here, not in plan_key: a trace re-raises it as is
-            raise ValueError(f"strategy must be one of {_plan.STRATEGIES}, got {strategy!r}")
+        _plan.check_strategy(strategy)  # here too: raised in plan_key, a trace wraps it
         key = calls.plan_key(spec.name, strategy, need_grad)
         return torch.ops.dfgnn.attention_fwd.default(
             calls.kernel_inputs(inputs), layout.handle, None, key, params, float(dropout), 0,

@@ -272,6 +272,14 @@ def shared_memory_per_block(device_index: Optional[int] = None) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
 
 
+def check_strategy(strategy: str) -> str:
+    """``strategy`` if it is one of :data:`STRATEGIES`; raises :class:`ValueError`
+    otherwise."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    return strategy
+
+
 def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
                     strategy: str = "auto", capacity: Optional[int] = None,
                     rule: Optional[str] = None) -> str:
@@ -302,8 +310,7 @@ def choose_strategy(max_in_degree: int, score: str = "dot", elem_size: int = 4,
         ValueError: unknown ``strategy``, ``score`` or ``rule``, or
             ``strategy="pmf"`` for a score without a PMF path.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    check_strategy(strategy)
     spec = _spec.get(score)
     if not spec.pmf and strategy == "pmf":
         # Here, not only in the plan: the reference path (CPU) refuses it too.

@@ -113,6 +113,11 @@ def get(name: str) -> ScoreSpec:
     return spec
 
 
+def names() -> Tuple[str, ...]:
+    """The registered scores' names, in registration order."""
+    return tuple(_SPECS)
+
+
 def specs() -> Iterator[ScoreSpec]:
     """Every registered spec, in registration order."""
     return iter(list(_SPECS.values()))
