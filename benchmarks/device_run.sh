@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test sanitize bench train minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test sanitize bench train flex minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
+# flex: the FlexAttention yardstick's tests (tests/test_flex_bench.py), which the
+# test stage leaves out.
 # sanitize: benchmarks/sanitize.sh (every kernel path under memcheck, racecheck,
 # initcheck and synccheck, the four tools in parallel), logs in $OUT/sanitize.
 # minibatch: benchmarks/minibatch.py ($MB_ARGS) and examples/train_minibatch.py on
@@ -24,7 +26,7 @@ set -o pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dfgnn_out}; mkdir -p "$OUT"
 [ -d .devdata ] && export PYG_DFGNN_DATA="$PWD/.devdata"
-STAGES=${STAGES:-"build test bench train"}
+STAGES=${STAGES:-"build test bench train flex"}
 PY=python3
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -40,12 +42,15 @@ if has test; then
   # H200 host, and a hung test named instead of the call's time running out; -v
   # prints each result as it lands, so a log cut short still names its failures.
   # The FlexAttention yardstick's tests compile their kernels with inductor (one
-  # did not finish in 300 s on a loaded host), so they run after the others,
-  # whose result a call's time limit then cannot cut off.
+  # did not finish in 300 s on a loaded host), so they are a stage of their own
+  # (flex), after the others: neither the tests' results nor the benchmark's can
+  # be cut off by them.
   $PY -m pytest -m cuda -v -n "${PYTEST_WORKERS:-14}" --timeout "${PYTEST_TIMEOUT:-300}" -rfE \
     -p no:cacheprovider --ignore=tests/test_flex_bench.py tests/ ${1:+-k "$1"} \
     > "$OUT/pytest_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" | tail -25
+fi
+if has flex; then
   $PY -m pytest -m cuda -v -n 4 --timeout "${PYTEST_TIMEOUT:-300}" -rfE -p no:cacheprovider \
     tests/test_flex_bench.py ${1:+-k "$1"} > "$OUT/pytest_cuda_flex.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda_flex.log" | tail -10

@@ -34,7 +34,9 @@ unsupported op) is recorded with its error, not silently dropped.
 
 GAT (additive) and AGNN (cosine) rows compare the fused op with native
 ``GATConv`` (``edge_updater`` + ``propagate``) and ``AGNNConv.propagate`` on the same
-per-node tensors (``score_rows`` in the JSON).
+per-node tensors (``score_rows`` in the JSON); GAT rows also time ``fused-row`` and
+``fused-own``, the additive score's SMMF forward on the shared row walk and on its
+own walk (the plan's ``row_walk``, forced).
 
 Every method runs under the same matmul precision (``--tf32``, off by default:
 ``torch.backends.cuda.matmul.allow_tf32`` is set explicitly and recorded in ``info``).
@@ -65,6 +67,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -614,6 +617,19 @@ def chunk_sweep(graphs, chunks, dtype=torch.float32):
     return rows
 
 
+#: The GAT rows' methods of the additive score's two SMMF forwards.
+GAT_WALKS = ("fused-row", "fused-own")
+
+
+def _with_row_walk(row_walk: bool, fn):
+    """``fn`` run under ``plan.override(row_walk=row_walk)``: the additive score's SMMF
+    forward on the shared row walk or on its own."""
+    def run():
+        with ops.plan.override(row_walk=row_walk):
+            return fn()
+    return run
+
+
 def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, compiled=True,
                    compile_fn=None, only=None):
     """GAT (additive) or AGNN (cosine): fused op vs native PyG message passing on the
@@ -631,6 +647,9 @@ def run_score_case(model, name, ei, n, kind, H, C, dtype, fused_only=False, comp
         fns = {"fused-auto": lambda: ops.gat_attention(lay, a_src, a_dst, x),
                "fused-smmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="smmf"),
                "fused-pmf": lambda: ops.gat_attention(lay, a_src, a_dst, x, strategy="pmf"),
+               # SMMF on each of the score's two walks (the plan's row_walk, forced)
+               "fused-row": _with_row_walk(True, lambda: ops.gat_attention(lay, a_src, a_dst, x)),
+               "fused-own": _with_row_walk(False, lambda: ops.gat_attention(lay, a_src, a_dst, x)),
                "pyg": lambda: conv.propagate(ei, x=(x, x), alpha=conv.edge_updater(
                    ei, alpha=(a_src, a_dst), edge_attr=None, size=None), size=None)}
         leaves = (a_src, a_dst, x)
@@ -694,15 +713,17 @@ def _compile_s(m):
 
 def fmt_score_table(rows):
     lines = [f"{'model':<6}{'graph':<13}{'H×C':>7}{'auto':>6} | {'fused fwd':>9}{'smmf':>8}"
-             f"{'pmf':>8}{'pyg fwd':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7} | {'fused f+b':>9}"
+             f"{'pmf':>8}{'row':>8}{'own':>8}{'pyg fwd':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7} | {'fused f+b':>9}"
              f"{'pyg f+b':>9}{'×pyg':>7}{'cpyg':>8}{'×cpyg':>7} | {'cmp s':>6}{'memMB f/p':>14}"]
     for r in rows:
         m = r["methods"]
         f, p = m.get("fused-auto", {}), m.get("pyg", {})
         sm, pm, cp = m.get("fused-smmf", {}), m.get("fused-pmf", {}), m.get("pyg-compile", {})
+        rw, ow = m.get("fused-row", {}), m.get("fused-own", {})
         lines.append(f"{r['model']:<6}{r['graph']:<13}{str(r['H']) + '×' + str(r['C']):>7}"
                      f"{r['auto']:>6} | {_cell(f, 'fwd_ms'):>9}{_cell(sm, 'fwd_ms'):>8}"
-                     f"{_cell(pm, 'fwd_ms'):>8}{_cell(p, 'fwd_ms'):>9}{_ratio(m, 'pyg', 'fwd_ms'):>7}"
+                     f"{_cell(pm, 'fwd_ms'):>8}{_cell(rw, 'fwd_ms'):>8}{_cell(ow, 'fwd_ms'):>8}"
+                     f"{_cell(p, 'fwd_ms'):>9}{_ratio(m, 'pyg', 'fwd_ms'):>7}"
                      f"{_cell(cp, 'fwd_ms'):>8}{_ratio(m, 'pyg-compile', 'fwd_ms'):>7} | "
                      f"{_cell(f, 'fwd_bwd_ms'):>9}{_cell(p, 'fwd_bwd_ms'):>9}"
                      f"{_ratio(m, 'pyg', 'fwd_bwd_ms'):>7}{_cell(cp, 'fwd_bwd_ms'):>8}"
@@ -876,7 +897,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     methods = args.methods.split(",") if args.methods else None
-    known = {m for cfg in gt_methods(True) for m in cfg[3]}
+    known = {m for cfg in gt_methods(True) for m in cfg[3]} | set(GAT_WALKS)
     if methods is not None and not set(methods) <= known:
         ap.error(f"--methods: unknown {sorted(set(methods) - known)}; known: {sorted(known)}")
     global ACCUMULATE_GRADS, DEV
@@ -895,7 +916,8 @@ def main(argv=None):
             "compile": None if args.no_compile else {"dynamic": False, "mode": "default",
                                                      "per": "graph and configuration"},
             "copy_GBps": copy_bandwidth() if cuda else None,
-            "autograd_floor_ms": autograd_floor()}
+            "autograd_floor_ms": autograd_floor(),
+            "command": "python -m benchmarks.kernels " + shlex.join(argv)}
     print(f"# {info}")
     with datasets.exit_on_missing_data():
         graphs = load_graphs(args.quick, args.data)

@@ -121,6 +121,16 @@ KERNEL_PHASE = {"row_fwd_smmf_kernel": "gt_fwd", "gt_fwd_mma_kernel": "gt_fwd",
                 "gat_fwd_kernel": "gat_fwd", "gat_bwd_dst_kernel": "gat_bwd_dst",
                 "gat_bwd_src_kernel": "gat_bwd_src"}
 FORWARD_PHASES = ("gt_fwd", "gat_fwd")
+
+
+def phase_of(name: str) -> str | None:
+    """The :func:`byte_model` phase of the kernel ``name`` (as the profiler names it),
+    or ``None``: by its short name, and the shared row walk's forward over the
+    additive score (the GAT model's forward on that walk) as ``gat_fwd``."""
+    short = short_name(name)
+    if short == "row_fwd_smmf_kernel" and "AdditiveRowScore" in name:
+        return "gat_fwd"
+    return KERNEL_PHASE.get(short)
 REPO = Path(__file__).resolve().parents[1]
 IDX = 4  # bytes per index (the kernels' int32)
 ITEM = 12  # bytes per work item: (row, first edge, slot), int32
@@ -366,7 +376,7 @@ def attach_floors(kernel_rows, phases: dict, phases32: dict | None = None) -> No
     the fp32 kernels of a half-precision case (the GAT backward's forward re-run for
     split rows)."""
     for r in kernel_rows:
-        ph = KERNEL_PHASE.get(r["short"])
+        ph = phase_of(r["name"])
         table = phases
         if phases32 is not None and kernel_dtype_size(r["name"]) == 4:
             table = phases32
@@ -428,7 +438,7 @@ def ncu_against_model(ncu_rows: list, phases: dict) -> None:
     write over the model's bytes) and ``time_x_floor`` to the rows of
     :func:`parse_ncu_csv`."""
     for k in ncu_rows:
-        ph = KERNEL_PHASE.get(k["short"])
+        ph = phase_of(k["name"])
         if ph is None or ph not in phases:
             continue
         m, b = k["metrics"], phases[ph]["bytes"]

@@ -41,6 +41,8 @@ NATIVE_FACTOR = 5.0
 #: ``[index, count]``: this process runs every ``count``-th case from ``index``
 #: (``--shard``), so that a slow tool (racecheck) runs in parallel processes.
 SHARD = [0, 1]
+#: The families (a case name's first word) to run (``--only``); empty: every case.
+ONLY = []
 _SEEN = [0]
 
 
@@ -48,6 +50,8 @@ def _case(fn):
     """A case: counted in call order and run only in its shard (``SHARD``)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        if ONLY and str(args[0]).split()[0] not in ONLY:
+            return
         i = _SEEN[0]
         _SEEN[0] += 1
         if i % SHARD[1] == SHARD[0]:
@@ -242,11 +246,12 @@ def gt_edge_tail_case(name, ei, ns, nd, H, C, D, dtype, dropout=0.0, chunk=None)
 
 @_case
 def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=False,
-             chunk=None):
+             chunk=None, row_walk=None):
     """The additive score on a layout with self-loops where the graph is square;
     ``edge``: with per-edge terms ``a_edge`` ``[E, H]`` in CSR order (the
     additive_edge score); ``chunk``: edges per work item (a small one splits every
-    row)."""
+    row); ``row_walk``: the SMMF forward's walk (the plan's ``row_walk``; ``None``:
+    its rule)."""
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd), add_self_loops=ns == nd)
     x = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
     a_s = torch.randn(ns, H, device=DEV, dtype=dtype, requires_grad=True)
@@ -256,7 +261,7 @@ def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=F
         a_e = torch.randn(lay.num_edges, H, device=DEV, dtype=dtype, requires_grad=True)
         inputs, names = inputs + (a_e,), names + ("a_edge",)
     g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
-    with ops.plan.override(chunk=chunk):
+    with ops.plan.override(chunk=chunk, row_walk=row_walk):
         out = ops.gat_attention(lay, a_s, a_d, x, dropout=dropout, training=dropout > 0,
                                 strategy=strategy, edge=inputs[3] if edge else None,
                                 edge_order="csr")
@@ -267,14 +272,21 @@ def gat_case(name, ei, ns, nd, H, C, dtype, strategy="smmf", dropout=0.0, edge=F
 
 def gat_cases(prefix, G, **kw):
     """:func:`gat_case` on each small graph of ``G``: SMMF and PMF in fp32 and
-    bf16, fp16 with a head size of 5, fp32 with dropout; ``kw`` to each."""
+    bf16, fp16 with a head size of 5, fp32 with dropout; ``kw`` to each. Without
+    per-edge terms the SMMF cases run on each of the score's two walks (the
+    plan's ``row_walk``)."""
     f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
+    walks = [(" row", True), (" own", False)] if not kw.get("edge") else [("", None)]
     for kind in ("small", "super_node", "bipartite", "batch"):
-        for strat in ("smmf", "pmf"):
-            gat_case(f"{prefix} {kind} {strat} fp32 H2C32", *G[kind], 2, 32, f32, strat, **kw)
-            gat_case(f"{prefix} {kind} {strat} bf16 H2C64", *G[kind], 2, 64, b16, strat, **kw)
-        gat_case(f"{prefix} {kind} smmf fp16 H1C5", *G[kind], 1, 5, f16, **kw)
-        gat_case(f"{prefix} {kind} smmf fp32 dropout", *G[kind], 2, 16, f32, dropout=0.4, **kw)
+        for strat, (tag, walk) in [("smmf", w) for w in walks] + [("pmf", ("", None))]:
+            name = f"{prefix} {kind} {strat}{tag}"
+            gat_case(f"{name} fp32 H2C32", *G[kind], 2, 32, f32, strat, row_walk=walk, **kw)
+            gat_case(f"{name} bf16 H2C64", *G[kind], 2, 64, b16, strat, row_walk=walk, **kw)
+        for tag, walk in walks:
+            gat_case(f"{prefix} {kind} smmf{tag} fp16 H1C5", *G[kind], 1, 5, f16,
+                     row_walk=walk, **kw)
+            gat_case(f"{prefix} {kind} smmf{tag} fp32 dropout", *G[kind], 2, 16, f32,
+                     dropout=0.4, row_walk=walk, **kw)
 
 
 @_case
@@ -518,6 +530,10 @@ def _node_cases(G, gen, args) -> None:
         gt_layer_case("gt layer batch bf16 tc-bwd", *G["batch"], True, mma_bwd=True)
     print("GAT")
     gat_cases("gat", G)
+    for dt in (f32, b16):  # split rows merged in the kernel, on each walk
+        for tag, walk in ((" row", True), (" own", False)):
+            gat_case(f"gat small smmf{tag} {dt} split rows chunk 4", *G["small"], 2, 32, dt,
+                     chunk=4, row_walk=walk)
     print("GATv2")
     for kind in ("small", "super_node", "bipartite", "batch"):
         for strat in ("smmf", "pmf"):
@@ -546,7 +562,9 @@ def _node_cases(G, gen, args) -> None:
         print("large")
         ei, n, _ = _graph("large", gen)
         gt_case("gt large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
-        gat_case("gat large smmf fp32 H1C32", ei, n, n, 1, 32, f32)
+        for tag, walk in ((" row", True), (" own", False)):
+            gat_case(f"gat large smmf{tag} fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32,
+                     row_walk=walk)
         gatv2_case("gatv2 large smmf fp32 two rows/warp H1C32", ei, n, n, 1, 32, f32)
 
 
@@ -630,7 +648,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="run every N-th case from the I-th (0-based): N processes with "
                          "I = 0 .. N-1 run every case once (default: %(default)s, every case)")
+    ap.add_argument("--only", default="", metavar="FAMILIES",
+                    help="only the cases whose name's first word is one of these, "
+                         "comma-separated, e.g. gat,gat_edge (default: every case)")
     args = ap.parse_args(argv)
+    ONLY[:] = [p for p in args.only.split(",") if p]
     try:
         index, count = (int(p) for p in args.shard.split("/"))
     except ValueError:

@@ -14,6 +14,18 @@ from test_cuda_gt import (DEV, GRAPHS, assert_matches_ref, opcheck_plan_op, pois
 
 pytestmark = pytest.mark.cuda
 
+#: The additive score's forwards: SMMF on the shared row walk and on its own walk
+#: (the plan's row_walk, forced), and PMF.
+STRATEGIES = ["smmf-row", "smmf-own", "pmf"]
+
+
+def walk(strategy, plan_override):
+    """The op's ``strategy`` for an entry of :data:`STRATEGIES`, its walk forced."""
+    if strategy.startswith("smmf-"):
+        plan_override(row_walk=strategy == "smmf-row")
+        return "smmf"
+    return strategy
+
 
 def make(graph, H, C, dtype, requires_grad=True, scale=1.0):
     ei, ns, nd = GRAPHS[graph]()
@@ -33,8 +45,9 @@ def ref64(lay, a_src, a_dst, x, slope, g):
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7)])
-@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
-def test_forward_backward_fp32(graph, H, C, strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_forward_backward_fp32(graph, H, C, strategy, plan_override):
+    strategy = walk(strategy, plan_override)
     torch.manual_seed(stable_seed(graph, H, C))
     lay, a_src, a_dst, x = make(graph, H, C, torch.float32)
     g = torch.randn(lay.num_dst, H, C, device=DEV)
@@ -52,8 +65,9 @@ def test_forward_backward_fp32(graph, H, C, strategy):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("graph", ["small", "super_node"])
 @pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24)])
-@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
-def test_half_precision(graph, dtype, H, C, strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_half_precision(graph, dtype, H, C, strategy, plan_override):
+    strategy = walk(strategy, plan_override)
     torch.manual_seed(11)
     lay, a_src, a_dst, x = make(graph, H, C, dtype)
     g = torch.randn(lay.num_dst, H, C, device=DEV, dtype=dtype)
@@ -84,7 +98,9 @@ def test_gradients_of_one_call_are_separate_tensors(graph):
         assert rel_err(got, w) < 1e-4
 
 
-def test_backward_deterministic():
+@pytest.mark.parametrize("row_walk", [True, False])
+def test_backward_deterministic(row_walk, plan_override):
+    plan_override(row_walk=row_walk)
     torch.manual_seed(12)
     lay, a_src, a_dst, x = make("super_node", 4, 32, torch.float32)
     g = torch.randn(lay.num_dst, 4, 32, device=DEV)
@@ -98,8 +114,9 @@ def test_backward_deterministic():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
-def test_dropout_statistics(strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dropout_statistics(strategy, plan_override):
+    strategy = walk(strategy, plan_override)
     torch.manual_seed(13)
     n, p = 200_000, 0.6
     ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
@@ -114,8 +131,9 @@ def test_dropout_statistics(strategy):
     assert (ops.gat_attention(lay, a, a, x, dropout=p, training=False) != 0).all()
 
 
-@pytest.mark.parametrize("strategy", ["smmf", "pmf"])
-def test_dropout_backward_matches_forward_mask(strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dropout_backward_matches_forward_mask(strategy, plan_override):
+    strategy = walk(strategy, plan_override)
     torch.manual_seed(14)
     lay, a_src, a_dst, x = make("small", 2, 16, torch.float32)
     g = torch.randn(lay.num_dst, 2, 16, device=DEV)
@@ -136,11 +154,14 @@ def test_dropout_backward_matches_forward_mask(strategy):
     assert abs(fd - an) / abs(an) < 2e-2
 
 
+@pytest.mark.parametrize("row_walk", [True, False])
 @pytest.mark.parametrize("super_deg", [0, 40_000])
 @pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 64), (2, 100)])
-def test_two_rows_per_warp(H, C, super_deg):
-    """At least 2^18 edges: the fp32 SMMF forward runs two rows per warp
-    (additive_forward.cu), with and without split rows (a super node)."""
+def test_two_rows_per_warp(H, C, super_deg, row_walk, plan_override):
+    """At least 2^18 edges: the fp32 SMMF forward runs two rows per warp on either
+    walk (additive_forward.cu, additive_row.cuh), with and without split rows (a
+    super node)."""
+    plan_override(row_walk=row_walk)
     torch.manual_seed(C + super_deg)
     n = 20_000
     ei = random_graph(n, n, 300_000, super_deg=super_deg)
@@ -158,8 +179,10 @@ def test_two_rows_per_warp(H, C, super_deg):
                        ((a_src.grad, ds), (a_dst.grad, dd), (x.grad, dx)))
 
 
-def test_two_rows_per_warp_dropout():
+@pytest.mark.parametrize("row_walk", [True, False])
+def test_two_rows_per_warp_dropout(row_walk, plan_override):
     """One in-edge per destination, 2^18+ edges, C = 128: out_i = z_i x_src(i)."""
+    plan_override(row_walk=row_walk)
     torch.manual_seed(15)
     n, p = 300_000, 0.6
     ei = torch.stack([torch.randint(0, n, (n,)), torch.arange(n)]).to(DEV)
@@ -174,13 +197,15 @@ def test_two_rows_per_warp_dropout():
     assert torch.allclose(out[~dropped], want[~dropped], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("model", ["gt", "gat"])
+@pytest.mark.parametrize("model", ["gt", "gat", "gat-own"])
 @pytest.mark.parametrize("H,C", [(4, 32), (1, 128), (2, 100), (1, 7)])
 def test_many_split_rows(plan_override, model, H, C):
     """Work items of 4 edges: thousands of split rows (and columns) of a few slots,
     and a super node of 6,000 in-edges, 1,500 slots merged up a 4-level tree
     (device/split_merge.cuh, merge_split_row); forward and backward against float64."""
     plan_override(chunk=4)
+    if model.startswith("gat"):  # "gat": the shared row walk, "gat-own": the score's own
+        plan_override(row_walk=model == "gat")
     torch.manual_seed(H * 1000 + C)
     n = 12_000
     ei = random_graph(n, n, 150_000, super_deg=6_000)
@@ -188,7 +213,7 @@ def test_many_split_rows(plan_override, model, H, C):
     combine = lay.work("row", 4)[1]
     assert combine.shape[0] > 8000 and combine[:, 2].max() > 8 ** 3  # split rows, a deep tree
     g = torch.randn(n, H, C, device=DEV)
-    if model == "gat":
+    if model.startswith("gat"):
         a_src, a_dst = (torch.randn(n, H, device=DEV, requires_grad=True) for _ in range(2))
         x = torch.randn(n, H, C, device=DEV, requires_grad=True)
         poison()
@@ -213,13 +238,14 @@ def test_many_split_rows(plan_override, model, H, C):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("H,C", [(4, 32), (1, 128)])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_half_split_rows_backward(plan_override, dtype, H, C, dropout):
+@pytest.mark.parametrize("row_walk", [True, False])
+def test_half_split_rows_backward(plan_override, dtype, H, C, dropout, row_walk):
     """fp16 / bf16 with thousands of split rows (work items of 4 edges and a super
     node): their D_i and d a_dst_i come from the items' shares
     (gat_split_dsum_kernel), against float64 without dropout, and with dropout
     against the fp32 kernels of the same seed (the same mask), which the float64
     reference has no mask for."""
-    plan_override(chunk=4)
+    plan_override(chunk=4, row_walk=row_walk)
     torch.manual_seed(H * 100 + C)
     n = 6_000
     ei = random_graph(n, n, 60_000, super_deg=3_000)
@@ -266,9 +292,12 @@ def test_opcheck_and_bad_input(pmf):
         prep = calls.prepare(ops.spec.get("additive"), lay, x.dtype, 32, "pmf", False, True,
                              True)
         tensors, ints, floats = calls.plan_parts(lay, prep.plan, True)
-        del tensors["csr_row"]
+        csr_row = tensors.pop("csr_row")
         with pytest.raises(RuntimeError, match="needs csr_row"):
             torch.classes.dfgnn.Plan("additive", tensors, ints, floats)
+        tensors["csr_row"] = csr_row
+        with pytest.raises(RuntimeError, match="row_walk .* needs pmf=0"):
+            torch.classes.dfgnn.Plan("additive", tensors, {**ints, "row_walk": 1}, floats)
 
 
 def test_gat_layer_matches_native_on_gpu():

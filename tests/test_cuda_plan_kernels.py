@@ -21,6 +21,7 @@ FUNCTORS = {"DotScore": "dot", "DotEdgeScore": "dot_edge", "DotEdgeTailScore": "
 #: (device function, the plan's name for it; {s}: the functor's score, {call}:
 #: the call's, for a kernel that serves several scores without a functor).
 ROLES = [
+    (r"row_fwd_smmf_kernel<dfgnn::AdditiveRowScore<", "additive:row_smmf"),
     (r"row_fwd_smmf_kernel<dfgnn::(\w+)<", "{s}:smmf"),
     (r"edge_sddmm_kernel<dfgnn::(\w+)<", "{s}:sddmm"),
     (r"softmax_spmm_kernel", "softmax_spmm"),
@@ -89,17 +90,20 @@ def _inputs(score, lay, H, C, dtype):
     return lambda s: ops.gat_attention(lay, t(ns, H), t(nd, H), t(ns, H, C), strategy=s)
 
 
-CASES = [(score, dtype, strategy, chunk)
+CASES = [(score, dtype, strategy, chunk, row_walk)
          for score in ("dot", "dot_edge", "dot_edge_tail", "gatv2", "gatv2_edge", "cosine",
                        "additive", "additive_edge")
          for dtype in (torch.float32, torch.bfloat16)
          for strategy in ("smmf", "pmf")
          for chunk in (None, 8)
+         for row_walk in ((None, True, False) if ops.spec.get(score).row_walk
+                          and strategy == "smmf" else (None,))
          if ops.spec.get(score).pmf or strategy == "smmf"]
 
 
-@pytest.mark.parametrize("score,dtype,strategy,chunk", CASES)
-def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_override):
+@pytest.mark.parametrize("score,dtype,strategy,chunk,row_walk", CASES)
+def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, row_walk,
+                                         plan_override):
     g = torch.Generator().manual_seed(0)
     n = 512
     ei = torch.randint(0, n, (2, 8 * n), generator=g)
@@ -109,6 +113,8 @@ def test_plan_names_the_kernels_that_run(score, dtype, strategy, chunk, plan_ove
     run = _inputs(score, lay, 2, 32, dtype)
     if chunk:
         plan_override(chunk=chunk)  # split rows
+    if row_walk is not None:
+        plan_override(row_walk=row_walk)  # the additive score's two SMMF forwards
     with ops.recording() as records:
         run(strategy).float().sum().backward()  # builds what the first call builds
     torch.cuda.synchronize()

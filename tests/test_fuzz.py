@@ -44,6 +44,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 from benchmarks.sanitize import beta_terms
 from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
+from pyg_dfgnn.ops import plan
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
@@ -487,7 +488,8 @@ def test_fuzz_gat_conv(fuzz, family):
            f_src=st.integers(1, 10), f_dst=st.integers(1, 10), concat=st.booleans(),
            negative_slope=st.sampled_from([0.2, 0.0, 0.01, 0.5, 1.0]),
            add_self_loops=st.booleans(), bias=st.booleans(), residual=st.booleans(),
-           dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(), **common())
+           dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(),
+           row_walk=st.sampled_from([None, True, False]), **common())
     def case(**case):
         graph = case["graph"]
         bip = graph.num_src != graph.num_dst
@@ -495,10 +497,14 @@ def test_fuzz_gat_conv(fuzz, family):
                     out_channels=case["channels"], heads=case["heads"], concat=case["concat"],
                     negative_slope=case["negative_slope"], add_self_loops=case["add_self_loops"],
                     bias=case["bias"], residual=case["residual"], dropout=case["dropout"])
-        _run_case("gat", f"test_fuzz_gat_conv[{family}]", fuzz, case, native_cls=GATConv, fused_cls=FusedGATConv, ctor=ctor,
-                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
-                  call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
-                  want_alpha=case["alpha"])
+        # The SMMF forward's two walks (the plan's row_walk; None: its rule).
+        walk = None if case["strategy"] == "pmf" else case["row_walk"]
+        with plan.override(row_walk=walk):
+            _run_case("gat", f"test_fuzz_gat_conv[{family}]", fuzz, case, native_cls=GATConv,
+                      fused_cls=FusedGATConv, ctor=ctor,
+                      in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                      call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
+                      want_alpha=case["alpha"])
 
     case()
 

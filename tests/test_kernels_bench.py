@@ -150,9 +150,11 @@ def test_table_ratios(kb):
     line = kb.fmt_table([row]).splitlines()[1]
     for want in ("20.0", "3.000", "3.0", "4.500", "4.5", "25.0", "9.000", "4.5", "4.0", "10.5"):
         assert want in line, want
-    srow = dict(row, model="gat")
+    walks = {"fused-row": {"status": "ok", "fwd_ms": 0.777}, "fused-own": {"status": "ok"}}
+    srow = dict(row, model="gat", methods={**m, **walks})
     sline = kb.fmt_score_table([srow]).splitlines()[1]
-    assert "3.000" in sline and "10.5" in sline
+    assert "3.000" in sline and "10.5" in sline and "0.777" in sline
+    assert "-" in sline.split("0.777")[1].split()[0]  # fused-own without a time
 
 
 def test_quick_cases(kb):

@@ -55,6 +55,53 @@ def test_large_graph_without_split_rows_runs_two_rows():
     assert gat.two_rows and not gat.mma and not gat.bwd_one_launch
 
 
+def test_lanes_per_row_mirror_the_row_shapes():
+    """``dispatch_row_shape``'s G: 16-byte vectors over 4 to 32 lanes, scalar rows 32."""
+    assert [plan.lanes_per_row(c, F32) for c in (8, 16, 32, 64, 128, 256, 100, 7)] == [
+        4, 4, 8, 16, 32, 32, 32, 32]
+    assert [plan.lanes_per_row(c, BF16) for c in (32, 64, 128, 24, 5)] == [4, 8, 16, 4, 32]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_additive_forward_walk(dtype):
+    """The additive score's SMMF forward runs the shared row walk on graphs of low
+    mean in-degree, and on denser ones where a row takes few lanes and no row is
+    split; its own walk elsewhere. PMF and the scores with one SMMF forward never
+    set row_walk, and the plan names the kernel that runs."""
+    sparse = _chain(4000, 6)  # mean in-degree 6
+    dense = _chain(2000, 24)  # 24, no split rows (a row within one 32-edge item)
+    hub = _layout(2000, 80_000, hub=500)  # 40, split rows
+    cases = [(sparse, 128, True), (sparse, 8, True), (dense, 8, True), (dense, 128, False),
+             (hub, 8, False), (hub, 128, False)]
+    for lay, C, want in cases:
+        p = plan.plan_for(lay, dtype, C, score="additive")
+        lanes = plan.lanes_per_row(C, dtype)
+        assert p.row_walk == want, (lay.num_edges, C, p.why)
+        assert p.row_walk == (lay.num_edges / lay.num_dst <= plan.ROW_WALK_MAX_MEAN_DEGREE or (
+            lanes <= plan.ROW_WALK_MAX_LANES and not p.split_rows))
+        assert p.kernels()[0][0] == ("additive:row_smmf" if want else "additive:smmf")
+        assert dict(p.why)["row_walk"].startswith("mean in-degree")
+        assert p.flags()["row_walk"] == int(want)
+        assert not plan.plan_for(lay, dtype, C, score="additive", strategy="pmf").row_walk
+        for other in ("dot", "gatv2", "additive_edge", "cosine"):
+            assert not plan.plan_for(lay, dtype, C, score=other).row_walk
+        for forced in (True, False):
+            with plan.override(row_walk=forced):
+                assert plan.plan_for(lay, dtype, C, score="additive").row_walk is forced
+
+
+def test_row_walk_override_needs_a_score_with_two_walks():
+    lay = _layout(300, 3000)
+    for score, strategy in (("gatv2", "smmf"), ("additive_edge", "smmf"), ("additive", "pmf")):
+        with plan.override(row_walk=True), pytest.raises(ValueError, match="row_walk"):
+            plan.plan_for(lay, F32, 32, score=score, strategy=strategy)
+    with plan.override(row_walk=False):  # off is always possible
+        assert not plan.plan_for(lay, F32, 32, score="gatv2").row_walk
+    with pytest.raises(ValueError, match="row_walk must be a bool"):
+        with plan.override(row_walk=1):
+            pass
+
+
 def test_split_rows_turn_two_rows_and_tensor_cores_off():
     lay = _layout(2000, 4000, hub=500)
     assert lay.work("row", SMALL_GRAPH_CHUNK).num_slots > 0

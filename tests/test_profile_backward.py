@@ -263,6 +263,16 @@ def test_one_failing_graph_leaves_the_others(pb, tmp_path, monkeypatch):
     assert "D" in r["phases"]["gt_bwd_one_launch"]["read"]  # bf16: fp32 D, not out
 
 
+def test_phase_of_the_row_walk_names_the_score(pb):
+    """The shared row walk's forward is the GT model's over the dot score and the
+    GAT model's over the additive score (the plan's row_walk)."""
+    row = "void dfgnn::row_fwd_smmf_kernel<dfgnn::{}<dfgnn::RowShape<float, 4, 8, 1>>, false>()"
+    assert pb.phase_of(row.format("DotScore")) == "gt_fwd"
+    assert pb.phase_of(row.format("AdditiveRowScore")) == "gat_fwd"
+    assert pb.phase_of("void dfgnn::gat_fwd_kernel<dfgnn::AdditiveScore<float>>()") == "gat_fwd"
+    assert pb.phase_of("void at::native::vectorized_elementwise_kernel<4>()") is None
+
+
 @pytest.mark.cuda
 def test_kernel_table_on_gpu(pb, tmp_path):
     assert pb.main(["--out", str(tmp_path), "--tiny", "--graphs", "GitHub", "--cases",

@@ -97,3 +97,18 @@ def test_judge_racecheck_exit_status(tmp_path, capsys):
     assert sanitize.main(["--judge-racecheck", str(good)]) == 0
     assert sanitize.main(["--judge-racecheck", str(bad)]) == 1
     assert "row_fwd_smmf" in capsys.readouterr().out
+
+
+def test_only_runs_the_named_families(monkeypatch):
+    """``--only gat`` runs the cases whose name's first word is ``gat``, not the
+    ``gat_edge`` or ``gatv2`` ones, and counts only those into the shards."""
+    import benchmarks.sanitize as san
+    ran = []
+    case = san._case(lambda name: ran.append(name))
+    monkeypatch.setattr(san, "ONLY", ["gat"])
+    monkeypatch.setattr(san, "_SEEN", [0])
+    monkeypatch.setattr(san, "SHARD", [1, 2])
+    for name in ("gat small smmf row", "gat_edge small", "gatv2 small", "gat layer small",
+                 "gat batch pmf"):
+        case(name)
+    assert ran == ["gat layer small"] and san._SEEN == [3]

@@ -115,7 +115,8 @@ def test_every_score_spec_has_a_kernel_registration():
 #: spec's attribute that declares the same path.
 _PATHS = {"pmf": (("pmf",), "pmf"), "mma": (("mma", "mma_backward"), "mma"),
           "two_rows": (("two_rows",), "two_rows"),
-          "one_launch_backward": (("bwd_one_launch",), "one_launch_backward")}
+          "one_launch_backward": (("bwd_one_launch",), "one_launch_backward"),
+          "row_walk": (("row_walk",), "row_walk")}
 
 
 def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
@@ -133,7 +134,7 @@ def test_plan_objects_hold_each_score_to_the_paths_its_spec_declares():
         tensors, ints, floats = calls.plan_parts(
             lay, plan.plan_for(lay, torch.float32, 8, spec.name), True, True)
         base = {**ints, "pmf": 0, "mma": 0, "mma_backward": 0, "two_rows": 0,
-                "bwd_one_launch": 0, "normalize_first": 0}
+                "bwd_one_launch": 0, "normalize_first": 0, "row_walk": 0}
         for flags, attr in _PATHS.values():
             for flag in flags:
                 make = lambda: torch.classes.dfgnn.Plan(spec.name, tensors, {**base, flag: 1},

@@ -18,7 +18,7 @@ constexpr const char* kTensorNames[] = {"rowptr", "col", "row_items", "row_combi
 constexpr const char* kIntNames[] = {"n_src", "chunk", "row_slots", "col_slots", "pmf",
                                      "vector_rows", "two_rows", "mma", "merge_in_kernel",
                                      "bwd_one_launch", "mma_backward", "bwd_merge_in_kernel",
-                                     "normalize_first", "dense_backward", "save_weights"};
+                                     "normalize_first", "dense_backward", "save_weights", "row_walk"};
 constexpr const char* kFloatNames[] = {"dense_cells"};
 
 template <size_t N, typename V>
@@ -149,6 +149,8 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
   // Optional: absent where the plan has no dense-tile backward.
   p.dense_backward = ints.contains("dense_backward") && flag(ints, "dense_backward");
   p.save_weights = !ints.contains("save_weights") || flag(ints, "save_weights");
+  // Optional: absent where the score has one SMMF forward.
+  p.row_walk = ints.contains("row_walk") && flag(ints, "row_walk");
   auto dc = floats.find("dense_cells");
   p.dense_cells = dc == floats.end() ? 0.0 : dc->value();
 
@@ -157,6 +159,7 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
               "(pmf=0) and no split rows (row_slots == 0), got pmf=", num(p.pmf),
               ", row_slots=", num(L.rw.num_slots));
   TORCH_CHECK(!p.mma || !p.pmf, "dfgnn.Plan: mma (the tensor-core forward) needs SMMF (pmf=0)");
+  TORCH_CHECK(!p.row_walk || !p.pmf, "dfgnn.Plan: row_walk (an SMMF forward) needs pmf=0");
   TORCH_CHECK(!p.normalize_first || score->normalizes, "dfgnn.Plan: normalize_first=1, but the ",
               score_name, " score has no normalised form");
   // The paths the score has (ScorePaths, host/score_ops.h): the one place that
@@ -168,7 +171,8 @@ CallPlan::CallPlan(const std::string& score_, const c10::Dict<std::string, at::T
         std::make_tuple(p.dense_cells > 0.0, has.dense_tiles, "dense_cells"),
         std::make_tuple(p.dense_backward, has.dense_tiles && has.mma, "dense_backward"),
         std::make_tuple(p.two_rows, has.two_rows, "two_rows"),
-        std::make_tuple(p.bwd_one_launch, has.one_launch_backward, "bwd_one_launch")})
+        std::make_tuple(p.bwd_one_launch, has.one_launch_backward, "bwd_one_launch"),
+        std::make_tuple(p.row_walk, has.row_walk, "row_walk")})
     TORCH_CHECK(!asked || there, "dfgnn.Plan: ", what, " is set, but the ", score_name,
                 " score has no such path (ScoreSpec and its registration)");
   TORCH_CHECK(!p.mma_backward || !p.bwd_one_launch, "dfgnn.Plan: mma_backward needs two "

@@ -30,7 +30,8 @@ struct CallPlan : torch::CustomClassHolder {
   // n_src, chunk, row_slots, col_slots and the plan's flags (pmf, vector_rows,
   // two_rows, mma, merge_in_kernel, bwd_one_launch, mma_backward,
   // bwd_merge_in_kernel, normalize_first: 0 or 1; dense_backward: 0 or 1, 0
-  // where absent; save_weights: 0 or 1, 1 where absent).
+  // where absent; save_weights: 0 or 1, 1 where absent; row_walk: 0 or 1, 0
+  // where absent).
   // `floats`: dense_cells. Entries are matched by name; an unknown, missing or
   // malformed one raises, as does a plan the layout cannot run.
   CallPlan(const std::string& score, const c10::Dict<std::string, at::Tensor>& tensors,

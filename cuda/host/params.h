@@ -51,6 +51,7 @@ struct KernelPlan {
                                 // (P', dS) for the second (off only in the dense backward)
   bool bwd_merge_in_kernel = true;  // split rows merged by the backward kernels
   bool normalize_first = false;     // rows normalised, then the dot score's kernels (cosine)
+  bool row_walk = false;            // the additive score's SMMF forward on the shared row walk
 };
 
 }  // namespace dfgnn

@@ -65,6 +65,7 @@ struct ScorePaths {
   bool dense_tiles = false;         // the dense-tile forward
   bool two_rows = true;             // the fp32 two-rows-per-warp SMMF shapes
   bool one_launch_backward = true;  // both backward walks in one launch
+  bool row_walk = false;            // a second SMMF forward on the shared row walk (additive)
 };
 
 struct ScoreOps {

@@ -1,5 +1,6 @@
-// The SMMF forward of every score but the additive one (paper §4.2): one
-// node-parallel kernel, a template over the score (scores/score.cuh).
+// The SMMF forward of every score (paper §4.2; the additive score also has a
+// tile walk of its own, scores/additive_forward.cu): one node-parallel kernel,
+// a template over the score (scores/score.cuh).
 //   out_i = sum_{j -> i} softmax_j(s_ij) value_j
 // A group of G lanes owns one (dst, head) work item: the score prepares the
 // destination's state once, edges are consumed U at a time with every gathered
@@ -60,12 +61,17 @@ row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,
     [[maybe_unused]] P vf[U][NV], ef[U][NV];
     nb.take(e0, j);
     gather_src_rows<Score, U, FULL>(sp, j, e0, h, H, HC, head_off, gl, nvec, kf, vf, ef, sc);
+    if constexpr (kKeyFreeOf<Score>) {  // no lane shares to sum: the score is per edge
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      s[u] = FULL || j[u] >= 0 ? key_partial<Score>(dst, kf[u], ef[u]) : 0.f;
-    group_sum_many<G, U>(s, mask);
+      for (int u = 0; u < U; ++u) s[u] = dst.finish(0.f, src_scalar_of<Score>(j[u], sc, u));
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) s[u] = dst.finish(s[u], src_scalar_of<Score>(j[u], sc, u));
+      for (int u = 0; u < U; ++u)
+        s[u] = FULL || j[u] >= 0 ? key_partial<Score>(dst, kf[u], ef[u]) : 0.f;
+      group_sum_many<G, U>(s, mask);
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[u] = dst.finish(s[u], src_scalar_of<Score>(j[u], sc, u));
+    }
     if constexpr (Score::kValueIsKey)
       os.template step<FULL>(j, s, kf, e0, H, h, p, seed, attn, gl);
     else if constexpr (kEdgeBesideOf<Score>)  // value_j + e_ij, summed in fp32

@@ -14,6 +14,8 @@
 // PMF: an edge-parallel kernel writes the scores [E, H], then softmax_spmm.
 // With the tiles SMMF measured as fast or faster on every graph, so "auto" picks
 // SMMF, as the paper does (docs/design.md, "SMMF or PMF").
+// The plan's row_walk runs the SMMF forward on the shared row walk instead
+// (scores/additive_row.cuh; the score without its per-edge term).
 #include "device/dropout.cuh"
 #include "device/edge_walk.cuh"
 #include "device/lane_group.cuh"
@@ -22,8 +24,10 @@
 #include "device/work_items.cuh"
 #include "host/dispatch.cuh"
 #include "host/forward_call.h"
+#include "host/forward_launch.cuh"
 #include "scores/additive.cuh"
 #include "scores/additive_host.h"
+#include "scores/additive_row.cuh"
 
 namespace dfgnn {
 namespace {
@@ -133,6 +137,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
             fc.score(), E * H, H, slope);
         check_launch();
         return;
+      }
+      if constexpr (!Score::kEdge) {
+        if (plan.row_walk) {  // the shared row walk (scores/additive_row.cuh)
+          launch_row_smmf<AdditiveRowScore, S>(
+              op, AdditiveRowParams<T>{cptr<T>(x), cptr<T>(a_dst), cptr<T>(a_src), slope}, L, fc,
+              (int)H, (int)C, p, seed, plan.two_rows);
+          return;
+        }
       }
       if (n_units == 0) return;
       auto launch = [&](auto kern, int lanes) {

@@ -12,6 +12,8 @@
 //     static constexpr bool kSrcScalar;    // a per-source scalar comes with each edge
 //     static constexpr bool kParamGrad;    // the dq walk accumulates a parameter gradient
 //     static constexpr bool kHasKernels;   // S's kernels are compiled (dtypes it serves)
+//     static constexpr bool kKeyFree = true;  // optional: the score reads no key row (its
+//                                          // Dst::partial is not called; the forward only)
 //     static const T* query_rows(const Params&);  // [N_dst, H, C] rows the CSC walks gather
 //     static const T* key_rows(const Params&);    // [N_src, H, C] rows gathered per edge
 //     static const T* value_rows(const Params&);  // !kValueIsKey: the summed rows
@@ -137,6 +139,14 @@ template <typename Score>
 struct EdgeDstOf<Score, std::void_t<typename Score::EdgeDst>> {
   using type = typename Score::EdgeDst;
 };
+
+// Whether Score's value reads no key row (kKeyFree; false where it does not say):
+// the SMMF forward then gathers the rows for the weighted sum alone and scores
+// each edge from the destination's state and the per-source scalar.
+template <typename Score, typename = void> struct KeyFreeOf : std::false_type {};
+template <typename Score>
+struct KeyFreeOf<Score, std::enable_if_t<Score::kKeyFree>> : std::true_type {};
+template <typename Score> constexpr bool kKeyFreeOf = KeyFreeOf<Score>::value;
 
 // Whether Score has per-edge rows (kEdgeRows; false where it does not say).
 template <typename Score, typename = void> struct EdgeRowsOf : std::false_type {};

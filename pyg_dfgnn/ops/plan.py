@@ -58,6 +58,18 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 #: edges, on graphs without split rows: COCO-SP 0.629 -> 0.469 ms, but Cora
 #: 0.019 -> 0.024 and GitHub 0.162 -> 0.188 (one chain is the kernel time there).
 TWO_ROWS_MIN_EDGES = 1 << 18
+#: The additive score's SMMF forward runs on the shared row walk (4 edges' rows in
+#: flight per step) where the graph's mean in-degree is at most this, or where a row
+#: takes at most ROW_WALK_MAX_LANES lanes and no row is split; elsewhere its own
+#: walk (a tile of one edge per lane, G edges per step) is faster. Forward ms on an
+#: H200, fp32, row walk / own walk: mean in-degree 5.7-8 (COCO-SP-, MNIST-,
+#: CIFAR10-like batches, PubMed) 1.03-1.25x faster on the row walk at 1 x 128 and
+#: 4 x 32, Cora 8 x 8 9.5 / 11.4 us; PATTERN-like (50) 0.331 / 0.358 at 4 x 32 but
+#: 0.330 / 0.261 at 1 x 128; power-law graphs with split rows (GitHub, Reddit-,
+#: Protein-, ppa-like) 0.84-0.97x (docs/kernels.md, "The additive forward's two
+#: walks").
+ROW_WALK_MAX_MEAN_DEGREE = 8.0
+ROW_WALK_MAX_LANES = 8
 #: The GT backward runs its CSR and CSC walks in one launch below this many
 #: edges: Cora backward kernels 14.9 us in one launch, 9.6 + 9.6 in two; PubMed
 #: (89K edges) 71.4 us in one, 29.2 + 26.1 in two.
@@ -98,6 +110,7 @@ _FIELDS = {
     "long_items_first": "a bool (split-row graphs' items longest first)",
     "item_order": f"one of {ITEM_ORDERS} (the node order the work items run in)",
     "two_rows": "a bool (two rows per warp in the fp32 SMMF forward)",
+    "row_walk": "a bool (the additive score's SMMF forward on the shared row walk)",
     "mma": "a bool (the fp16 / bf16 tensor-core GT forward)",
     "mma_backward": "a bool (the fp16 / bf16 GT backward's walks on tensor cores)",
     "dense_tiles": "'off', 'force' or a positive number (cells per edge per block)",
@@ -152,6 +165,13 @@ def override(**fields) -> Iterator[None]:
             same for every order.
         two_rows (bool): two rows per warp in the fp32 SMMF forward (where the
             head shape has that variant).
+        row_walk (bool): a score with two SMMF forwards (the additive score:
+            :attr:`ScoreSpec.row_walk <pyg_dfgnn.ops.spec.ScoreSpec>`) runs the
+            one on the shared row walk, ``U`` edges' rows in flight per step,
+            rather than its own walk, one edge per lane (by default where the
+            mean in-degree is at most :data:`ROW_WALK_MAX_MEAN_DEGREE`, or where
+            a row takes at most :data:`ROW_WALK_MAX_LANES` lanes and no row is
+            split).
         mma (bool): the fp16 / bf16 tensor-core GT forward.
         mma_backward (bool): the GT backward's CSR and CSC walks on tensor
             cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; by
@@ -255,6 +275,16 @@ def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
     return row_bytes % 16 == 0 and row_bytes <= MAX_ROW_BYTES
 
 
+def lanes_per_row(head_size: int, dtype: torch.dtype) -> int:
+    """Lanes of the SMMF forward's lane group for a head of ``head_size`` channels
+    of ``dtype`` (``G`` of ``dispatch_row_shape`` in ``cuda/host/dispatch.cuh``): 4
+    to 32 for 16-byte vector rows, 32 for scalar rows."""
+    if not vector_rows(head_size, dtype):
+        return 32
+    vectors = head_size * dtype.itemsize // 16
+    return next(g for g in (4, 8, 16, 32) if vectors <= g or g == 32)
+
+
 def two_rows_shape(head_size: int, dtype: torch.dtype) -> bool:
     """Whether the fp32 SMMF forward has a two-rows-per-warp shape for
     ``head_size``: 4-float vectors, 5 to 32 of them per row (``kHasTwoRowsShape``
@@ -345,6 +375,9 @@ class Plan:
             access, any ``C`` up to :data:`MAX_SCALAR_C`).
         two_rows (bool): two rows per warp in the SMMF forward (fp32 head shapes
             with that variant; needs SMMF and no split rows).
+        row_walk (bool): the SMMF forward on the shared row walk
+            (``kernels/row_forward.cuh``) rather than the score's own walk (the
+            additive score; needs SMMF).
         mma (bool): the tensor-core forward (fp16 / bf16, ``C`` in
             :data:`MMA_HEAD_SIZES`, SMMF, no dropout, no attention weights).
         dense_cells (float): ``0``: no dense tiles; else the forward runs over
@@ -402,6 +435,7 @@ class Plan:
     split_cols: bool = False
     dense_backward: bool = False
     save_weights: bool = True
+    row_walk: bool = False
 
     @property
     def pmf(self) -> bool:
@@ -417,7 +451,8 @@ class Plan:
                 "bwd_merge_in_kernel": int(self.bwd_merge_in_kernel),
                 "normalize_first": int(self.normalize_first),
                 "dense_backward": int(self.dense_backward),
-                "save_weights": int(self.save_weights)}
+                "save_weights": int(self.save_weights),
+                "row_walk": int(self.row_walk)}
 
     def kernels(self, backward: bool = False) -> List[Tuple[str, str]]:
         r"""``(kernel, what it does)`` for each kernel the forward (or the
@@ -500,12 +535,13 @@ class Plan:
             return res
         shape = "two rows per warp" if self.two_rows else "one row per lane group"
         access = "16-byte vectors" if self.vector_rows else "one element per access"
-        res = [(f"{self.score}:smmf", f"SMMF: scores, online softmax and SpMM in one pass "
-                                      f"({shape}, {access})")]
+        smmf = f"{self.score}:row_smmf" if self.row_walk else f"{self.score}:smmf"
+        walk = ", the shared row walk" if self.row_walk else ""
+        res = [(smmf, f"SMMF: scores, online softmax and SpMM in one pass "
+                      f"({shape}, {access}{walk})")]
         if self.split_rows:
             res.append(("merge_softmax_partials", merge) if not self.merge_in_kernel else
-                       (f"{self.score}:smmf", "split rows merged in the kernel by their last "
-                                              "item"))
+                       (smmf, "split rows merged in the kernel by their last item"))
         return res
 
 
@@ -608,6 +644,18 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
         why.append(("two_rows", f"{layout.num_edges} edges "
                                 f"{'>=' if two_rows else '<'} {TWO_ROWS_MIN_EDGES}: two rows per "
                                 f"warp {'on' if two_rows else 'off'}"))
+    mean_degree = layout.num_edges / max(layout.num_dst, 1)
+    lanes = lanes_per_row(head_size, dtype)
+    row_walk = _forced(o, "row_walk", spec.row_walk and smmf and (
+                           mean_degree <= ROW_WALK_MAX_MEAN_DEGREE
+                           or (lanes <= ROW_WALK_MAX_LANES and not split)),
+                       spec.row_walk and smmf,
+                       "the shared row walk's forward needs SMMF and a score with two SMMF "
+                       "forwards (additive)")
+    if spec.row_walk and smmf:
+        walk = "the shared row walk" if row_walk else "the score's own walk"
+        why.append(("row_walk", f"mean in-degree {mean_degree:.1f}, {lanes} lanes per row"
+                                f"{', split rows' if split else ''}: {walk}"))
     can_mma = (spec.mma and smmf and not dropout and not need_attn
                and dtype in HALF_DTYPES and head_size in MMA_HEAD_SIZES)
     mma = _forced(o, "mma", can_mma and not split, can_mma,
@@ -658,7 +706,7 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                 bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
                 bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first,
                 split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd,
-                save_weights=save), final
+                save_weights=save, row_walk=bool(row_walk)), final
 
 
 def _dense_backward(layout, o: dict, possible: bool, why: list) -> Tuple[bool, bool, bool]:

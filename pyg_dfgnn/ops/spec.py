@@ -56,6 +56,8 @@ class ScoreSpec:
         dense_tiles (bool): the dense-tile forward runs it.
         two_rows (bool): its fp32 SMMF forward has the two-rows-per-warp shapes.
         one_launch_backward (bool): its backward can run both walks in one launch.
+        row_walk (bool): besides its own SMMF forward it has one on the shared row
+            walk (``kernels/row_forward.cuh``; the plan's ``row_walk`` picks).
         csr_row_backward (bool): its backward runs an edge-parallel kernel (the
             additive_edge score's d a_edge), which reads each CSR edge's
             destination, ``csr_row``, as the PMF forward does.
@@ -85,6 +87,7 @@ class ScoreSpec:
     dense_tiles: bool = False
     two_rows: bool = True
     one_launch_backward: bool = True
+    row_walk: bool = False
     normalize_first: Optional[Callable] = None
     csr_row_backward: bool = False
     keeps_out32: bool = False

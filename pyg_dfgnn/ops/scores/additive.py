@@ -3,7 +3,9 @@ r"""The additive score of GAT (``GATConv``):
 :math:`a^\top W x`, summing :math:`W x_j`. Its functor is
 ``cuda/scores/additive.cuh``, its host entry points ``cuda/scores/additive.cpp``
 and its walks (one scalar per edge, the LeakyReLU branch split of the backward)
-``cuda/scores/additive_forward.cu`` and ``additive_backward.cu``."""
+``cuda/scores/additive_forward.cu`` and ``additive_backward.cu``; its functor of
+the shared row walk, the forward the plan's ``row_walk`` runs,
+``cuda/scores/additive_row.cuh``."""
 from __future__ import annotations
 
 from typing import Optional
@@ -51,7 +53,7 @@ def _reference(layout, inputs, params, dropout, training):
 SPEC = register(ScoreSpec(
     name="additive", inputs=("a_dst", "a_src", "x"), params=("negative_slope",), dst_input=0,
     value_input=2, row_inputs=(2,), reference=_reference, check=check_terms, pmf_rule=False,
-    one_launch_backward=False))
+    one_launch_backward=False, row_walk=True))
 
 
 def gat_attention(layout, a_src: Tensor, a_dst: Tensor, x: Tensor, negative_slope: float = 0.2,
