@@ -90,8 +90,9 @@ def test_to_csr_order_with_loops_appended():
 
 
 def test_plan_of_the_additive_edge_score():
-    """The additive score's plans, with the edge kernel in the backward between
-    the destination walk (and the split rows' sums) and the source walk."""
+    """The additive score's own-walk plans, with the edge kernel in the backward
+    between the destination walk (and the split rows' sums) and the source walk;
+    the edge score has no row-walk forward (its edge term is not a source scalar)."""
     lay = GraphLayout.from_edge_index(random_graph(300, num_edges=3000), (300, 300))
     spec = ops.spec.get("additive_edge")
     assert spec.edge_inputs == (3,) and spec.pmf and not spec.pmf_rule
@@ -100,7 +101,9 @@ def test_plan_of_the_additive_edge_score():
             for chunk in (None, 4):
                 with plan.override(chunk=chunk):
                     p = plan.plan_for(lay, dtype, 32, score="additive_edge", strategy=strategy)
+                with plan.override(chunk=chunk, row_walk=False):
                     base = plan.plan_for(lay, dtype, 32, score="additive", strategy=strategy)
+                assert not p.row_walk
                 fwd = [k for k, _ in p.kernels()]
                 assert fwd == [k.replace("additive", "additive_edge") for k, _ in base.kernels()]
                 bwd = [k for k, _ in p.kernels(backward=True)]
