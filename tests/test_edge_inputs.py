@@ -1,7 +1,7 @@
 """Per-edge inputs: ``gt_attention(edge=...)`` (the ``"dot_edge"`` score) and,
-in the op tests all three run, ``gat_attention(edge=...)`` (``"additive_edge"``,
-whose other tests are in ``test_gat_edge.py``) and ``gatv2_attention(edge=...)``
-(``"gatv2_edge"``, ``test_gatv2_edge.py``) against float64 formulas written
+in the op tests all three run, ``gat_attention(edge=...)`` (``"additive_edge"``)
+and ``gatv2_attention(edge=...)`` (``"gatv2_edge"``; the other tests of both are
+in ``test_gat_edge.py``) against float64 formulas written
 out here, their errors, and ``FusedTransformerConv(edge_dim=...)`` against PyG's
 ``TransformerConv`` in float64 (outputs, attention weights and the gradients of
 the node features, the edge features and every parameter) on every adjacency

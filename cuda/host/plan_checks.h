@@ -1,6 +1,6 @@
 // What the kernels support (pyg_dfgnn/ops/plan.py mirrors these tables and
-// chooses the kernels; params.h, KernelPlan, names the one choice made in C++)
-// and the checks that a call can run what its plan says: host code raises
+// makes every kernel choice; params.h, KernelPlan, holds them) and the checks
+// that a call can run what its plan says: host code raises
 // (TORCH_CHECK, naming the op and the plan's field) instead of running another
 // kernel.
 #pragma once

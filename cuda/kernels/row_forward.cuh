@@ -25,8 +25,8 @@ namespace dfgnn {
 // (OnlineSoftmax), for calls that ask for either.
 // MERGE: the variant that merges split rows in the kernel (with_merge_variant).
 // out32: the rows in fp32 too, or nullptr (ForwardCall::out32 says when).
-// in...: the fields of the score's Params, as separate arguments (ScoreArgs,
-// scores/score.cuh, says why).
+// in...: the fields of the score's Params, as separate arguments (scores/score.cuh,
+// "A score's Params reach the kernels as separate arguments", says why).
 template <typename Score, bool EXTRAS, int UF, bool MERGE, typename... A>
 __global__ void __launch_bounds__(256, UF == 2 ? 3 : 0)
 row_fwd_smmf_kernel(const int* __restrict__ rowptr, const int* __restrict__ col,

@@ -57,10 +57,9 @@
 // A score's Params reach the kernels as separate arguments, its fields in the
 // order tie() gives them, and each kernel assembles the struct: as one struct
 // argument, nvcc loads every field at the kernel's start, and ptxas then
-// allocated 39 of the 96 dot-score SMMF kernels differently from main's
-// separate arguments and spilled in two of them (the fp16 / bf16 scalar-row
-// kernels, 8 bytes); with separate arguments the walks over the dot functor
-// compile to main's SASS.
+// allocates 39 of the 96 dot-score SMMF kernels differently than with separate
+// arguments and spills in two of them (the fp16 / bf16 scalar-row kernels, 8
+// bytes); separate arguments avoid both.
 //
 // Scores are in base 2 (log2(e) folded in where it is free: the dot score scales
 // q_i once per row); the backward's dS is in natural-log units. With kValueIsKey
@@ -93,7 +92,7 @@
 // W_h head h's [C, D] slice of lin_edge (no bias), q_i . (k_j + W_h a_ij) =
 // [q_i, W_h^T q_i] . [k_j, a_ij], and the sum of P_ij (v_j + W_h a_ij) is the
 // first C channels of sum_j P_ij [v_j, a_ij] plus W_h times its last D
-// (nn/transformer_conv.py builds those rows).
+// (nn/_edge_tails.py builds those rows).
 //
 // With kEdgeInKeyOnly the edge row enters the score alone: the score sees
 // k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
