@@ -87,7 +87,9 @@ def test_additive_forward_walk(dtype):
             assert not plan.plan_for(lay, dtype, C, score=other).row_walk
         for forced in (True, False):
             with plan.override(row_walk=forced):
-                assert plan.plan_for(lay, dtype, C, score="additive").row_walk is forced
+                p = plan.plan_for(lay, dtype, C, score="additive")
+                assert p.row_walk is forced
+                assert dict(p.why)["row_walk"].endswith("(override)")
 
 
 def test_row_walk_override_needs_a_score_with_two_walks():

@@ -3,11 +3,12 @@
 // with the per-node terms a_dst = a_dst^T W x_i, a_src = a_src^T W x_j computed
 // densely ([N, H]), and with edge features (AdditiveEdgeScore, GATConv's
 // edge_dim) a per-edge term a_edge_ij = a_edge^T W_e e_ij ([E, H], CSR order). A
-// score of scalars: its walks (scores/additive_forward.cu, additive_backward.cu) weigh
-// one edge per lane and split the backward by the LeakyReLU branch, so they are
-// their own walk policy, not the row walks of scores/score.cuh; these functors
-// are what they ask of the score per node and edge, and the walks are templates
-// over them (the edge term compiles away for AdditiveScore).
+// score of scalars: its own walks (scores/additive_forward.cu, additive_backward.cu)
+// weigh one edge per lane and split the backward by the LeakyReLU branch; these
+// functors are what they ask of the score per node and edge, and the walks are
+// templates over them (the edge term compiles away for AdditiveScore). The
+// node-only score's forward also runs on the shared row walk (its functor is
+// scores/additive_row.cuh), where the plan says so.
 #pragma once
 
 #include <cstdint>

@@ -119,6 +119,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(
   ForwardCall fc(x, a_dst.size(0), L, plan.pmf, need_attn);
   check_vector_rows(op, plan.vector_rows, {{"x", &x}, {"out", &fc.out}});
   check_two_rows(op, plan, L, x.scalar_type(), C);
+  // The edge term is not a per-source scalar: the row walk has no variant with it.
+  TORCH_CHECK(!plan.row_walk || !a_edge.defined(), op, ": row_walk=1 (the shared row walk) "
+              "takes the node-only additive score; the additive_edge score has its own walk");
   fc.merge_in_kernel(op, plan, L);
   const float p = (float)dropout, slope = (float)negative_slope;
   const int64_t n_units = rw.items.size(0) * H;

@@ -58,7 +58,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 #: edges, on graphs without split rows: COCO-SP 0.629 -> 0.469 ms, but Cora
 #: 0.019 -> 0.024 and GitHub 0.162 -> 0.188 (one chain is the kernel time there).
 TWO_ROWS_MIN_EDGES = 1 << 18
-#: The additive score's SMMF forward runs on the shared row walk (4 edges' rows in
+#: The additive score's SMMF forward runs on the shared row walk (2-4 edges' rows in
 #: flight per step) where the graph's mean in-degree is at most this, or where a row
 #: takes at most ROW_WALK_MAX_LANES lanes and no row is split; elsewhere its own
 #: walk (a tile of one edge per lane, G edges per step) is faster. Forward ms on an
@@ -654,8 +654,11 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                        "forwards (additive)")
     if spec.row_walk and smmf:
         walk = "the shared row walk" if row_walk else "the score's own walk"
-        why.append(("row_walk", f"mean in-degree {mean_degree:.1f}, {lanes} lanes per row"
-                                f"{', split rows' if split else ''}: {walk}"))
+        if "row_walk" in o:
+            why.append(("row_walk", f"{walk} (override)"))
+        else:
+            why.append(("row_walk", f"mean in-degree {mean_degree:.1f}, {lanes} lanes per row"
+                                    f"{', split rows' if split else ''}: {walk}"))
     can_mma = (spec.mma and smmf and not dropout and not need_attn
                and dtype in HALF_DTYPES and head_size in MMA_HEAD_SIZES)
     mma = _forced(o, "mma", can_mma and not split, can_mma,
