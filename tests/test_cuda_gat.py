@@ -119,8 +119,9 @@ def test_backward_deterministic(row_walk, plan_override):
 def test_two_walks_agree(graph, dtype, plan_override):
     """The row walk and the own walk round the score alike (gat_score2), so the
     additive backward, which recomputes the weights from the saved lse, serves
-    both: out and lse agree to a few ulps, and a row of one edge gets P = 1
-    exactly (no gradient reaches its a_dst) after either forward."""
+    both: out and lse agree to a few ulps, and a row of one edge, whose a_dst
+    gradient is zero in exact arithmetic (P = 1), gets only rounding's share of
+    it after either forward: P = exp(s - lse) is 1 to an ulp of s and lse."""
     torch.manual_seed(31)
     if graph == "sparse":  # mean in-degree 1.5: many rows of one edge
         lay = GraphLayout.from_edge_index(random_graph(2000, 2000, 3000), (2000, 2000))
@@ -131,7 +132,7 @@ def test_two_walks_agree(graph, dtype, plan_override):
         lay, a_src, a_dst, x = make(graph, 2, 32, dtype)
     one = lay.in_degree() == 1
     assert one.any()
-    res = {}
+    res, stray = {}, {}
     for row_walk in (True, False):
         plan_override(row_walk=row_walk)
         args = ops.op_args("additive", lay, [a_src.detach(), a_dst.detach(), x.detach()], (0.2,),
@@ -140,7 +141,9 @@ def test_two_walks_agree(graph, dtype, plan_override):
         for t in (a_src, a_dst, x):
             t.grad = None
         ops.gat_attention(lay, a_src, a_dst, x).sum().backward()
-        assert torch.equal(a_dst.grad[one], torch.zeros_like(a_dst.grad[one])), row_walk
+        g = a_dst.grad.float().abs()
+        stray[row_walk] = (g[one].max() / g[~one].max()).item()
+    assert max(stray.values()) <= 1e-5, stray
     (out_r, lse_r), (out_o, lse_o) = res[True], res[False]
     live = torch.isfinite(lse_o)
     assert torch.equal(torch.isfinite(lse_r), live)
