@@ -556,6 +556,25 @@ def test_layer_bipartite_matches_pyg(kind, concat):
     _compare(native, fused, x, ei, ns, nd, ea, kind)
 
 
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_tensor"])
+@pytest.mark.parametrize("from_values", [False, True])
+@pytest.mark.parametrize("edge_dim", [16, 3])
+def test_layer_bipartite_sparse_adjacency_matches_pyg(kind, from_values, edge_dim):
+    """A bipartite ``adj_t`` (``torch.sparse`` COO or ``SparseTensor`` of
+    ``[N_dst, N_src]``, fewer destinations than sources) with the edge features
+    as ``edge_attr`` in its order or as its values, as PyG's ``propagate`` takes
+    them; [E, H, C] rows (16 features) and tails (3): outputs, attention weights
+    (PyG's ``SparseTensor`` / ``(adj, alpha)``) and gradients."""
+    ns, nd = 14, 9
+    ei = random_graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4)
+    native, fused = _pair((6, 7), 12, heads=2, edge_dim=edge_dim)
+    assert _transformer_edge_score(fused, edge_dim) == ("dot_edge_tail" if edge_dim == 3
+                                                        else "dot_edge")
+    x, ea = _features(ns, nd, 6, 7, edge_dim, ei.size(1), bipartite=True)
+    _compare(native, fused, x, ei, ns, nd, ea, kind, from_values,
+             call={"return_attention_weights": True})
+
+
 def test_layer_super_node_and_grouped_edges():
     n = 40
     hub = torch.stack([torch.randint(0, n, (300,)), torch.full((300,), 7)])
@@ -723,15 +742,69 @@ def test_fuse_reports_every_layer_with_edge_dim_fused():
         ("gt", True, ""), ("gat", True, ""), ("gatv2", True, "")]
 
 
-@pytest.mark.parametrize("cls,score", [(FusedTransformerConv, "dot_edge"),
-                                       (FusedGATConv, "additive_edge"),
-                                       (FusedGATv2Conv, "gatv2_edge")])
-def test_explain_names_the_edge_score(cls, score):
+@pytest.mark.parametrize("gt_score", ["dot_edge", "dot_edge_tail"])
+def test_fuse_swapped_edge_layers_match_pyg(gt_score):
+    """fuse() on a deep copy of a PyG model of TransformerConv, GATConv and
+    GATv2Conv with edge_dim: each swapped layer (no __init__ runs: the class
+    defaults of edge_tails and fused_projection) runs its edge score, and the
+    model's output and the gradients of the node features, the edge features
+    and every parameter match the untouched PyG model in float64."""
+    C, D = (4, 16) if gt_score == "dot_edge" else (12, 3)
+    model = torch.nn.ModuleDict({
+        "gt": TransformerConv(8, C, heads=2, edge_dim=D),
+        "gat": GATConv(2 * C, 4, heads=2, edge_dim=D),
+        "gatv2": GATv2Conv(8, 3, heads=2, edge_dim=D, concat=False),
+    }).double()
+    with torch.no_grad():  # no zero biases: a wrong bias would show
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    swapped = copy.deepcopy(model)
+    report = fuse(swapped)
+    assert [(r.name, r.fused, r.reason) for r in report] == [
+        ("gt", True, ""), ("gat", True, ""), ("gatv2", True, "")]
+    assert [type(m) for m in swapped.values()] == [FusedTransformerConv, FusedGATConv,
+                                                   FusedGATv2Conv]
+    assert [type(m) for m in model.values()] == [TransformerConv, GATConv, GATv2Conv]
+    assert _transformer_edge_score(swapped["gt"], D) == gt_score
+
+    ei = random_graph(20, num_edges=80, num_isolated=2, num_duplicates=6)
+    x0, ea0 = _features(20, 20, 8, None, D, ei.size(1))
+
+    def run(m):
+        x, ea = x0.clone().requires_grad_(), ea0.clone().requires_grad_()
+        h = m["gt"](x, ei, ea).tanh()
+        h = m["gat"](h, ei, ea).tanh()
+        out = m["gatv2"](h, ei, ea)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(11), dtype=F64)
+        params = dict(m.named_parameters())
+        grads = torch.autograd.grad((out * w).sum(), [x, ea] + list(params.values()))
+        return out, dict(zip(["x", "edge_attr"] + list(params), grads))
+
+    with ops.recording() as records:
+        got = run(swapped)
+    assert [r.score for r in records] == [gt_score, "additive_edge", "gatv2_edge"]
+    with ops.recording() as records:
+        want = run(model)
+    assert records == []
+    assert rel_err(got[0], want[0]) < 1e-12
+    assert got[1].keys() == want[1].keys()
+    floor = layer_grad_floor(want[1].values(), 1e-6, 1e-6)
+    for name, b in want[1].items():
+        assert rel_err_floor(got[1][name], b, floor) < 1e-8, name
+
+
+@pytest.mark.parametrize("cls,score,C,D", [(FusedTransformerConv, "dot_edge", 4, 16),
+                                           (FusedTransformerConv, "dot_edge_tail", 12, 3),
+                                           (FusedGATConv, "additive_edge", 4, 16),
+                                           (FusedGATv2Conv, "gatv2_edge", 4, 16)])
+def test_explain_names_the_edge_score(cls, score, C, D):
+    """The op's rows: with tails, C + D channels per head (the tails' D last)."""
     ei = random_graph(20, num_edges=60)
-    conv = cls(8, 4, heads=2, edge_dim=16)
-    report = pyg_dfgnn.explain(conv, torch.randn(20, 8), ei, torch.randn(ei.size(1), 16))
+    conv = cls(8, C, heads=2, edge_dim=D)
+    report = pyg_dfgnn.explain(conv, torch.randn(20, 8), ei, torch.randn(ei.size(1), D))
     assert report.fused and [op.score for op in report.ops] == [score]
-    assert f"{score} attention, 2 x 4 channels" in str(report)
+    width = C + D if score == "dot_edge_tail" else C
+    assert f"{score} attention, 2 x {width} channels" in str(report)
 
 
 def test_torchscript_compiles_pygs_forward_in_its_place():
@@ -884,3 +957,66 @@ def test_lazy_projections_keep_pyg_order_with_tails():
         want = native(x, ei, ea)
         assert [r.score for r in records] == ["dot_edge" if step == 0 else "dot_edge_tail"]
         assert rel_err(got, want) < 1e-12
+
+
+def _mode_graph(graph: str):
+    """``(edge_index, N_src, N_dst)``: ``"bipartite"`` has fewer destinations than
+    sources and its last three have no in-edge (the layout's ``dst_extent`` below
+    ``N_dst``: the query's row prefix)."""
+    if graph == "square":
+        return random_graph(20, num_edges=80, num_isolated=2, num_duplicates=6), 20, 20
+    return random_graph(16, 6, num_edges=50, num_isolated=1, num_duplicates=4), 16, 9
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "unfused_projection"])
+@pytest.mark.parametrize("tails", [True, False])
+@pytest.mark.parametrize("graph", ["square", "bipartite"])
+def test_layer_modes_match_pyg(mode, tails, graph, monkeypatch):
+    """Under no_grad and inference_mode (separate projections, the query over the
+    row prefix where destinations past dst_extent have no in-edge) and, while
+    autograd records, with fused_projection=False (no joined projection node),
+    with tails (12 channels, 3 features) and [E, H, C] rows (4 channels, 16
+    features): the expected score ran and outputs and attention weights (and,
+    recording, gradients) match PyG in float64. After the inference_mode call the
+    same edge_index (its cached layout) serves a training call."""
+    C, D = (12, 3) if tails else (4, 16)
+    score = "dot_edge_tail" if tails else "dot_edge"
+    ei, ns, nd = _mode_graph(graph)
+    bipartite = graph == "bipartite"
+    native, fused = _pair((6, 7) if bipartite else 8, C, heads=2, edge_dim=D)
+    assert _transformer_edge_score(fused, D) == score
+    x, ea = _features(ns, nd, 6 if bipartite else 8, 7, D, ei.size(1), bipartite=bipartite)
+    import pyg_dfgnn.nn.transformer_conv as transformer_conv
+    joined, joined_linear = [], transformer_conv._joined_linear
+    monkeypatch.setattr(transformer_conv, "_joined_linear",
+                        lambda *a, **k: joined.append(1) or joined_linear(*a, **k))
+    if mode == "unfused_projection":
+        fused.fused_projection = False
+        assert not FusedTransformerConv(8, C, heads=2, edge_dim=D,
+                                        fused_projection=False).fused_projection
+        got, _ = _compare(native, fused, x, ei, ns, nd, ea,
+                          call={"return_attention_weights": True}, score=score)
+        assert joined == [], "the projections ran joined"
+        fused.fused_projection = True  # the counter sees the joined projections
+        fused(x, ei, ea)
+        assert joined
+        return
+    ctx = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with ctx(), ops.recording() as records:
+        got, (ei_f, alpha) = fused(x, ei, ea, return_attention_weights=True)
+    with ctx():
+        want, (_, alpha_n) = native(x, ei, ea, return_attention_weights=True)
+    assert [(r.score, r.need_grad) for r in records] == [(score, False)]
+    assert joined == [], "the projections ran joined"
+    if bipartite:
+        assert records[0].layout.dst_extent == int(ei[1].max()) + 1 <= 6 < nd
+    assert ei_f is ei and not got.requires_grad
+    assert got.is_inference() == (mode == "inference_mode")
+    assert rel_err(got, want) < 1e-12 and rel_err(alpha, alpha_n) < 1e-12
+    if mode == "inference_mode":
+        with ops.recording() as records:
+            out = fused(x, ei, ea)
+        assert [(r.score, r.need_grad) for r in records] == [(score, True)]
+        assert rel_err(out, native(x, ei, ea)) < 1e-12
+        out.sum().backward()
+        assert all(p.grad is not None for p in fused.parameters())

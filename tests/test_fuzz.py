@@ -43,8 +43,10 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from benchmarks.sanitize import beta_terms
 from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
+from pyg_dfgnn import ops
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
 from pyg_dfgnn.ops import plan
+from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
@@ -72,6 +74,18 @@ STRATEGIES = ("auto", "smmf", "pmf")
 FAMILIES = ("zero_edges", "one_node", "bipartite", "empty_rows", "super_node", "duplicates",
             "self_loops", "batch", "random")
 SQUARE_FAMILIES = tuple(f for f in FAMILIES if f != "bipartite")
+#: The ``fill_value`` of the GAT layers with edge features: every reduction of
+#: PyG's ``add_self_loops``, a float, an int and a tensor (``"tensor"``: one value
+#: per edge feature, built per case).
+FILL_VALUES = ("mean", "add", "max", "min", "mul", 0.5, 2, "tensor")
+#: The score(s) each layer test's fused op runs: every one must have run
+#: (:func:`test_fuzz_coverage`); TransformerConv with ``edge_dim`` runs
+#: ``dot_edge_tail`` or ``dot_edge`` (:func:`gt_edge_score`).
+SCORES = {"gt": ("dot",), "gt_edge": ("dot_edge", "dot_edge_tail"), "gat": ("additive",),
+          "gatv2": ("gatv2",), "agnn": ("cosine",), "gat_edge": ("additive_edge",),
+          "gatv2_edge": ("gatv2_edge",)}
+#: The layer tests whose layers add self-loops with edge features (``fill_value``).
+FILL_LAYERS = ("gat_edge", "gatv2_edge")
 
 #: What the cases of this process drew: ``(layer, key)`` -> count (checked by
 #: :func:`test_fuzz_coverage`, which runs after the layer tests).
@@ -313,12 +327,23 @@ def _deterministic():
 
 def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: torch.device,
             dtype: torch.dtype, strategy: str, seed: int, training: bool, call_kwargs: dict,
-            want_alpha: bool, beta: Optional[float] = None,
-            edge_dim: Optional[int] = None) -> None:
+            want_alpha: bool, score: str, beta: Optional[float] = None,
+            edge_dim: Optional[int] = None) -> str:
     r"""Builds the native and the fused layer from ``ctor`` (same ``state_dict``),
     runs the fused one in ``dtype`` on ``device`` and the native one in float64 on
     the same (rounded) values, and checks the output, the attention weights and
-    every gradient against :data:`TOL`.
+    every gradient against :data:`TOL`. Returns the score the fused op ran.
+
+    The fused layer's forward must make exactly one fused op call
+    (:func:`pyg_dfgnn.ops.recording`), of the score ``score`` in ``dtype``: a
+    silent fallback to PyG's own ``forward`` (no call) or another score fails.
+    No drawn case is one the layers hand to PyG (their ``fallback_reason``: no
+    customised propagate, hooks or sparse adjacency here, attention weights
+    only without dropout in training, reducing ``fill_value`` only where PyG
+    takes it; CPU tensors run the op's reference path, CUDA ones the kernels),
+    and an empty graph or one without edges still makes the call (its rows
+    just have no in-edge). The op records its forward only; its backward,
+    reference autograd or the extension's, records nothing.
 
     A result over the tolerance still passes when the native layer run in ``dtype``
     misses the float64 result by at least a fifth as much (PyG summing in a
@@ -365,7 +390,13 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
         return _forward_backward(layer, inputs, edge_index, call_kwargs, want_alpha, seed,
                                  dtype, edge)
 
-    got = run(fused, dtype)
+    with ops.recording() as calls:
+        got = run(fused, dtype)
+    ran = [c.score for c in calls]
+    assert ran == [score], (
+        f"fused op calls {ran}, expected one call of the {score!r} score"
+        + ("" if ran else " (the fused layer ran PyG's own forward)"))
+    assert calls[0].dtype == dtype, f"the fused op ran in {calls[0].dtype}, not {dtype}"
     assert got["output"].dtype == dtype and got["output"].device.type == device.type
     want = run(native_in(torch.float64), torch.float64)
     assert got.keys() == want.keys(), f"results differ: {sorted(got)} vs {sorted(want)}"
@@ -389,6 +420,7 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
         assert not bad, "; ".join(
             f"{k}: rel. err. {e:.3g} >= {tol[k]:g} (native PyG in {dtype}: {base[k]:.3g})"
             for k, e in bad.items())
+    return ran[0]
 
 
 #: The property each family exists for (see :func:`_count`).
@@ -398,7 +430,14 @@ FAMILY_PROPERTY = {"zero_edges": "E=0", "one_node": "N=1", "bipartite": "N_src!=
                    "batch": "isolated dst", "random": "E>0"}
 
 
-def _count(layer: str, graph: Graph, dtype: torch.dtype, strategy: str) -> None:
+def _count(layer: str, graph: Graph, dtype: torch.dtype, strategy: str, score: str,
+           fill: Optional[str] = None) -> None:
+    r"""Counts a case's keys in :data:`DRAWN`: the properties of its graph, its
+    dtype and strategy, the score its fused op ran (``score=...``), whether the
+    input graph has self-loops (``input loops: present`` / ``absent``) and, for a
+    layer with edge features that adds self-loops, the kind of ``fill_value``
+    the layer was built with (``fill``: :func:`fill_kind`; ``None``: no loops
+    added) and the input's own loops again, which the layer replaces."""
     ei = graph.edge_index
     deg = torch.bincount(ei[1], minlength=graph.num_dst)
     props = {"E=0": ei.size(1) == 0, "E>0": ei.size(1) > 0,
@@ -410,22 +449,58 @@ def _count(layer: str, graph: Graph, dtype: torch.dtype, strategy: str) -> None:
              "duplicate edges": torch.unique(ei, dim=1).size(1) < ei.size(1),
              "self-loops": bool((ei[0] == ei[1]).any())}
     keys = [k for k, hit in props.items() if hit] + [str(dtype), strategy, "cases"]
+    loops = "input loops: " + ("present" if props["self-loops"] else "absent")
+    keys += [f"score={score}", loops]
+    if fill is not None:
+        keys += [f"fill={fill}", f"fill, {loops}"]
     for key in keys:
         DRAWN[layer, graph.family, key] += 1
         hypothesis.event(key)
 
 
-def _run_case(layer: str, test: str, fuzz: Fuzz, case: dict, **kwargs) -> None:
+def _run_case(layer: str, test: str, fuzz: Fuzz, case: dict, fill: Optional[str] = None,
+              **kwargs) -> None:
+    """Runs :func:`compare` on ``case`` (``kwargs``: its further arguments, the
+    expected ``score`` among them) and counts it (:func:`_count`; ``fill``: its
+    :func:`fill_kind` where the layer adds self-loops with edge features)."""
     note(_describe(layer, case))
-    _count(layer, case["graph"], case["dtype"], case["strategy"])
     try:
-        compare(device=fuzz.device, dtype=case["dtype"], strategy=case["strategy"],
-                seed=case["graph_seed"], training=case["training"], graph=case["graph"],
-                **kwargs)
+        score = compare(device=fuzz.device, dtype=case["dtype"], strategy=case["strategy"],
+                        seed=case["graph_seed"], training=case["training"],
+                        graph=case["graph"], **kwargs)
     except AssertionError as exc:
         raise AssertionError(
             f"{exc}\n  case: {_describe(layer, case)}\n  replay: pytest "
             f"'tests/test_fuzz.py::{test}' --fuzz-profile={fuzz.name}") from None
+    _count(layer, case["graph"], case["dtype"], case["strategy"], score, fill)
+
+
+def fill_kind(fill) -> str:
+    """The kind of a ``fill_value``: the reduction's name, ``"tensor"``, or the
+    number's type (``"float"``, ``"int"``)."""
+    if isinstance(fill, str):
+        return fill
+    if isinstance(fill, Tensor):
+        return "tensor"
+    return type(fill).__name__
+
+
+def gt_edge_score(device: torch.device, dtype: torch.dtype, heads: int, channels: int,
+                  edge_dim: int, tails: bool) -> str:
+    r"""The score :class:`~pyg_dfgnn.nn.FusedTransformerConv` with ``edge_dim``
+    runs (``nn/_edge_tails.py``, ``tail_weight``): ``"dot_edge_tail"`` where
+    ``edge_tails`` is on (``tails``), the tails move fewer bytes
+    (:func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay`) and, on CUDA, the
+    kernels take rows of ``C + D'`` channels (``D'``: ``D`` padded to whole
+    16-byte vectors where ``C`` is); ``"dot_edge"`` otherwise."""
+    if not (tails and tails_pay(heads, channels, edge_dim)):
+        return "dot_edge"
+    if device.type == "cuda":
+        size = dtype.itemsize
+        pad = -edge_dim % (16 // size) if (channels * size) % 16 == 0 else 0
+        if not plan.kernel_supports(channels + edge_dim + pad, dtype):
+            return "dot_edge"
+    return "dot_edge_tail"
 
 
 # ----------------------------------------------------------------------------- layers
@@ -446,7 +521,8 @@ def test_fuzz_transformer_conv(fuzz, family):
                     dropout=case["dropout"])
         kwargs = {} if case["alpha"] is None else {"return_attention_weights": case["alpha"]}
         _run_case("gt", f"test_fuzz_transformer_conv[{family}]", fuzz, case, native_cls=TransformerConv, fused_cls=FusedTransformerConv,
-                  ctor=ctor, in_dims=(case["f_src"], case["f_dst"] if bip else None),
+                  ctor=ctor, score="dot",
+                  in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs=kwargs, want_alpha=case["alpha"] is not None)
 
     case()
@@ -476,7 +552,9 @@ def test_fuzz_transformer_conv_edge_features(fuzz, family):
                   native_cls=TransformerConv, fused_cls=fused_cls, ctor=ctor,
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs=kwargs, want_alpha=case["alpha"] is not None,
-                  edge_dim=case["edge_dim"])
+                  edge_dim=case["edge_dim"],
+                  score=gt_edge_score(fuzz.device, case["dtype"], case["heads"],
+                                      case["channels"], case["edge_dim"], case["tails"]))
 
     case()
 
@@ -501,7 +579,7 @@ def test_fuzz_gat_conv(fuzz, family):
         walk = None if case["strategy"] == "pmf" else case["row_walk"]
         with plan.override(row_walk=walk):
             _run_case("gat", f"test_fuzz_gat_conv[{family}]", fuzz, case, native_cls=GATConv,
-                      fused_cls=FusedGATConv, ctor=ctor,
+                      fused_cls=FusedGATConv, ctor=ctor, score="additive",
                       in_dims=(case["f_src"], case["f_dst"] if bip else None),
                       call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
                       want_alpha=case["alpha"])
@@ -527,7 +605,7 @@ def test_fuzz_gatv2_conv(fuzz, family):
                     bias=case["bias"], residual=case["residual"], dropout=case["dropout"],
                     share_weights=case["share_weights"] and not bip)
         _run_case("gatv2", f"test_fuzz_gatv2_conv[{family}]", fuzz, case, native_cls=GATv2Conv,
-                  fused_cls=FusedGATv2Conv, ctor=ctor,
+                  fused_cls=FusedGATv2Conv, ctor=ctor, score="gatv2",
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
                   want_alpha=case["alpha"])
@@ -546,6 +624,7 @@ def test_fuzz_agnn_conv(fuzz, family):
     def case(**case):
         ctor = dict(requires_grad=case["requires_grad"], add_self_loops=case["add_self_loops"])
         _run_case("agnn", f"test_fuzz_agnn_conv[{family}]", fuzz, case, native_cls=AGNNConv, fused_cls=FusedAGNNConv, ctor=ctor,
+                  score="cosine",
                   in_dims=(case["channels"], None), call_kwargs={}, want_alpha=False,
                   beta=case["beta"])
 
@@ -553,10 +632,11 @@ def test_fuzz_agnn_conv(fuzz, family):
 
 
 def _gat_edge_case(fuzz, family: str, layer: str, test: str, native_cls, fused_cls,
-                   **extra) -> None:
+                   score: str, **extra) -> None:
     r"""The fuzz test of a ``GATConv``-like layer with ``edge_dim`` (``layer``: a
-    key of the profiles' examples), the self-loops' features from each
-    ``fill_value``; ``extra``: strategies of further constructor arguments
+    key of the profiles' examples; ``score``: its fused op's), the self-loops'
+    features from each ``fill_value`` (:data:`FILL_VALUES`); ``extra``:
+    strategies of further constructor arguments
     (``share_weights``: left off on bipartite graphs, whose two feature widths
     one shared projection cannot take)."""
     @fuzz(layer, family)
@@ -564,7 +644,7 @@ def _gat_edge_case(fuzz, family: str, layer: str, test: str, native_cls, fused_c
            f_src=st.integers(1, 10), f_dst=st.integers(1, 10), edge_dim=st.integers(1, 16),
            concat=st.booleans(), negative_slope=st.sampled_from([0.2, 0.0, 0.5, 1.0]),
            add_self_loops=st.booleans(),
-           fill_value=st.sampled_from(["mean", "add", "max", 0.5, "tensor"]),
+           fill_value=st.sampled_from(FILL_VALUES),
            residual=st.booleans(), dropout=st.sampled_from([0.0, 0.4]), alpha=st.booleans(),
            **extra, **common())
     def case(**case):
@@ -586,7 +666,8 @@ def _gat_edge_case(fuzz, family: str, layer: str, test: str, native_cls, fused_c
                     edge_dim=case["edge_dim"])
         ctor.update({k: case[k] and not (k == "share_weights" and bip) for k in extra})
         _run_case(layer, f"{test}[{family}]", fuzz, case, native_cls=native_cls,
-                  fused_cls=fused_cls, ctor=ctor,
+                  fused_cls=fused_cls, ctor=ctor, score=score,
+                  fill=fill_kind(fill) if case["add_self_loops"] else None,
                   in_dims=(case["f_src"], case["f_dst"] if bip else None),
                   call_kwargs={"return_attention_weights": True} if case["alpha"] else {},
                   want_alpha=case["alpha"], edge_dim=case["edge_dim"])
@@ -598,7 +679,7 @@ def _gat_edge_case(fuzz, family: str, layer: str, test: str, native_cls, fused_c
 def test_fuzz_gat_conv_edge_features(fuzz, family):
     """GATConv with ``edge_dim``: the ``additive_edge`` score."""
     _gat_edge_case(fuzz, family, "gat_edge", "test_fuzz_gat_conv_edge_features", GATConv,
-                   FusedGATConv)
+                   FusedGATConv, "additive_edge")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -606,13 +687,17 @@ def test_fuzz_gatv2_conv_edge_features(fuzz, family):
     """GATv2Conv with ``edge_dim``: the ``gatv2_edge`` score (SMMF whatever the
     strategy drawn), with and without ``share_weights``."""
     _gat_edge_case(fuzz, family, "gatv2_edge", "test_fuzz_gatv2_conv_edge_features",
-                   GATv2Conv, FusedGATv2Conv, share_weights=st.booleans())
+                   GATv2Conv, FusedGATv2Conv, "gatv2_edge", share_weights=st.booleans())
 
 
 def test_fuzz_coverage(fuzz):
     """Each family test above drew the case it exists for (no edge, one node,
     N_src != N_dst, a row longer than a work item, ...); a layer whose families all
-    ran drew every dtype and strategy."""
+    ran drew every dtype and strategy, ran every score of :data:`SCORES` (both
+    ``dot_edge`` and ``dot_edge_tail`` for TransformerConv with ``edge_dim``) and
+    had input graphs with and without self-loops; a GAT layer with edge features
+    (:data:`FILL_LAYERS`) also added self-loops with every kind of fill value
+    (:data:`FILL_VALUES`), to inputs with and without self-loops of their own."""
     ran = sorted({key[:2] for key in DRAWN})
     if not ran:
         pytest.skip("run with the layer fuzz tests (it checks what they drew)")
@@ -626,7 +711,13 @@ def test_fuzz_coverage(fuzz):
         families = SQUARE_FAMILIES if layer == "agnn" else FAMILIES
         dtypes = agnn_dtypes(fuzz.device) if layer == "agnn" else DTYPES
         if all((layer, f) in ran for f in families):
-            for key in [str(d) for d in dtypes] + list(STRATEGIES):
+            keys = ([str(d) for d in dtypes] + list(STRATEGIES)
+                    + [f"score={s}" for s in SCORES[layer]]
+                    + ["input loops: present", "input loops: absent"])
+            if layer in FILL_LAYERS:
+                keys += sorted({f"fill={fill_kind(v)}" for v in FILL_VALUES})
+                keys += ["fill, input loops: present", "fill, input loops: absent"]
+            for key in keys:
                 if not sum(DRAWN[layer, f, key] for f in families):
                     missing.append(f"{layer}: {key}")
     assert not missing, f"never drawn: {missing}"

@@ -89,20 +89,47 @@ def test_roc_auc_tasks_as_ogb(mh):
 @pytest.mark.parametrize("conv", ["gat", "gatv2", "transformer"])
 def test_fused_and_native_train_alike(mh, conv):
     """Two training steps from the same seed: the fuse()d copy computes the same
-    losses and parameters (fp32 round-off once its layers run fused)."""
+    losses and parameters (fp32 round-off once its layers run fused). Every
+    forward of the fused copy calls the fused op once per conv, with the edge
+    score of that conv (equal losses alone would also hold were it to fall
+    back to PyG); the native copy calls none."""
+    from pyg_dfgnn import ops
     from pyg_dfgnn.nn import fuse
+    from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
 
     mols = _molecules()
     split = {"train": torch.arange(16), "val": torch.arange(8), "test": torch.arange(8, 16)}
+    hidden, heads = 16, 2
     torch.manual_seed(0)
-    native = mh.MoleculeModel(conv, hidden=16, heads=2, layers=2, dropout=0.1)
+    native = mh.MoleculeModel(conv, hidden=hidden, heads=heads, layers=2, dropout=0.1)
     report = fuse(native, inplace=False)
     assert [layer.name for layer in report] == ["convs.0", "convs.1"]
-    runs = {}
+    # TransformerConv's edge features (lin_edge without a bias) run as tails
+    # where tails_pay says they move fewer bytes, else as [E, H, C] rows.
+    transformer = "dot_edge_tail" if tails_pay(heads, hidden // heads, hidden) else "dot_edge"
+    score = {"gat": "additive_edge", "gatv2": "gatv2_edge", "transformer": transformer}[conv]
+    edge_convs = [m for m in report.model.convs if m.lin_edge is not None]
+    assert len(edge_convs) == 2
+    runs, records, forwards = {}, {}, {}
     for impl, model in (("native", native), ("fused", report.model)):
         loaders = mh.make_loaders(mols, split, batch_size=8, seed=0)
-        runs[impl] = mh.train_one(model, loaders, epochs=1, lr=1e-2, seed=0,
-                                  device=torch.device("cpu"), progress=False)
+        calls = []
+        hook = model.register_forward_pre_hook(lambda m, args: calls.append(m.training))
+        try:
+            with ops.recording() as records[impl]:
+                runs[impl] = mh.train_one(model, loaders, epochs=1, lr=1e-2, seed=0,
+                                          device=torch.device("cpu"), progress=False)
+        finally:
+            hook.remove()
+        # two training steps, then one evaluation batch each of val and test
+        assert calls == [True, True, False, False], impl
+        forwards[impl] = calls
+    assert records["native"] == []
+    got = [(r.score, r.need_grad, r.plan, r.heads, r.dtype) for r in records["fused"]]
+    want = [(score, training, None, heads, torch.float32)
+            for training in forwards["fused"] for _ in edge_convs]
+    assert len(got) == len(edge_convs) * len(forwards["fused"]) == 8
+    assert got == want
     a, b = runs["native"], runs["fused"]
     assert len(a["losses"]) == 2 and all(math.isfinite(v) for v in a["losses"])
     torch.testing.assert_close(torch.tensor(b["losses"]), torch.tensor(a["losses"]),
@@ -375,7 +402,7 @@ def _random_molecules(mh, sizes):
     return out
 
 
-@pytest.mark.parametrize("conv", ["gat", "transformer"])
+@pytest.mark.parametrize("conv", ["gat", "gatv2", "transformer"])
 def test_on_device_batches_keep_the_compiled_fused_model_one_graph(mh, conv):
     """A fresh batch's layouts, built by on_device ahead of the step, are found
     by every fused conv inside torch.compile: the model traces as one graph. A
