@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test sanitize bench train flex minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test fuzz sanitize bench train flex minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
 # flex: the FlexAttention yardstick's tests (tests/test_flex_bench.py), which the
 # test stage leaves out.
+# fuzz: tests/test_fuzz.py under its gpu profile (the kernels against PyG in
+# float64 on drawn graphs and options), which the test stage's default profile
+# runs on the CPU.
 # sanitize: benchmarks/sanitize.sh (every kernel path under memcheck, racecheck,
 # initcheck and synccheck, the four tools in parallel), logs in $OUT/sanitize.
 # minibatch: benchmarks/minibatch.py ($MB_ARGS) and examples/train_minibatch.py on
@@ -54,6 +57,11 @@ if has flex; then
   $PY -m pytest -m cuda -v -n 4 --timeout "${PYTEST_TIMEOUT:-300}" -rfE -p no:cacheprovider \
     tests/test_flex_bench.py ${1:+-k "$1"} > "$OUT/pytest_cuda_flex.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda_flex.log" | tail -10
+fi
+if has fuzz; then
+  $PY -m pytest -q -n "${PYTEST_WORKERS:-14}" -rfE -p no:cacheprovider tests/test_fuzz.py \
+    --fuzz-profile=gpu > "$OUT/pytest_fuzz_gpu.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_fuzz_gpu.log" | tail -10
 fi
 if has sanitize; then
   for tool in memcheck racecheck initcheck synccheck; do
