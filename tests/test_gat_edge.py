@@ -19,6 +19,7 @@ import copy
 import pytest
 import torch
 from torch import Tensor
+from torch._dynamo.utils import counters
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from conftest import layer_grad_floor, random_graph, rel_err, rel_err_floor
@@ -167,12 +168,14 @@ def test_layer_matches_pyg(layer, heads, concat, loops):
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
-@pytest.mark.parametrize("fill", ["mean", "add", "max", "min", 0.7, "tensor"])
+@pytest.mark.parametrize("fill", ["mean", "add", "sum", "mul", "max", "min", 0.7, 2, "tensor"])
 @pytest.mark.parametrize("input_loops", [4, 0])
 def test_layer_fill_values_match_pyg(layer, fill, input_loops):
-    """The self-loops' features: PyG's add_self_loops with each fill_value, the
-    rows of destinations without in-edges included ('mean' / 'max' give them
-    zeros), with and without self-loops in the input (which PyG removes first)."""
+    """The self-loops' features: PyG's add_self_loops with each fill_value (the
+    reductions its scatter takes: "sum" as "add", "mul" from ones; a float, an
+    int, a tensor), the rows of destinations without in-edges included ('mean' /
+    'max' give them zeros, 'mul' ones), with and without self-loops in the input
+    (which PyG removes first)."""
     if fill == "tensor":
         fill = torch.randn(6, dtype=F64)
     ei = _graph(num_self_loops=input_loops)
@@ -228,6 +231,31 @@ def test_layer_bipartite_matches_pyg(layer, kind, dst, loops):
     if kind == "coo" and layer == "gat":  # the destination count: an EdgeIndex carries it
         call["size"] = (ns, nd)  # (GATv2Conv takes no size: its features set it)
     _compare(layer, native, fused, x, ei, ns, nd, ea, kind, call=call)
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.parametrize("kind", ["csr", "sparse_tensor"])
+@pytest.mark.parametrize("dst", ["features", "none"])
+@pytest.mark.parametrize("from_values", [False, True])
+def test_layer_bipartite_sparse_adjacency_matches_pyg(layer, kind, dst, from_values):
+    """A bipartite ``adj_t`` (``torch.sparse`` CSR or ``SparseTensor`` of
+    ``[N_dst, N_src]``, fewer destinations than sources) without self-loops (with
+    them PyG raises for a ``SparseTensor`` and asserts on a ``torch.sparse``
+    matrix's ``edge_attr``: the layer runs PyG's forward, in
+    :func:`test_layer_adjacency_types`), the edge features as ``edge_attr`` in its
+    order or as its values: the edge score runs fused, and outputs, attention
+    weights and gradients match PyG's (GATv2Conv asserts on no destination
+    features, and the layer runs PyG's forward)."""
+    ns, nd = 14, 9
+    ei = _graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4, num_self_loops=3)
+    native, fused = _pair(layer, (6, 7), 4, heads=3, edge_dim=5, add_self_loops=False)
+    x, ea = _features(ns, nd, 6, 7, 5, ei.size(1), dst=dst)
+    call = {"return_attention_weights": True}
+    if layer == "gatv2" and dst == "none":
+        adj, edge_attr = _adjacency(kind, ei, ns, nd, ea, from_values)
+        assert_runs_pygs_forward(native, fused, x, adj, edge_attr, **call)
+        return
+    _compare(layer, native, fused, x, ei, ns, nd, ea, kind, from_values, call)
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -295,10 +323,12 @@ def test_layer_super_node_and_grouped_edges(layer):
 @pytest.mark.parametrize("kind", ["coo", "edge_index", "csr", "sparse_coo", "sparse_tensor"])
 @pytest.mark.parametrize("from_values", [False, True])
 @pytest.mark.parametrize("loops", [True, False])
-@pytest.mark.parametrize("weights", [None, True])
+@pytest.mark.parametrize("weights", [None, True, False])
 def test_layer_adjacency_types(layer, kind, from_values, loops, weights):
     """Edge features as ``edge_attr`` in the adjacency's order, or (no
-    ``edge_attr``) a sparse matrix's values, as PyG's ``collect`` takes them.
+    ``edge_attr``) a sparse matrix's values, as PyG's ``collect`` takes them;
+    ``return_attention_weights=False`` returns the output alone, as PyG's
+    ``if return_attention_weights:``.
     Fused, except with self-loops on a sparse matrix: PyG raises for a
     ``SparseTensor`` and asserts on a ``torch.sparse`` matrix's ``edge_attr``
     (the layer lets it), or derives the loops' features from its values (the
@@ -319,12 +349,25 @@ def test_layer_adjacency_types(layer, kind, from_values, loops, weights):
         assert_runs_pygs_forward(native, fused, x, adj, edge_attr, **call)
         return
     try:
-        native(x, adj, edge_attr, **call)
+        want = native(x, adj, edge_attr, **call)
     except Exception as exc:  # PyG raises: so does the fused layer, the same way
         with pytest.raises(type(exc)):
             fused(x, adj, edge_attr, **call)
         return
+    if weights is False:
+        assert type(want) is Tensor and type(fused(x, adj, edge_attr, **call)) is Tensor
+        # _compare unpacks (out, weights) from a call with return_attention_weights:
+        # both layers get the False from a hook instead
+        for conv in (native, fused):
+            _call_with(conv, return_attention_weights=False)
+        call = {}
     _compare(layer, native, fused, x, ei, ns, nd, ea, kind, from_values, call)
+
+
+def _call_with(layer: torch.nn.Module, **kwargs) -> None:
+    """Adds ``kwargs`` to every call of ``layer`` (a forward pre-hook)."""
+    layer.register_forward_pre_hook(lambda mod, args, kw: (args, {**kw, **kwargs}),
+                                    with_kwargs=True)
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -487,12 +530,45 @@ class EdgeModel(torch.nn.Module):
 def test_compiled_layer_with_edge_features_new_graph_each_step(layer, loops):
     """A new graph each step: the edge inputs enter the compiled entry op
     pyg_dfgnn::<score>_attention (additive_edge, gatv2_edge); outputs and
-    gradients match the eager layer. Without self-loops no graph is compiled per
-    batch (with them, PyG's remove_self_loops has a size that depends on the
-    data)."""
+    gradients match the eager layer. No graph is compiled per batch, with
+    self-loops too: the layer removes the input's loops with ``nonzero_static``
+    sized by the layout's count of the edges it keeps (a size that under
+    ``dynamic=True`` is symbolic, not a data-dependent one), and the layout of
+    each new graph is built at a graph break the compiled frames resume from
+    (docs/layout_cache.md)."""
     cls, score, _ = LAYERS[layer]
     seen, targets = edge_inputs.compiled_steps(EdgeModel(cls, loops), steps=4,
                                                num_self_loops=2)
-    if not loops:
-        assert seen[1] == seen[-1], seen
+    assert seen[1] == seen[-1], seen
     assert f"pyg_dfgnn.{score}_attention.default" in targets
+
+
+@pytest.mark.parametrize("layer,fill", [("gat", 0.5), ("gatv2", "add")])
+def test_compiled_layer_with_self_loops_and_fill_value_compiles_once(layer, fill):
+    """Self-loops added by the layer with a ``fill_value``, each batch's layout
+    cached ahead (an eager call), ``fullgraph=True`` over batches of different
+    sizes: one graph, no recompile, and the eager layer's outputs and edge
+    feature gradients.
+
+    The Python ints of the loop handling (``GraphLayout.num_edges`` less
+    ``min(N_src, N_dst)``: the size of ``nonzero_static`` in
+    ``pyg_dfgnn.nn._common.looped_edge_features``) are traced as symbolic sizes
+    under ``dynamic=True``: their guards are relations (``num_edges - N >= 2``)
+    that every batch here meets. (A batch keeping 0 or 1 edges fails the 0/1
+    specialization and recompiles; with ``dynamic=False`` each new size does.)"""
+    torch._dynamo.reset()
+    counters.clear()
+    conv = LAYERS[layer][0](8, 4, heads=2, edge_dim=6, fill_value=fill)
+    model = torch.compile(conv, dynamic=True, fullgraph=True, backend="aot_eager")
+    for i in range(4):
+        n = 20 + 7 * i
+        ei = random_graph(n, num_edges=60 + 23 * i, num_self_loops=2)
+        x, ea = torch.randn(n, 8), torch.randn(ei.size(1), 6, requires_grad=True)
+        want = conv(x, ei, ea)  # builds and caches the layout
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            got = model(x, ei, ea)
+        assert rel_err(got, want) < 1e-5
+        g = torch.randn_like(want)
+        assert rel_err(torch.autograd.grad(got, ea, g)[0],
+                       torch.autograd.grad(want, ea, g)[0]) < 1e-4
+    assert counters["stats"]["unique_graphs"] == 1
