@@ -503,6 +503,18 @@ def test_tails_pay_where_the_features_are_narrow():
     assert not tails_pay(4, 32, 128) and not tails_pay(1, 5, 3) and not tails_pay(8, 16, 16)
 
 
+def test_padded_edge_dim_starts_the_tails_on_a_vector():
+    """On CUDA the tails are padded to whole 16-byte vectors where the rows are
+    read so (fp32: 4 channels, half: 8), left as they are where the kernels read
+    scalars, and refused where no kernel takes rows of C + D' channels."""
+    from pyg_dfgnn.nn._edge_tails import padded_edge_dim
+    from pyg_dfgnn.ops import plan
+    f32, b16 = torch.float32, torch.bfloat16
+    assert padded_edge_dim(12, 3, f32) == 4 and padded_edge_dim(128, 16, f32) == 16
+    assert padded_edge_dim(32, 3, b16) == 8 and padded_edge_dim(5, 3, f32) == 3
+    assert padded_edge_dim(plan.MAX_SCALAR_C + 1, 1, torch.float16) is None
+
+
 def _pair(*args, cls=FusedTransformerConv, **kwargs):
     """``(native, fused)`` float64 layers of the fused class ``cls`` and its PyG
     class, with the same parameters."""

@@ -45,6 +45,7 @@ from benchmarks.sanitize import beta_terms
 from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
 from pyg_dfgnn import ops
 from pyg_dfgnn.nn import FusedAGNNConv, FusedGATConv, FusedGATv2Conv, FusedTransformerConv
+from pyg_dfgnn.nn._edge_tails import padded_edge_dim
 from pyg_dfgnn.ops import plan
 from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
 
@@ -491,15 +492,12 @@ def gt_edge_score(device: torch.device, dtype: torch.dtype, heads: int, channels
     runs (``nn/_edge_tails.py``, ``tail_weight``): ``"dot_edge_tail"`` where
     ``edge_tails`` is on (``tails``), the tails move fewer bytes
     (:func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_pay`) and, on CUDA, the
-    kernels take rows of ``C + D'`` channels (``D'``: ``D`` padded to whole
-    16-byte vectors where ``C`` is); ``"dot_edge"`` otherwise."""
+    kernels take rows of ``C + D'`` channels (:func:`padded_edge_dim`);
+    ``"dot_edge"`` otherwise."""
     if not (tails and tails_pay(heads, channels, edge_dim)):
         return "dot_edge"
-    if device.type == "cuda":
-        size = dtype.itemsize
-        pad = -edge_dim % (16 // size) if (channels * size) % 16 == 0 else 0
-        if not plan.kernel_supports(channels + edge_dim + pad, dtype):
-            return "dot_edge"
+    if device.type == "cuda" and padded_edge_dim(channels, edge_dim, dtype) is None:
+        return "dot_edge"
     return "dot_edge_tail"
 
 

@@ -48,14 +48,23 @@ def tail_weight(lin_edge: torch.nn.Module, feats: Optional[Tensor], heads: int, 
         return None
     weight = weight.view(heads, channels, D)
     if x.is_cuda:
-        dtype = autocast_dtype(x) or x.dtype
-        size = dtype.itemsize
-        pad = -D % (16 // size) if (channels * size) % 16 == 0 else 0
-        if not _plan.kernel_supports(channels + D + pad, dtype):
+        width = padded_edge_dim(channels, D, autocast_dtype(x) or x.dtype)
+        if width is None:
             return None
-        if pad:
-            weight = F.pad(weight, (0, pad))
+        if width > D:
+            weight = F.pad(weight, (0, width - D))
     return weight
+
+
+def padded_edge_dim(channels: int, edge_dim: int, dtype: torch.dtype) -> Optional[int]:
+    r"""``D'``, the tails' width on CUDA: ``edge_dim`` padded with zero channels to
+    whole 16-byte vectors where the kernels read rows of ``channels`` so (the
+    tails then start on a vector), ``edge_dim`` where they read scalars;
+    ``None`` where the kernels take no rows of ``channels + D'`` channels of
+    ``dtype`` (:func:`~pyg_dfgnn.ops.plan.kernel_supports`)."""
+    size = dtype.itemsize
+    pad = -edge_dim % (16 // size) if (channels * size) % 16 == 0 else 0
+    return edge_dim + pad if _plan.kernel_supports(channels + edge_dim + pad, dtype) else None
 
 
 def tail_projections(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],
