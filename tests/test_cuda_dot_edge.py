@@ -22,7 +22,7 @@ from pyg_dfgnn.nn import FusedTransformerConv
 from pyg_dfgnn.ops import calls, plan, reference
 from test_cuda_gt import (DEV, GRAPHS, _kernel_names, assert_matches_ref, dropout_keep,
                           opcheck_plan_op, poison, rel_err)
-from test_edge_inputs import EDGE_SCORES, _transformer_edge_score
+from test_edge_inputs import ADJ, EDGE_SCORES, _adjacency, _transformer_edge_score
 
 pytestmark = pytest.mark.cuda
 
@@ -384,3 +384,137 @@ def check_compiled_layer(conv):
 
 def test_compiled_layer_with_edge_features():
     check_compiled_layer(FusedTransformerConv(32, 16, heads=2, edge_dim=8))
+
+
+# ------------------------------------------ the layer: adjacency types, plans, precision
+def _amp_run(layer, x, adj_of, ea, amp, call_kw):
+    """One layer call on fresh leaves: ``(out, alpha in the adjacency's edge
+    order or None, gradients of (out * w).sum())`` (leaves: node features, the
+    edge features, then the parameters), under ``amp`` autocast where given.
+    ``adj_of(ea_leaf)``: ``(adjacency, edge_attr)`` built from the leaf."""
+    xs = [t.detach().clone().requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
+    ea_leaf = ea.detach().clone().requires_grad_()
+    adj, edge_attr = adj_of(ea_leaf)
+    with torch.autocast("cuda", dtype=amp or torch.bfloat16, enabled=amp is not None):
+        res = layer(tuple(xs) if len(xs) == 2 else xs[0], adj, edge_attr, **call_kw)
+    out, alpha = (res[0], res[1]) if call_kw else (res, None)
+    if alpha is not None:
+        alpha = alpha[1] if isinstance(alpha, tuple) else alpha.storage.value()
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEV, out.dtype)
+    leaves = xs + [ea_leaf] + list(layer.parameters())
+    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+    return out, alpha, grads
+
+
+def _assert_layer_parity(native, fused, x, adj_of, ea, amp=None, call_kw=None, plan_check=None):
+    """``fused`` (fp32 parameters, CUDA) ran one fused op (on the kernels, with a
+    plan ``plan_check`` accepts) and matches ``native``'s float64 call: fp32
+    within 1e-5 (outputs, weights) and 1e-4 (every gradient); under ``amp``
+    autocast within 1e-2, or 1.5x native PyG's own error under the same autocast
+    where that is larger (weight gradients summed over every edge)."""
+    call_kw = call_kw or {}
+    with ops.recording() as records:
+        got = _amp_run(fused, x, adj_of, ea, amp, call_kw)
+    assert len(records) == 1 and records[0].score in ("dot_edge", "dot_edge_tail")
+    assert records[0].plan is not None, records[0].why
+    if plan_check is not None:
+        assert plan_check(records[0].plan), records[0].plan
+    base = _amp_run(native, x, adj_of, ea, amp, call_kw) if amp is not None else None
+    x64 = tuple(t.double() for t in x) if isinstance(x, tuple) else x.double()
+    want = _amp_run(native.double(), x64, adj_of, ea.double(), None, call_kw)
+    native.float()
+    floor = layer_grad_floor(want[2])
+    out_tol, grad_tol = (1e-2, 1e-2) if amp is not None else (1e-5, 1e-4)
+
+    def tol(t, a_base, b, grad=False):
+        if base is None:
+            return t
+        return max(t, 1.5 * (rel_err_floor(a_base, b, floor) if grad else rel_err(a_base, b)))
+
+    assert got[0].dtype == (amp or torch.float32)
+    assert rel_err(got[0], want[0]) < tol(out_tol, base and base[0], want[0])
+    if want[1] is not None:
+        assert rel_err(got[1], want[1]) < tol(out_tol, base and base[1], want[1])
+    for k, (a, b) in enumerate(zip(got[2], want[2])):
+        assert (a is None) == (b is None), k
+        if b is not None:
+            t = tol(grad_tol, base and base[2][k], b, grad=True)
+            assert rel_err_floor(a, b, floor) < t, (k, t)
+    return records[0]
+
+
+ADJ_CASES = [(kind, values) for kind in ADJ for values in (False, True)
+             if not (values and kind in ("coo", "edge_index"))]
+
+
+@pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
+@pytest.mark.parametrize("kind,from_values", ADJ_CASES)
+def test_layer_adjacency_types_match_native(kind, from_values, tails):
+    """Every adjacency type PyG's ``TransformerConv`` takes on CUDA, the edge
+    features as ``edge_attr`` (in the adjacency's edge order) or as the sparse
+    matrix's values, with the attention weights returned as PyG returns them;
+    on a graph with duplicates and isolated destinations."""
+    ei, ns, nd, x, ea = _layer_inputs("plain")
+    native = TransformerConv(16, 32, heads=2, edge_dim=16).to(DEV)
+    fused = FusedTransformerConv(16, 32, heads=2, edge_dim=16, edge_tails=tails).to(DEV)
+    fused.load_state_dict(native.state_dict())
+    rec = _assert_layer_parity(
+        native, fused, x.to(DEV), lambda e: _adjacency(kind, ei, ns, nd, e, from_values),
+        ea, call_kw={"return_attention_weights": True})
+    assert rec.score == _transformer_edge_score(fused, 16)
+
+
+# Plan overrides of the layer's call: split rows (merged in the kernels in fp32,
+# in merge launches in fp16 / bf16), another work-item order, PMF asked for (the
+# edge scores have no PMF walk: SMMF runs).
+LAYER_PLANS = {
+    "default": ({}, "auto", lambda p: p.method == "smmf"),
+    "split_rows": ({"chunk": 4}, "auto", lambda p: p.split_rows),
+    "split_rows_rcm": ({"chunk": 8, "long_items_first": False, "item_order": "rcm"}, "auto",
+                       lambda p: p.split_rows and p.item_order == "rcm"),
+    "pmf_asked": ({}, "pmf", lambda p: p.method == "smmf"),
+}
+
+
+@pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
+@pytest.mark.parametrize("amp", [None, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("case", list(LAYER_PLANS))
+def test_layer_plans_and_precisions_match_native(case, amp, tails, plan_override):
+    """The layer on one head of 128 channels (tails by default: 144-channel rows)
+    and on 4 x 32, with a super node, under each plan and autocast dtype."""
+    fields, strategy, check = LAYER_PLANS[case]
+    plan_override(**fields)
+    ei, ns, nd, x, ea = _layer_inputs("plain")
+    hub = torch.stack([torch.randint(0, ns, (700,)), torch.full((700,), 5)]).to(DEV)
+    ei = torch.cat([ei, hub], 1)
+    ea = torch.cat([ea, torch.randn(700, 16, device=DEV)])
+    for heads, C in ((1, 128), (4, 32)):
+        native = TransformerConv(16, C, heads=heads, edge_dim=16, beta=True).to(DEV)
+        fused = FusedTransformerConv(16, C, heads=heads, edge_dim=16, beta=True,
+                                     edge_tails=tails, strategy=strategy).to(DEV)
+        fused.load_state_dict(native.state_dict())
+        _assert_layer_parity(native, fused, x.to(DEV), lambda e: (ei, e), ea, amp=amp,
+                             plan_check=check)
+
+
+@pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_layer_is_deterministic_with_dropout(amp, tails):
+    """The training layer with attention dropout, twice from the same seed:
+    bitwise the same output and gradients (node and edge features, parameters)."""
+    ei, ns, nd, x, ea = _layer_inputs("plain")
+    layer = FusedTransformerConv(16, 128, heads=1, edge_dim=16, dropout=0.3,
+                                 edge_tails=tails).to(DEV).train()
+    x, ea = x.to(DEV).requires_grad_(), ea.requires_grad_()
+
+    def run():
+        with ops.recording() as records, torch.autocast("cuda", dtype=amp or torch.bfloat16,
+                                                        enabled=amp is not None):
+            out = layer(x, ei, ea)
+        assert len(records) == 1 and records[0].plan is not None
+        assert records[0].score == _transformer_edge_score(layer, 16)
+        return out.float()
+
+    assert_deterministic(run, [x, ea] + list(layer.parameters()),
+                         torch.randn(nd, 128, device=DEV))
