@@ -24,7 +24,11 @@ class OpReport:
 
     Attributes:
         score (str): its score function (``"dot"``, ``"additive"``, ...).
-        heads (int), head_size (int), dtype (torch.dtype): its features.
+        heads (int), head_size (int), dtype (torch.dtype): its rows' heads,
+            channels per head and dtype (with ``TransformerConv``'s edge features
+            as tails, ``dot_edge_tail``, the layer's channels plus the tails').
+        edge_inputs (list): ``(name, shape)`` of each per-edge input of the score
+            (``dot_edge_tail``'s ``a`` ``[E, D]``: the rows' last ``D`` channels).
         plan (Plan, optional): the kernel plan; ``None`` where the pure-PyTorch
             reference ran.
         backward (bool): autograd records the call (its backward will run).
@@ -42,6 +46,7 @@ class OpReport:
     forward_kernels: List[Tuple[str, str]]
     backward_kernels: List[Tuple[str, str]]
     why: List[Tuple[str, str]]
+    edge_inputs: List[Tuple[str, Tuple[int, ...]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -62,6 +67,9 @@ class Explanation:
             lines.append(f"  {op.score} attention, {op.heads} x {op.head_size} channels, "
                          f"{str(op.dtype).replace('torch.', '')}, {where}"
                          f"{', with backward' if op.backward else ''}")
+            if op.edge_inputs:
+                lines.append("    per-edge inputs: " + ", ".join(
+                    f"{name} [{', '.join(map(str, shape))}]" for name, shape in op.edge_inputs))
             for title, kernels in (("forward", op.forward_kernels),
                                    ("backward", op.backward_kernels)):
                 if kernels:
@@ -76,11 +84,11 @@ class Explanation:
 def _report(rec: "_calls.CallRecord") -> OpReport:
     if rec.plan is None:
         return OpReport(rec.score, rec.heads, rec.head_size, rec.dtype, None, rec.need_grad, [],
-                        [], [("path", rec.why)])
+                        [], [("path", rec.why)], list(rec.edge_inputs))
     plan = rec.plan
     return OpReport(rec.score, rec.heads, rec.head_size, rec.dtype, plan, rec.need_grad,
                     plan.kernels(), plan.kernels(backward=True) if rec.need_grad else [],
-                    list(plan.why))
+                    list(plan.why), list(rec.edge_inputs))
 
 
 def explain(layer: torch.nn.Module, *args, **kwargs) -> Explanation:

@@ -810,13 +810,21 @@ def test_fuse_swapped_edge_layers_match_pyg(gt_score):
                                            (FusedGATConv, "additive_edge", 4, 16),
                                            (FusedGATv2Conv, "gatv2_edge", 4, 16)])
 def test_explain_names_the_edge_score(cls, score, C, D):
-    """The op's rows: with tails, C + D channels per head (the tails' D last)."""
+    """The op's rows: with tails, C + D channels per head (the tails' D last),
+    and the score's per-edge input with its shape: the tails ``[E, D]``, the
+    rows ``[E, H, C]``, GAT's terms ``[E, H]``."""
     ei = random_graph(20, num_edges=60)
     conv = cls(8, C, heads=2, edge_dim=D)
     report = pyg_dfgnn.explain(conv, torch.randn(20, 8), ei, torch.randn(ei.size(1), D))
     assert report.fused and [op.score for op in report.ops] == [score]
     width = C + D if score == "dot_edge_tail" else C
     assert f"{score} attention, 2 x {width} channels" in str(report)
+    # the GAT layers replace the graph's self-loops by one per node
+    E = ei.size(1) if cls is FusedTransformerConv else int((ei[0] != ei[1]).sum()) + 20
+    shape = {"dot_edge_tail": (E, D), "additive_edge": (E, 2)}.get(score, (E, 2, C))
+    [(name, got)] = report.ops[0].edge_inputs
+    assert got == shape
+    assert f"per-edge inputs: {name} [{', '.join(map(str, shape))}]" in str(report)
 
 
 def test_torchscript_compiles_pygs_forward_in_its_place():

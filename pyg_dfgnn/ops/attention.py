@@ -74,14 +74,14 @@ def attention(spec: ScoreSpec, layout, inputs: Sequence[Tensor], params: Sequenc
         prep = calls.prepare(spec, layout, dtype, head_size, strategy, p > 0, return_attention,
                              need_grad, overrides=fields)
         if not traced:
-            calls.record(spec, layout, prep.plan, need_grad, value, eager=True)
+            calls.record(spec, layout, prep.plan, need_grad, value, eager=True, inputs=inputs)
         out, _lse, attn, _token, _saved = call_op("attention_fwd", (
             calls.kernel_inputs(inputs), layout.handle, prep.obj, 0, params, p,
             calls.seed() if p > 0 else 0, return_attention), None if traced else fields)
     else:
         choose_strategy(layout.max_in_degree, spec.name, value.element_size(), strategy)
         calls.record(spec, layout, None, calls.needs_grad(inputs), value,
-                     calls.reference_reason(layout, value))
+                     calls.reference_reason(layout, value), inputs=inputs)
         out, attn = spec.reference(layout, inputs, params, p, p > 0)
     if return_attention:
         # Kernel path: the weights are an output without a gradient; reference path: as PyG.

@@ -252,6 +252,9 @@ class CallRecord(NamedTuple):
     heads: int
     head_size: int
     why: str  #: why the reference path ran (empty on the kernel path)
+    #: the score's per-edge inputs, ``(name, shape)`` each (``dot_edge_tail``'s
+    #: ``a`` ``[E, D]``: its last ``D`` of the ``head_size`` channels)
+    edge_inputs: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
 
 
 _RECORDS: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
@@ -271,17 +274,21 @@ def recording():
 
 
 def record(spec: ScoreSpec, layout, plan: Optional[_plan.Plan], need_grad: bool,
-           value: Tensor, why: str = "", eager: bool = False) -> None:
+           value: Tensor, why: str = "", eager: bool = False,
+           inputs: Sequence[Tensor] = ()) -> None:
     """Adds a call to the innermost :func:`recording` block, if any; none while
     ``torch.compile`` traces (a trace runs once for many calls, and some
     versions' Dynamo cannot read a context variable). ``eager``: the caller has
-    checked that no trace is running."""
+    checked that no trace is running. ``inputs``: the call's inputs, whose
+    per-edge ones (``spec.edge_inputs``) the record names with their shapes."""
     if not eager and torch.compiler.is_compiling():
         return
     records = _RECORDS.get()
     if records is not None:
+        edge = tuple((spec.inputs[i], tuple(inputs[i].shape)) for i in spec.edge_inputs
+                     if i < len(inputs) and inputs[i] is not None)
         records.append(CallRecord(spec.name, layout, plan, need_grad, value.dtype,
-                                  value.size(1), value.size(2), why))
+                                  value.size(1), value.size(2), why, edge))
 
 
 def reference_reason(layout, value: Tensor) -> str:
