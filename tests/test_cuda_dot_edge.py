@@ -297,19 +297,70 @@ LAYER_CONFIGS = {
 
 
 def _layer_run(layer, x, adj, ea, dtype, autocast, **call_kw):
+    """One layer call on fresh leaves in ``dtype``: ``(out, alpha in the
+    adjacency's edge order or None, gradients of (out * w).sum())`` (leaves:
+    node features, the edge features, then the parameters). ``autocast``: False,
+    True (bf16) or the autocast dtype. ``adj``: the adjacency, ``(edge_index,
+    N_dst, N_src)`` with ``values=True`` (the features as a torch.sparse CSR
+    matrix's values), or a function of the edge-feature leaf giving
+    ``(adjacency, edge_attr)``."""
     xs = [t.to(DEV, dtype).requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
     ea = ea.to(dtype).requires_grad_()
     edge_attr = ea
-    if call_kw.pop("values", False):  # the features as a torch.sparse matrix's values
+    if call_kw.pop("values", False):
         ei, nd, ns = adj
         adj, edge_attr = to_torch_csr_tensor(ei.flip(0), ea, size=(nd, ns)), None
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+    elif callable(adj):
+        adj, edge_attr = adj(ea)
+    amp = torch.bfloat16 if autocast is True else autocast or None
+    with torch.autocast("cuda", dtype=amp or torch.bfloat16, enabled=amp is not None):
         res = layer(xs[0] if len(xs) == 1 else tuple(xs), adj, edge_attr, **call_kw)
-    out, alpha = (res[0], res[1][1]) if call_kw else (res, None)
+    out, alpha = (res[0], res[1]) if call_kw else (res, None)
+    if alpha is not None:  # PyG returns a SparseTensor's weights as its values
+        alpha = alpha[1] if isinstance(alpha, tuple) else alpha.storage.value()
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEV, out.dtype)
     leaves = xs + [ea] + list(layer.parameters())
     grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
     return out, alpha, grads
+
+
+def _assert_layer_parity(native, fused, x, adj, ea, amp=None, call_kw=None, plan_check=None):
+    """``fused`` (fp32 parameters, CUDA) made one fused op call, on the kernels
+    (with a plan ``plan_check`` accepts), and matches ``native``'s float64 call
+    (:func:`_layer_run`'s ``adj`` and ``call_kw``): fp32 within 1e-5 (outputs,
+    weights) and 1e-4 (every gradient); under ``amp`` autocast within 1e-2, or
+    1.5x native PyG's own error under the same autocast where that is larger
+    (weight gradients summed over every edge). Returns the call's record."""
+    call_kw = call_kw or {}
+    with ops.recording() as records:
+        got = _layer_run(fused, x, adj, ea, torch.float32, amp, **dict(call_kw))
+    assert len(records) == 1 and records[0].plan is not None, records
+    if plan_check is not None:
+        assert plan_check(records[0].plan), records[0].plan
+    base = None
+    if amp is not None:
+        base = _layer_run(native, x, adj, ea, torch.float32, amp, **dict(call_kw))
+    want = _layer_run(native.double(), x, adj, ea.double(), torch.float64, False,
+                      **dict(call_kw))
+    native.float()
+    out_tol, grad_tol = (1e-2, 1e-2) if amp is not None else (1e-5, 1e-4)
+    floor = layer_grad_floor(want[2])
+
+    def tol(t, a_base, b, grad=False):
+        if base is None:
+            return t
+        return max(t, 1.5 * (rel_err_floor(a_base, b, floor) if grad else rel_err(a_base, b)))
+
+    assert got[0].dtype == (amp or torch.float32)
+    assert rel_err(got[0], want[0]) < tol(out_tol, base and base[0], want[0])
+    if want[1] is not None:
+        assert rel_err(got[1], want[1]) < tol(out_tol, base and base[1], want[1])
+    for k, (a, b) in enumerate(zip(got[2], want[2])):
+        assert (a is None) == (b is None), k
+        if b is not None:
+            t = tol(grad_tol, base and base[2][k], b, grad=True)
+            assert rel_err_floor(a, b, floor) < t, (k, t)
+    return records[0]
 
 
 @pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
@@ -332,34 +383,10 @@ def test_layer_matches_native(config, dtype, tails):
     adj = ei
     if config == "csr_values":
         adj, kw = (ei, nd, ns), {"values": True}
-    autocast = dtype == torch.bfloat16
-    with ops.recording() as records:
-        got = _layer_run(fused, x, adj, ea, torch.float32, autocast, **dict(kw))
+    amp = torch.bfloat16 if dtype == torch.bfloat16 else None
+    rec = _assert_layer_parity(native, fused, x, adj, ea, amp=amp, call_kw=kw)
     score = _transformer_edge_score(fused, 16)
-    assert score == ("dot_edge_tail" if tails else "dot_edge")
-    assert [r.score for r in records] == [score] and records[0].plan is not None
-    base = None
-    if autocast:
-        base = _layer_run(native, x, adj, ea, torch.float32, True, **dict(kw))
-    want = _layer_run(native.double(), x, adj, ea.double(), torch.float64, False, **dict(kw))
-    out_tol, grad_tol = (1e-2, 1e-2) if autocast else (1e-5, 1e-4)
-    floor = layer_grad_floor(want[2])
-
-    def tol(i, a_base, b, t, grad=False):
-        if base is None:
-            return t
-        own = rel_err_floor(a_base, b, floor) if grad else rel_err(a_base, b)
-        return max(t, 1.5 * own)
-
-    assert got[0].dtype == (torch.bfloat16 if autocast else torch.float32)
-    assert rel_err(got[0], want[0]) < tol(0, base and base[0], want[0], out_tol)
-    if config == "alpha":
-        assert rel_err(got[1], want[1]) < tol(1, base and base[1], want[1], out_tol)
-    for k, (a, b) in enumerate(zip(got[2], want[2])):
-        assert (a is None) == (b is None)
-        if b is not None:
-            t = tol(k, base and base[2][k], b, grad_tol, grad=True)
-            assert rel_err_floor(a, b, floor) < t, (k, t)
+    assert score == ("dot_edge_tail" if tails else "dot_edge") and rec.score == score
 
 
 def check_compiled_layer(conv):
@@ -387,62 +414,6 @@ def test_compiled_layer_with_edge_features():
 
 
 # ------------------------------------------ the layer: adjacency types, plans, precision
-def _amp_run(layer, x, adj_of, ea, amp, call_kw):
-    """One layer call on fresh leaves: ``(out, alpha in the adjacency's edge
-    order or None, gradients of (out * w).sum())`` (leaves: node features, the
-    edge features, then the parameters), under ``amp`` autocast where given.
-    ``adj_of(ea_leaf)``: ``(adjacency, edge_attr)`` built from the leaf."""
-    xs = [t.detach().clone().requires_grad_() for t in (x if isinstance(x, tuple) else (x,))]
-    ea_leaf = ea.detach().clone().requires_grad_()
-    adj, edge_attr = adj_of(ea_leaf)
-    with torch.autocast("cuda", dtype=amp or torch.bfloat16, enabled=amp is not None):
-        res = layer(tuple(xs) if len(xs) == 2 else xs[0], adj, edge_attr, **call_kw)
-    out, alpha = (res[0], res[1]) if call_kw else (res, None)
-    if alpha is not None:
-        alpha = alpha[1] if isinstance(alpha, tuple) else alpha.storage.value()
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEV, out.dtype)
-    leaves = xs + [ea_leaf] + list(layer.parameters())
-    grads = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
-    return out, alpha, grads
-
-
-def _assert_layer_parity(native, fused, x, adj_of, ea, amp=None, call_kw=None, plan_check=None):
-    """``fused`` (fp32 parameters, CUDA) ran one fused op (on the kernels, with a
-    plan ``plan_check`` accepts) and matches ``native``'s float64 call: fp32
-    within 1e-5 (outputs, weights) and 1e-4 (every gradient); under ``amp``
-    autocast within 1e-2, or 1.5x native PyG's own error under the same autocast
-    where that is larger (weight gradients summed over every edge)."""
-    call_kw = call_kw or {}
-    with ops.recording() as records:
-        got = _amp_run(fused, x, adj_of, ea, amp, call_kw)
-    assert len(records) == 1 and records[0].score in ("dot_edge", "dot_edge_tail")
-    assert records[0].plan is not None, records[0].why
-    if plan_check is not None:
-        assert plan_check(records[0].plan), records[0].plan
-    base = _amp_run(native, x, adj_of, ea, amp, call_kw) if amp is not None else None
-    x64 = tuple(t.double() for t in x) if isinstance(x, tuple) else x.double()
-    want = _amp_run(native.double(), x64, adj_of, ea.double(), None, call_kw)
-    native.float()
-    floor = layer_grad_floor(want[2])
-    out_tol, grad_tol = (1e-2, 1e-2) if amp is not None else (1e-5, 1e-4)
-
-    def tol(t, a_base, b, grad=False):
-        if base is None:
-            return t
-        return max(t, 1.5 * (rel_err_floor(a_base, b, floor) if grad else rel_err(a_base, b)))
-
-    assert got[0].dtype == (amp or torch.float32)
-    assert rel_err(got[0], want[0]) < tol(out_tol, base and base[0], want[0])
-    if want[1] is not None:
-        assert rel_err(got[1], want[1]) < tol(out_tol, base and base[1], want[1])
-    for k, (a, b) in enumerate(zip(got[2], want[2])):
-        assert (a is None) == (b is None), k
-        if b is not None:
-            t = tol(grad_tol, base and base[2][k], b, grad=True)
-            assert rel_err_floor(a, b, floor) < t, (k, t)
-    return records[0]
-
-
 ADJ_CASES = [(kind, values) for kind in ADJ for values in (False, True)
              if not (values and kind in ("coo", "edge_index"))]
 
@@ -458,9 +429,9 @@ def test_layer_adjacency_types_match_native(kind, from_values, tails):
     native = TransformerConv(16, 32, heads=2, edge_dim=16).to(DEV)
     fused = FusedTransformerConv(16, 32, heads=2, edge_dim=16, edge_tails=tails).to(DEV)
     fused.load_state_dict(native.state_dict())
-    rec = _assert_layer_parity(
-        native, fused, x.to(DEV), lambda e: _adjacency(kind, ei, ns, nd, e, from_values),
-        ea, call_kw={"return_attention_weights": True})
+    rec = _assert_layer_parity(native, fused, x,
+                               lambda e: _adjacency(kind, ei, ns, nd, e, from_values), ea,
+                               call_kw={"return_attention_weights": True})
     assert rec.score == _transformer_edge_score(fused, 16)
 
 
@@ -494,8 +465,9 @@ def test_layer_plans_and_precisions_match_native(case, amp, tails, plan_override
         fused = FusedTransformerConv(16, C, heads=heads, edge_dim=16, beta=True,
                                      edge_tails=tails, strategy=strategy).to(DEV)
         fused.load_state_dict(native.state_dict())
-        _assert_layer_parity(native, fused, x.to(DEV), lambda e: (ei, e), ea, amp=amp,
-                             plan_check=check)
+        rec = _assert_layer_parity(native, fused, x, lambda e: (ei, e), ea, amp=amp,
+                                   plan_check=check)
+        assert rec.score == _transformer_edge_score(fused, 16)
 
 
 @pytest.mark.parametrize("tails", [True, False], ids=["tails", "rows"])
