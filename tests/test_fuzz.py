@@ -742,7 +742,7 @@ def test_deterministic_context_restores_the_mode():
 def test_output_floor_judges_a_cancelled_output_by_its_terms():
     """The GPU case that the output's floor is for (GATConv, one output of heads
     near 1.97 and -1.83 plus a bias, -4.9e-4 in all): an error of 1.03e-7,
-    half an ulp of its terms, passes; 1e-6 more, eight ulps, does not; the
+    half an ulp of its terms, passes; 1.1e-6, over eight ulps, does not; the
     attention weights keep the tighter floor."""
     want = {"output": torch.tensor([[-4.882898666106472e-4]], dtype=torch.float64),
             "attention weights": torch.tensor([[1e-3, 2e-3]], dtype=torch.float64)}

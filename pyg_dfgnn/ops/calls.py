@@ -285,8 +285,7 @@ def record(spec: ScoreSpec, layout, plan: Optional[_plan.Plan], need_grad: bool,
         return
     records = _RECORDS.get()
     if records is not None:
-        edge = tuple((spec.inputs[i], tuple(inputs[i].shape)) for i in spec.edge_inputs
-                     if i < len(inputs) and inputs[i] is not None)
+        edge = tuple((spec.inputs[i], tuple(inputs[i].shape)) for i in spec.edge_inputs)
         records.append(CallRecord(spec.name, layout, plan, need_grad, value.dtype,
                                   value.size(1), value.size(2), why, edge))
 
