@@ -303,6 +303,57 @@ def _agnn_beta_scale(layer, x: Tensor, edge_index: Tensor, seed: int, dtype: tor
     return scale
 
 
+def _head_rms(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor]) -> float:
+    r"""RMS of the per-head outputs that ``layer`` (float64) sums into its output:
+    a copy with ``concat=True`` and without bias, residual or root weight, run on
+    the float64 inputs.
+
+    With ``concat=False`` the output is the mean of the heads plus those terms, and
+    where they cancel (one output of heads near 1.94 and -1.73 plus a bias: 0.039)
+    it can be no closer than the rounding of the heads: half an ulp of 1.94 is
+    3.9e-3 in bfloat16, 1.2e-7 in float32. So the output's floor is this RMS at
+    least, and the tolerance applies to the terms' scale as it does to every
+    other result's."""
+    heads = copy.deepcopy(layer)
+    for name, off in (("concat", True), ("bias", None), ("res", None), ("root_weight", False)):
+        if hasattr(heads, name):
+            setattr(heads, name, off)
+    x = xs[0] if len(xs) == 1 else tuple(xs)
+    with torch.no_grad():
+        out = heads(x, edge_index, *([] if edge_attr is None else [edge_attr]))
+    return float(out.square().mean().sqrt()) if out.numel() else 0.0
+
+
+def _lin_edge_scale(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor],
+                    call_kwargs: dict, seed: int, dtype: torch.dtype) -> float:
+    r"""RMS of :math:`\sum_e |\mathbf{g}_e| |\mathbf{a}_e|^\top`, the magnitudes
+    of the terms that ``lin_edge``'s weight gradient sums (``g_e``: the gradient
+    of the edge's projected row, ``a_e``: its features, self-loops' included), for
+    the loss of :func:`_forward_backward` on ``layer`` (float64); 0 without
+    ``lin_edge``.
+
+    In GATConv and GATv2Conv the terms cancel: the logit gradients of a row sum to
+    zero, and with one destination row (edge_dim 1, four heads of one channel)
+    the sum is a small fraction of its terms, whose rounding in half precision
+    (PyG's too) is what the fused gradient can be held to, as for AGNN's beta
+    (:func:`_agnn_beta_scale`)."""
+    lin = getattr(layer, "lin_edge", None)
+    if lin is None or edge_attr is None:
+        return 0.0
+    terms = []
+
+    def keep(module, inputs, out):
+        out.register_hook(lambda g: terms.append(g.abs().t() @ inputs[0].abs()))
+
+    handle = lin.register_forward_hook(keep)
+    try:
+        _forward_backward(layer, xs, edge_index, call_kwargs, False, seed, dtype, edge_attr)
+    finally:
+        handle.remove()
+    scale = sum(terms)
+    return float(scale.square().mean().sqrt()) if terms else 0.0
+
+
 def _floors(want: dict) -> dict:
     r"""RMS floor of each result: :data:`OUTPUT_FLOOR` for the output,
     :data:`GRAD_FLOOR` for the attention weights, and for gradients
@@ -413,6 +464,15 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
         assert torch.equal(got.pop("edge_index"), want.pop("edge_index")), \
             "returned edge_index differs"
     floors = _floors(want)
+    floors["output"] = max(floors["output"], _head_rms(
+        native_in(torch.float64), [x.to(torch.float64) for x in xs], edge_index,
+        None if ea is None else ea.to(torch.float64)))
+    if "grad lin_edge.weight" in floors:
+        floors["grad lin_edge.weight"] = max(floors["grad lin_edge.weight"], _lin_edge_scale(
+            native_in(torch.float64), [x.to(torch.float64).requires_grad_() for x in xs],
+            edge_index, ea.to(torch.float64).requires_grad_(),
+            {k: v for k, v in call_kwargs.items() if k != "return_attention_weights"},
+            seed, dtype))
     if native_cls is AGNNConv and want.get("grad beta") is not None:
         floors["grad beta"] = max(floors["grad beta"],
                                   _agnn_beta_scale(native_in(torch.float64), xs[0], edge_index,
@@ -752,3 +812,56 @@ def test_output_floor_judges_a_cancelled_output_by_its_terms():
     assert _error(want["output"] + 1.1e-6, want["output"], floors["output"]) >= tol
     alpha = want["attention weights"]
     assert _error(alpha + 2e-7, alpha, floors["attention weights"]) >= tol
+
+
+def _replay_gat_edge_bf16(graph: Graph, heads: int) -> None:
+    """Replays a GPU fuzz case of GATConv with edge features in bfloat16 (one
+    destination row, ``heads`` heads of one channel, ``concat=False``, one
+    feature per edge) on the CPU reference path, which rounds as the kernels do."""
+    ctor = dict(in_channels=(10, 9), out_channels=1, heads=heads, concat=False,
+                negative_slope=0.5, add_self_loops=False, fill_value="mean", residual=False,
+                dropout=0.0, edge_dim=1)
+    assert compare(GATConv, FusedGATConv, ctor, graph, (10, 9), torch.device("cpu"),
+                   torch.bfloat16, "auto", 477365477, False, {}, False, "additive_edge",
+                   edge_dim=1) == "additive_edge"
+
+
+def test_head_rms_is_the_scale_of_the_heads_not_of_their_mean():
+    """The output's floor for ``concat=False``: the RMS of the heads' outputs
+    before the mean, whatever the bias adds; and the GPU fuzz case it is for
+    (GATConv with edge features in bfloat16, one output of heads near 1.94 and
+    -1.73 plus a bias, 0.039 in all, missed by 3.6e-3 on the CPU reference path
+    as by the kernels) passes."""
+    torch.manual_seed(0)
+    graph = build_graph("bipartite", 20598965, 2, 1, 3)
+    layer = GATConv((10, 9), 3, heads=2, concat=False, edge_dim=4).double()
+    with torch.no_grad():
+        layer.bias.fill_(100.0)
+    xs = [torch.randn(2, 10, dtype=torch.float64), torch.randn(1, 9, dtype=torch.float64)]
+    ea = torch.randn(graph.edge_index.size(1), 4, dtype=torch.float64)
+    concat = GATConv((10, 9), 3, heads=2, concat=True, edge_dim=4, bias=False).double()
+    concat.load_state_dict({k: v for k, v in layer.state_dict().items() if k != "bias"})
+    heads = concat(tuple(xs), graph.edge_index, ea)
+    assert _head_rms(layer, xs, graph.edge_index, ea) == pytest.approx(
+        float(heads.square().mean().sqrt()), rel=1e-12)
+    assert float(layer(tuple(xs), graph.edge_index, ea).abs().min()) > 50.0
+    _replay_gat_edge_bf16(graph, heads=2)
+
+
+def test_lin_edge_scale_bounds_the_gradient_and_passes_the_cancelled_case():
+    """``lin_edge``'s weight gradient is held to the magnitudes of its terms: their
+    scale is at least the gradient's own RMS (each element a sum of those terms),
+    and the GPU fuzz case it is for (GATConv with edge features in bfloat16, one
+    destination row of 12 edges, four heads of one channel: the gradient off by
+    1.07e-2 of itself on the CPU reference path as by the kernels) passes."""
+    torch.manual_seed(0)
+    graph = build_graph("bipartite", 1021919964, 4, 1, 3)
+    layer = GATConv((10, 9), 2, heads=3, edge_dim=5, add_self_loops=False).double()
+    xs = [torch.randn(4, 10, dtype=torch.float64, requires_grad=True),
+          torch.randn(1, 9, dtype=torch.float64, requires_grad=True)]
+    ea = torch.randn(graph.edge_index.size(1), 5, dtype=torch.float64, requires_grad=True)
+    got = _forward_backward(layer, xs, graph.edge_index, {}, False, 3, torch.float64, ea)
+    grad = got["grad lin_edge.weight"]
+    scale = _lin_edge_scale(layer, xs, graph.edge_index, ea, {}, 3, torch.float64)
+    assert float(grad.square().mean().sqrt()) <= scale * (1 + 1e-12) and scale > 0.0
+    _replay_gat_edge_bf16(graph, heads=4)
