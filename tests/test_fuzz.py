@@ -39,6 +39,7 @@ import pytest
 import torch
 from torch import Tensor
 from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
+from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from benchmarks.sanitize import beta_terms
@@ -324,34 +325,46 @@ def _head_rms(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor]) 
     return float(out.square().mean().sqrt()) if out.numel() else 0.0
 
 
-def _lin_edge_scale(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor],
-                    call_kwargs: dict, seed: int, dtype: torch.dtype) -> float:
-    r"""RMS of :math:`\sum_e |\mathbf{g}_e| |\mathbf{a}_e|^\top`, the magnitudes
-    of the terms that ``lin_edge``'s weight gradient sums (``g_e``: the gradient
-    of the edge's projected row, ``a_e``: its features, self-loops' included), for
-    the loss of :func:`_forward_backward` on ``layer`` (float64); 0 without
-    ``lin_edge``.
+def _linear_scales(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor],
+                   seed: int, dtype: torch.dtype) -> dict:
+    r"""For each linear map of ``layer`` (float64), the RMS of the magnitudes of the
+    terms its gradients sum over rows, for the loss of :func:`_forward_backward`:
+    :math:`\sum_r |\mathbf{g}_r| |\mathbf{x}_r|^\top` for the weight and
+    :math:`\sum_r |\mathbf{g}_r|` for the bias (``g_r``: the gradient of the
+    map's output row, ``x_r``: its input row, every call's rows), keyed as the
+    results are (``"grad lin_edge.weight"``).
 
-    In GATConv and GATv2Conv the terms cancel: the logit gradients of a row sum to
-    zero, and with one destination row (edge_dim 1, four heads of one channel)
-    the sum is a small fraction of its terms, whose rounding in half precision
-    (PyG's too) is what the fused gradient can be held to, as for AGNN's beta
-    (:func:`_agnn_beta_scale`)."""
-    lin = getattr(layer, "lin_edge", None)
-    if lin is None or edge_attr is None:
-        return 0.0
-    terms = []
+    Where those terms cancel, a gradient is a small fraction of them and can be
+    no closer than their rounding in half precision (PyG's too), as AGNN's beta
+    (:func:`_agnn_beta_scale`): ``lin_edge`` in GATConv, whose logit gradients
+    sum to zero per row (one destination row of 12 edges, four heads of one
+    channel: off by 1.07e-2 of itself in bfloat16), or ``lin_value`` over
+    values of either sign (36 nodes of one feature: 1.2e-2)."""
+    linears = {n: m for n, m in layer.named_modules()
+               if isinstance(m, (torch.nn.Linear, PygLinear))
+               and isinstance(getattr(m, "weight", None), torch.nn.Parameter)}
+    terms = collections.defaultdict(list)
 
-    def keep(module, inputs, out):
-        out.register_hook(lambda g: terms.append(g.abs().t() @ inputs[0].abs()))
+    def keep(name):
+        def hook(module, inputs, out):
+            rows = inputs[0].detach().reshape(-1, module.weight.size(1)).abs()
+            out.register_hook(lambda g: terms[name].append(
+                (g.reshape(-1, module.weight.size(0)).abs(), rows)))
+        return hook
 
-    handle = lin.register_forward_hook(keep)
+    handles = [m.register_forward_hook(keep(n)) for n, m in linears.items()]
     try:
-        _forward_backward(layer, xs, edge_index, call_kwargs, False, seed, dtype, edge_attr)
+        _forward_backward(layer, xs, edge_index, {}, False, seed, dtype, edge_attr)
     finally:
-        handle.remove()
-    scale = sum(terms)
-    return float(scale.square().mean().sqrt()) if terms else 0.0
+        for h in handles:
+            h.remove()
+    scales = {}
+    for name, calls in terms.items():
+        weight = sum(g.t() @ x for g, x in calls)
+        scales[f"grad {name}.weight"] = float(weight.square().mean().sqrt())
+        bias = sum(g.sum(0) for g, _ in calls)
+        scales[f"grad {name}.bias"] = float(bias.square().mean().sqrt())
+    return scales
 
 
 def _floors(want: dict) -> dict:
@@ -467,12 +480,13 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
     floors["output"] = max(floors["output"], _head_rms(
         native_in(torch.float64), [x.to(torch.float64) for x in xs], edge_index,
         None if ea is None else ea.to(torch.float64)))
-    if "grad lin_edge.weight" in floors:
-        floors["grad lin_edge.weight"] = max(floors["grad lin_edge.weight"], _lin_edge_scale(
-            native_in(torch.float64), [x.to(torch.float64).requires_grad_() for x in xs],
-            edge_index, ea.to(torch.float64).requires_grad_(),
-            {k: v for k, v in call_kwargs.items() if k != "return_attention_weights"},
-            seed, dtype))
+    scales = _linear_scales(native_in(torch.float64),
+                            [x.to(torch.float64).requires_grad_() for x in xs], edge_index,
+                            None if ea is None else ea.to(torch.float64).requires_grad_(),
+                            seed, dtype)
+    for k, scale in scales.items():
+        if k in floors:
+            floors[k] = max(floors[k], scale)
     if native_cls is AGNNConv and want.get("grad beta") is not None:
         floors["grad beta"] = max(floors["grad beta"],
                                   _agnn_beta_scale(native_in(torch.float64), xs[0], edge_index,
@@ -848,12 +862,16 @@ def test_head_rms_is_the_scale_of_the_heads_not_of_their_mean():
     _replay_gat_edge_bf16(graph, heads=2)
 
 
-def test_lin_edge_scale_bounds_the_gradient_and_passes_the_cancelled_case():
-    """``lin_edge``'s weight gradient is held to the magnitudes of its terms: their
+def test_linear_scales_bound_the_gradients_and_pass_the_cancelled_cases():
+    """A linear map's gradients are held to the magnitudes of their terms: each
     scale is at least the gradient's own RMS (each element a sum of those terms),
-    and the GPU fuzz case it is for (GATConv with edge features in bfloat16, one
-    destination row of 12 edges, four heads of one channel: the gradient off by
-    1.07e-2 of itself on the CPU reference path as by the kernels) passes."""
+    and for one linear map the loss weights' magnitudes against the inputs'; the
+    GPU fuzz case it is for
+    (GATConv with edge features in bfloat16, one destination row of 12 edges,
+    four heads of one channel: ``lin_edge``'s weight gradient off by 1.07e-2 of
+    itself on the CPU reference path as by the kernels) passes, and so does a
+    CPU one (TransformerConv in bfloat16 on 36 nodes of one feature with
+    duplicate edges: ``lin_value``'s off by 1.2e-2)."""
     torch.manual_seed(0)
     graph = build_graph("bipartite", 1021919964, 4, 1, 3)
     layer = GATConv((10, 9), 2, heads=3, edge_dim=5, add_self_loops=False).double()
@@ -861,7 +879,31 @@ def test_lin_edge_scale_bounds_the_gradient_and_passes_the_cancelled_case():
           torch.randn(1, 9, dtype=torch.float64, requires_grad=True)]
     ea = torch.randn(graph.edge_index.size(1), 5, dtype=torch.float64, requires_grad=True)
     got = _forward_backward(layer, xs, graph.edge_index, {}, False, 3, torch.float64, ea)
-    grad = got["grad lin_edge.weight"]
-    scale = _lin_edge_scale(layer, xs, graph.edge_index, ea, {}, 3, torch.float64)
-    assert float(grad.square().mean().sqrt()) <= scale * (1 + 1e-12) and scale > 0.0
+    scales = _linear_scales(layer, xs, graph.edge_index, ea, 3, torch.float64)
+    assert {"grad lin_src.weight", "grad lin_dst.weight", "grad lin_edge.weight"} <= set(scales)
+    for k, scale in scales.items():
+        if got.get(k) is not None:
+            assert float(got[k].square().mean().sqrt()) <= scale * (1 + 1e-12) and scale > 0.0
     _replay_gat_edge_bf16(graph, heads=4)
+    class OneLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x, edge_index):
+            return self.lin(x)
+
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 2, generator=torch.Generator().manual_seed(3)).double()
+    scales = _linear_scales(OneLinear().double(), [x], graph.edge_index, None, 3,
+                            torch.float64)
+    assert scales["grad lin.weight"] == pytest.approx(
+        float((w.abs().t() @ x.abs()).square().mean().sqrt()), rel=1e-12)
+    assert scales["grad lin.bias"] == pytest.approx(
+        float(w.abs().sum(0).square().mean().sqrt()), rel=1e-12)
+    dup = build_graph("duplicates", 0, 36, 1, 5)
+    ctor = dict(in_channels=1, out_channels=1, heads=1, concat=False, beta=True,
+                root_weight=True, dropout=0.0, edge_dim=1)
+    assert compare(TransformerConv, functools.partial(FusedTransformerConv, edge_tails=False),
+                   ctor, dup, (1, None), torch.device("cpu"), torch.bfloat16, "auto", 0, False,
+                   {}, False, "dot_edge", edge_dim=1) == "dot_edge"
