@@ -35,7 +35,8 @@ def ref64(lay, x_l, x_r, att, slope, g, dropout=0.0):
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
-@pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (1, 128), (2, 100), (1, 7)])
+@pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (1, 128), (2, 100), (1, 7),
+                                 (1, 256)])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("launches", [1, 2])
 def test_forward_backward_fp32(graph, H, C, strategy, launches):
@@ -56,7 +57,7 @@ def test_forward_backward_fp32(graph, H, C, strategy, launches):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("graph", ["small", "super_node", "bipartite"])
-@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24)])
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24), (1, 384)])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 def test_half_precision(graph, dtype, H, C, strategy):
     torch.manual_seed(11)

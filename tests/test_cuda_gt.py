@@ -104,7 +104,8 @@ def ref64(lay, q, k, v, grad_out=None):
 @pytest.mark.parametrize("backward", ["one_launch", "two_launches"])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("graph", list(GRAPHS))
-@pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7)])
+@pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7),
+                                 (1, 256), (1, 384)])
 def test_forward_backward_fp32(graph, strategy, H, C, backward, plan_override):
     """Both backward paths of these small graphs: one launch, and the two-launch
     path of larger graphs (the dq kernel saving each edge's P' and dS for the dk /
@@ -127,7 +128,7 @@ def test_forward_backward_fp32(graph, strategy, H, C, backward, plan_override):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("graph", ["small", "super_node"])
-@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24)])
+@pytest.mark.parametrize("H,C", [(1, 128), (4, 32), (2, 24), (1, 384)])
 def test_half_precision(graph, strategy, dtype, H, C):
     torch.manual_seed(1)
     lay = make_layout(graph)
