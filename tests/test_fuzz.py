@@ -326,14 +326,16 @@ def _head_rms(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor]) 
     return float(out.square().mean().sqrt()) if out.numel() else 0.0
 
 
-def _linear_scales(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tensor],
-                   seed: int, dtype: torch.dtype) -> dict:
-    r"""For each linear map of ``layer`` (float64), the RMS of the magnitudes of the
-    terms its gradients sum over rows, for the loss of :func:`_forward_backward`:
-    :math:`\sum_r |\mathbf{g}_r| |\mathbf{x}_r|^\top` for the weight and
+@contextlib.contextmanager
+def _linear_scales(layer):
+    r"""Collects, while the block runs ``layer`` (float64) forward and backward, the
+    terms that each of its linear maps' gradients sum over rows, and fills the
+    yielded dict when the block ends: the RMS of
+    :math:`\sum_r |\mathbf{g}_r| |\mathbf{x}_r|^\top` for the weight and of
     :math:`\sum_r |\mathbf{g}_r|` for the bias (``g_r``: the gradient of the
     map's output row, ``x_r``: its input row, every call's rows), keyed as the
-    results are (``"grad lin_edge.weight"``).
+    results are (``"grad lin_edge.weight"``). The hooks read, never change, what
+    flows; the float64 reference run itself feeds them.
 
     Where those terms cancel, a gradient is a small fraction of them and can be
     no closer than their rounding in half precision (PyG's too), as AGNN's beta
@@ -341,9 +343,6 @@ def _linear_scales(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tens
     sum to zero per row (one destination row of 12 edges, four heads of one
     channel: off by 1.07e-2 of itself in bfloat16), or ``lin_value`` over
     values of either sign (36 nodes of one feature: 1.2e-2)."""
-    linears = {n: m for n, m in layer.named_modules()
-               if isinstance(m, (torch.nn.Linear, PygLinear))
-               and isinstance(getattr(m, "weight", None), torch.nn.Parameter)}
     terms = collections.defaultdict(list)
 
     def keep(name):
@@ -353,19 +352,20 @@ def _linear_scales(layer, xs: list, edge_index: Tensor, edge_attr: Optional[Tens
                 (g.reshape(-1, module.weight.size(0)).abs(), rows)))
         return hook
 
-    handles = [m.register_forward_hook(keep(n)) for n, m in linears.items()]
+    handles = [m.register_forward_hook(keep(n)) for n, m in layer.named_modules()
+               if isinstance(m, (torch.nn.Linear, PygLinear))
+               and isinstance(getattr(m, "weight", None), torch.nn.Parameter)]
+    scales = {}
     try:
-        _forward_backward(layer, xs, edge_index, {}, False, seed, dtype, edge_attr)
+        yield scales
     finally:
         for h in handles:
             h.remove()
-    scales = {}
     for name, calls in terms.items():
         weight = sum(g.t() @ x for g, x in calls)
         scales[f"grad {name}.weight"] = float(weight.square().mean().sqrt())
         bias = sum(g.sum(0) for g, _ in calls)
         scales[f"grad {name}.bias"] = float(bias.square().mean().sqrt())
-    return scales
 
 
 def _floors(want: dict) -> dict:
@@ -472,7 +472,9 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
         + ("" if ran else " (the fused layer ran PyG's own forward)"))
     assert calls[0].dtype == dtype, f"the fused op ran in {calls[0].dtype}, not {dtype}"
     assert got["output"].dtype == dtype and got["output"].device.type == device.type
-    want = run(native_in(torch.float64), torch.float64)
+    reference = native_in(torch.float64)
+    with _linear_scales(reference) as scales:
+        want = run(reference, torch.float64)
     assert got.keys() == want.keys(), f"results differ: {sorted(got)} vs {sorted(want)}"
     if "edge_index" in got:
         assert torch.equal(got.pop("edge_index"), want.pop("edge_index")), \
@@ -481,10 +483,6 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
     floors["output"] = max(floors["output"], _head_rms(
         native_in(torch.float64), [x.to(torch.float64) for x in xs], edge_index,
         None if ea is None else ea.to(torch.float64)))
-    scales = _linear_scales(native_in(torch.float64),
-                            [x.to(torch.float64).requires_grad_() for x in xs], edge_index,
-                            None if ea is None else ea.to(torch.float64).requires_grad_(),
-                            seed, dtype)
     for k, scale in scales.items():
         if k in floors:
             floors[k] = max(floors[k], scale)
@@ -879,13 +877,14 @@ def test_linear_scales_bound_the_gradients_and_pass_the_cancelled_cases():
     xs = [torch.randn(4, 10, dtype=torch.float64, requires_grad=True),
           torch.randn(1, 9, dtype=torch.float64, requires_grad=True)]
     ea = torch.randn(graph.edge_index.size(1), 5, dtype=torch.float64, requires_grad=True)
-    got = _forward_backward(layer, xs, graph.edge_index, {}, False, 3, torch.float64, ea)
-    scales = _linear_scales(layer, xs, graph.edge_index, ea, 3, torch.float64)
+    with _linear_scales(layer) as scales:
+        got = _forward_backward(layer, xs, graph.edge_index, {}, False, 3, torch.float64, ea)
     assert {"grad lin_src.weight", "grad lin_dst.weight", "grad lin_edge.weight"} <= set(scales)
     for k, scale in scales.items():
         if got.get(k) is not None:
             assert float(got[k].square().mean().sqrt()) <= scale * (1 + 1e-12) and scale > 0.0
     _replay_gat_edge_bf16(graph, heads=4)
+
     class OneLinear(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -896,8 +895,9 @@ def test_linear_scales_bound_the_gradients_and_pass_the_cancelled_cases():
 
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 2, generator=torch.Generator().manual_seed(3)).double()
-    scales = _linear_scales(OneLinear().double(), [x], graph.edge_index, None, 3,
-                            torch.float64)
+    one = OneLinear().double()
+    with _linear_scales(one) as scales:
+        _forward_backward(one, [x], graph.edge_index, {}, False, 3, torch.float64)
     assert scales["grad lin.weight"] == pytest.approx(
         float((w.abs().t() @ x.abs()).square().mean().sqrt()), rel=1e-12)
     assert scales["grad lin.bias"] == pytest.approx(
