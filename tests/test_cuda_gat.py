@@ -45,7 +45,7 @@ def ref64(lay, a_src, a_dst, x, slope, g):
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (8, 64), (1, 128), (2, 100), (1, 7),
-                                 (1, 256), (1, 384)])
+                                 (2, 160), (1, 256), (1, 384)])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_forward_backward_fp32(graph, H, C, strategy, plan_override):
     strategy = walk(strategy, plan_override)

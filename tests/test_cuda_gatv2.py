@@ -36,7 +36,7 @@ def ref64(lay, x_l, x_r, att, slope, g, dropout=0.0):
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
 @pytest.mark.parametrize("H,C", [(1, 8), (2, 16), (4, 32), (1, 128), (2, 100), (1, 7),
-                                 (1, 256)])
+                                 (2, 160), (1, 256)])
 @pytest.mark.parametrize("strategy", ["smmf", "pmf"])
 @pytest.mark.parametrize("launches", [1, 2])
 def test_forward_backward_fp32(graph, H, C, strategy, launches):

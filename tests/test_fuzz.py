@@ -219,11 +219,11 @@ def graphs(draw, family: str) -> Graph:
 
 def out_channels(device: torch.device, smallest: int = 1):
     """Odd and small head sizes everywhere; on CUDA also the sizes of the vector,
-    MMA and dense-tile kernels, and rows of two and four 16-byte vectors per lane
-    (256 and 384 channels in float32, 384 in half precision)."""
+    MMA and dense-tile kernels, rows of three, two and four 16-byte vectors per lane
+    (160, 256 and 384 channels in float32, 384 in half precision)."""
     small = st.integers(smallest, 9)
     if device.type == "cuda":
-        return st.one_of(small, st.sampled_from([16, 32, 64, 128, 256, 384]))
+        return st.one_of(small, st.sampled_from([16, 32, 64, 128, 160, 256, 384]))
     return small
 
 
