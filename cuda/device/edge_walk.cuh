@@ -14,7 +14,7 @@ namespace dfgnn {
 // per lane with 4 edges took 176 registers in the tails' forward, 109 with 2, and
 // ran 13 % slower. Scalar rows (VEC = 1, 4-byte loads) keep 4 edges.
 template <int VEC, int NV> constexpr int edges_in_flight() {
-  return VEC == 1 || NV == 1 ? 4 : (NV == 2 ? 2 : 1);
+  return VEC == 1 ? 4 : 4 / NV;
 }
 
 // The neighbour indices (col or row) of a work item. With AHEAD they are loaded
