@@ -482,7 +482,7 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
             "returned edge_index differs"
     floors = _floors(want)
     floors["output"] = max(floors["output"], _head_rms(
-        native_in(torch.float64), [x.to(torch.float64) for x in xs], edge_index,
+        reference, [x.to(torch.float64) for x in xs], edge_index,
         None if ea is None else ea.to(torch.float64)))
     for k, scale in scales.items():
         if k in floors:
