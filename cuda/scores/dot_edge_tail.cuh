@@ -1,14 +1,14 @@
 // The dot score with edge rows that are tails (TransformerConv's edge_dim
-// without an [E, H, C] tensor): per head, rows of C channels whose edge rows
-// are a_ij [E, D] (CSR edge order, one row for every head) in their last D
-// channels and zero before,
-//   s_ij = scale q_i . (k_j + [0, a_ij]),  out_i = sum_j softmax_j(s_ij) (v_j + [0, a_ij]).
+// without an [E, H, C] tensor): per head, queries of C channels, keys and values
+// of C - D that the edge rows a_ij [E, D] (CSR edge order, one row for every
+// head) complete,
+//   s_ij = scale q_i . [k_j, a_ij],  out_i = sum_j softmax_j(s_ij) [v_j, a_ij].
 // The walks load the tails (scores/score.cuh, kEdgeTail) and the dq walk stores
 // the tails of dE_ij = dS_ij ds_ij/dk_j + P'_ij dO_i, [E, H, D]; the backward
 // returns their sum over the heads, a_ij's gradient. The functors are the
 // dot_edge score's. The layer's rows (nn/transformer_conv.py): queries
-// [q_i, W_h^T q_i], keys [k_j, 0], values [v_j, 0], and W_h (head h's slice of
-// lin_edge's weight) times the output's last D channels added to its first C.
+// [q_i, W_h^T q_i], keys k_j, values v_j, and W_h (head h's slice of lin_edge's
+// weight) times the output's last D channels added to its first C.
 // Forward, checks and registration: scores/dot_edge_tail.cu; backward:
 // scores/dot_edge_tail_backward.cu. Paths as the dot_edge score's.
 #pragma once
