@@ -43,9 +43,12 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   int64_t kv_row = HC, kv_off = head_off;
   int kv_nvec = nvec;
   if constexpr (kEdgeTailOf<Score>) {
-    const int d = Score::edge_width(sp), ck = nvec * S::VEC - d;
-    kv_row = (int64_t)H * ck;
-    kv_off = (int64_t)h * ck;
+    // The row stride is a kernel argument of its own: derived here as H (C - D),
+    // the compiler wrote j H (C - D) + h (C - D) as (j H + h) (C - D), two
+    // dependent wide multiplies before every gather.
+    const int d = Score::edge_width(sp);
+    kv_row = Score::key_stride(sp);
+    kv_off = (int64_t)h * (nvec * S::VEC - d);
     kv_nvec = nvec - d / S::VEC;
   }
 #pragma unroll

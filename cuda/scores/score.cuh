@@ -46,6 +46,7 @@
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
 //     static constexpr bool kEdgeTail = true;  // optional: [E, D] tails instead (below)
 //     static int edge_width(const Params&);    // kEdgeTail: D
+//     static int64_t key_stride(const Params&); // kEdgeTail: the [N_src, H, C - D] rows' stride
 //     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
 //     // edge's gathered key row (edge row added), per edge. With kEdgeInKeyOnly
 //     // or kEdgeBeside the edge row goes beside the gathered row instead:
