@@ -228,12 +228,13 @@ def gt_edge_case(name, ei, ns, nd, H, C, dtype, dropout=0.0, chunk=None):
 
 @_case
 def gt_edge_tail_case(name, ei, ns, nd, H, C, D, dtype, dropout=0.0, chunk=None):
-    """The dot_edge_tail score (GT with ``[E, D]`` tails of every head's edge row,
-    CSR order); ``chunk``: edges per work item."""
+    """The dot_edge_tail score (GT with ``[E, D]`` tails completing every head's
+    keys and values of ``C - D`` channels, CSR order); ``chunk``: edges per work
+    item."""
     lay = GraphLayout.from_edge_index(ei.to(DEV), (ns, nd))
     q = torch.randn(nd, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    k = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
-    v = torch.randn(ns, H, C, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(ns, H, C - D, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(ns, H, C - D, device=DEV, dtype=dtype, requires_grad=True)
     a = torch.randn(lay.num_edges, D, device=DEV, dtype=dtype, requires_grad=True)
     g = torch.randn(nd, H, C, device=DEV, dtype=dtype)
     with ops.plan.override(chunk=chunk):

@@ -22,7 +22,8 @@ CALLS = {
     "additive": ([(N, H), (N, H), (N, H, C)], (0.2,)),
     "cosine": ([(N, H, C), (1,)], (1e-12,)),
     "dot_edge": ([(N, H, C)] * 3 + [(7, H, C)], (0.3,)),  # e: one row per edge of _layout
-    "dot_edge_tail": ([(N, H, C)] * 3 + [(7, 4)], (0.3,)),  # a: a 4-channel tail per edge
+    # a: a 4-channel tail per edge, completing keys and values of C - 4 channels
+    "dot_edge_tail": ([(N, H, C)] + [(N, H, C - 4)] * 2 + [(7, 4)], (0.3,)),
     "additive_edge": ([(N, H), (N, H), (N, H, C), (7, H)], (0.2,)),  # a_edge: one per edge
 }
 

@@ -71,9 +71,9 @@ def _inputs(score, lay, H, C, dtype):
         return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), edge=e,
                                           strategy=s)
     if score == "dot_edge_tail":
-        a = t(lay.num_edges, 16)
-        return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C), t(ns, H, C), edge=a,
-                                          strategy=s)
+        a = t(lay.num_edges, 16)  # keys and values: the C - 16 channels the tails complete
+        return lambda s: ops.gt_attention(lay, t(nd, H, C), t(ns, H, C - 16), t(ns, H, C - 16),
+                                          edge=a, strategy=s)
     if score == "gatv2":
         return lambda s: ops.gatv2_attention(lay, t(ns, H, C), t(nd, H, C), t(H, C), strategy=s)
     if score == "gatv2_edge":  # the layout adds self-loops: the rows in CSR order

@@ -62,6 +62,17 @@ def tails_full(a: Tensor, heads: int, channels: int) -> Tensor:
     return torch.cat([a.new_zeros(E, heads, channels - D), a[:, None].expand(E, heads, D)], -1)
 
 
+def tail_width(C: int) -> int:
+    """The tails' width ``D`` of the dot_edge_tail cases with ``C`` query
+    channels (keys and values have ``C - D``)."""
+    return max(1, C // 2)
+
+
+def pad_kv(x: Tensor, C: int) -> Tensor:
+    """Keys or values without tails padded with zeros to ``C`` channels."""
+    return torch.nn.functional.pad(x, (0, C - x.size(-1)))
+
+
 def gat_hand_formula(ei: Tensor, num_dst: int, a_src, a_dst, x, e, slope):
     r"""``(out, alpha)`` of :math:`s_{ij} = LeakyReLU(a_{dst,i} + a_{src,j} +
     e_{ij})`, :math:`o_i = \sum_j softmax_j(s_{ij}) x_j` in the edge order of
@@ -140,13 +151,14 @@ EDGE_SCORES = {
         (0, 1, 2), r"\[E, H, C\]|\[E, D\]", False),
     "dot_edge_tail": EdgeScore(
         ops.gt_attention, "dot", ("q", "k", "v"),
-        lambda ns, nd, H, C: ((nd, H, C), (ns, H, C), (ns, H, C)),
-        lambda E, H, C: (E, max(1, C // 2)), "scale", 0.37,
+        lambda ns, nd, H, C: ((nd, H, C), (ns, H, C - tail_width(C)), (ns, H, C - tail_width(C))),
+        lambda E, H, C: (E, tail_width(C)), "scale", 0.37,
         lambda ei, nd, q, k, v, e, scale: hand_formula(
-            ei, nd, q, k, v, tails_full(e, q.size(1), q.size(2)), scale),
+            ei, nd, q, pad_kv(k, q.size(2)), pad_kv(v, q.size(2)),
+            tails_full(e, q.size(1), q.size(2)), scale),
         lambda lay, t, e, p, train: reference.dot_attention(
-            lay.rowptr, lay.col, *t, 0.37, p, training=train,
-            edge=tails_full(e, t[0].size(1), t[0].size(2)))[0],
+            lay.rowptr, lay.col, t[0], pad_kv(t[1], t[0].size(2)), pad_kv(t[2], t[0].size(2)),
+            0.37, p, training=train, edge=tails_full(e, t[0].size(1), t[0].size(2)))[0],
         (0, 1, 2), r"\[E, H, C\]|\[E, D\]", False),
     "additive_edge": EdgeScore(
         ops.gat_attention, "additive", ("a_src", "a_dst", "x"),
@@ -163,6 +175,14 @@ EDGE_SCORES = {
             lay.rowptr, lay.col, t[1], t[0], t[2], 0.3, p, training=train, edge=e)[0],
         (1, 0, 2), r"gatv2_attention: the edge rows must be \[E, H, C\] = ", False),
 }
+
+
+def base_nodes(score: str, nodes):
+    """The node inputs as the score without edge inputs takes them: the tails'
+    keys and values padded with zeros to the queries' channels."""
+    if score != "dot_edge_tail":
+        return nodes
+    return (nodes[0], *(pad_kv(t, nodes[0].size(-1)) for t in nodes[1:]))
 
 
 def _qkve(ns, nd, E, H, C, dtype=F64):
@@ -187,8 +207,8 @@ def test_op_matches_the_hand_formula(score, graph, H, C):
     for name, a, b in zip(sc.names + ("e",), got, exp):
         assert rel_err_floor(a, b, 1e-8) < 1e-10, name
     if ei.size(1):
-        # the edge inputs matter
-        assert rel_err(sc.call(lay, nodes, None), want) > 1e-3
+        # the edge inputs matter (the tails' keys and values padded to q's channels)
+        assert rel_err(sc.call(lay, base_nodes(score, nodes), None), want) > 1e-3
 
 
 @pytest.mark.parametrize("score", list(EDGE_SCORES))
@@ -247,7 +267,8 @@ def test_reference_in_half_precision_sums_in_float32(score):
         half = [t.to(dtype) for t in nodes]
         got = sc.call(lay, half, e.to(dtype))
         assert got.dtype == dtype and rel_err(got, want) < 1e-2
-        assert rel_err(sc.call(lay, half, None), want) > 1e-2  # without: another function
+        # without: another function
+        assert rel_err(sc.call(lay, base_nodes(score, half), None), want) > 1e-2
 
 
 @pytest.mark.parametrize("score", list(EDGE_SCORES))
@@ -282,7 +303,7 @@ def test_fused_attention_entry_and_records(score):
     kwargs = dict(zip(sc.names, nodes), **{sc.param_name: 0.3})
     with ops.recording() as records:
         got = ops.fused_attention(lay, score, edge=e, **kwargs)
-        sc.call(lay, nodes, None)
+        sc.call(lay, base_nodes(score, nodes), None)
     assert torch.equal(got, sc.op(lay, edge=e, **kwargs))
     assert [r.score for r in records] == [score, sc.base]
     with pytest.raises(TypeError):
@@ -341,6 +362,9 @@ def test_bad_inputs_raise_value_error(score, case, msg):
     if case == "heads" and score == "dot_edge_tail":
         pytest.skip("tails [E, D] serve every head: no head count to get wrong")
     lay, nodes, e, kw = _bad_case(score, case)
+    if case == "channels_csr" and score == "dot_edge_tail":
+        # [E, H, C] rows select the dot_edge score, whose keys have q's channels
+        msg = r"k and v must be \[N_src, H, C\]"
     with pytest.raises(ValueError, match=EDGE_SCORES[score].shape_msg if msg == "shape" else msg):
         EDGE_SCORES[score].call(lay, nodes, e, **kw)
 
@@ -500,7 +524,9 @@ def _transformer_edge_score(layer, edge_dim: int) -> str:
 def test_tails_pay_where_the_features_are_narrow():
     from pyg_dfgnn.ops.scores.dot_edge_tail import tails_pay
     assert tails_pay(1, 128, 16) and tails_pay(4, 32, 16) and tails_pay(4, 5, 3)
-    assert not tails_pay(4, 32, 128) and not tails_pay(1, 5, 3) and not tails_pay(8, 16, 16)
+    assert tails_pay(8, 16, 16) and tails_pay(1, 5, 3)
+    # 2 H D + 3 D against 5 H C elements per edge: equal bytes do not pay
+    assert not tails_pay(4, 32, 128) and not tails_pay(1, 8, 8) and not tails_pay(1, 4, 4)
 
 
 def test_padded_edge_dim_starts_the_tails_on_a_vector():
@@ -579,7 +605,7 @@ def test_layer_bipartite_sparse_adjacency_matches_pyg(kind, from_values, edge_di
     (PyG's ``SparseTensor`` / ``(adj, alpha)``) and gradients."""
     ns, nd = 14, 9
     ei = random_graph(ns, nd, num_edges=50, num_isolated=2, num_duplicates=4)
-    native, fused = _pair((6, 7), 12, heads=2, edge_dim=edge_dim)
+    native, fused = _pair((6, 7), 8, heads=2, edge_dim=edge_dim)
     assert _transformer_edge_score(fused, edge_dim) == ("dot_edge_tail" if edge_dim == 3
                                                         else "dot_edge")
     x, ea = _features(ns, nd, 6, 7, edge_dim, ei.size(1), bipartite=True)
@@ -921,30 +947,26 @@ def test_layer_with_tails_matches_pyg(case):
              call=call)
 
 
-def test_tail_projections_widen_the_projection_rows():
-    """The widened projections give per head [q, W^T q], [k, 0] and [v, 0]
-    (biases included), so no [N, H, C + D] copy follows the GEMMs."""
+def test_tail_projections_widen_the_query_rows():
+    """The widened query projection gives per head [q, W^T q] (bias included), so
+    no [N, H, C + D] copy follows the GEMM; the key, value and skip projections
+    are left as they are (the op takes the tails beside C-channel keys and
+    values)."""
     from pyg_dfgnn.nn._edge_tails import tail_projections
     torch.manual_seed(0)
     H, C, D, F_in = 3, 5, 2, 7
     x = torch.randn(11, F_in, dtype=torch.float64)
     ws = [torch.randn(H * C, F_in, dtype=torch.float64) for _ in range(4)]
-    bs = [torch.randn(H * C, dtype=torch.float64), None, torch.randn(H * C, dtype=torch.float64),
-          torch.randn(H * C, dtype=torch.float64)]
-    W = torch.randn(H, C, D, dtype=torch.float64)
-    wide_w, wide_b = tail_projections(ws, bs, W)
-    assert wide_w[3] is ws[3] and wide_b[3] is bs[3]  # the skip projection as it is
-    q, k, v = (torch.nn.functional.linear(x, w, b).view(-1, H, C)
-               for w, b in zip(ws[:3], bs[:3]))
-    q2, k2, v2 = (torch.nn.functional.linear(x, w, b).view(-1, H, C + D)
-                  for w, b in zip(wide_w[:3], wide_b[:3]))
-    torch.testing.assert_close(q2, torch.cat([q, torch.einsum("nhc,hcd->nhd", q, W)], -1))
-    # The first C columns: the same products in a GEMM of another width, whose
-    # blocking (and so the last bits) the BLAS may choose per width and CPU; the
-    # padding: exact zeros (zero weights and zero bias).
-    for wide, narrow in ((k2, k), (v2, v)):
-        torch.testing.assert_close(wide[..., :C], narrow)
-        assert torch.equal(wide[..., C:], x.new_zeros(11, H, D))
+    for bq in (torch.randn(H * C, dtype=torch.float64), None):
+        bs = [bq, None, torch.randn(H * C, dtype=torch.float64),
+              torch.randn(H * C, dtype=torch.float64)]
+        W = torch.randn(H, C, D, dtype=torch.float64)
+        wide_w, wide_b = tail_projections(ws, bs, W)
+        assert all(a is b for a, b in zip(wide_w[1:], ws[1:]))
+        assert all(a is b for a, b in zip(wide_b[1:], bs[1:]))
+        q = torch.nn.functional.linear(x, ws[0], bq).view(-1, H, C)
+        q2 = torch.nn.functional.linear(x, wide_w[0], wide_b[0]).view(-1, H, C + D)
+        torch.testing.assert_close(q2, torch.cat([q, torch.einsum("nhc,hcd->nhd", q, W)], -1))
 
 
 def test_layer_with_edge_tails_off_runs_edge_rows():

@@ -302,6 +302,12 @@ row_bwd_dkv_kernel(const typename Score::T* __restrict__ dout, const float2* __r
   const int gl = g.gl, h = g.h;
   const int nvec = C / VEC;
   const int64_t HC = (int64_t)H * C, head_off = (int64_t)h * C;
+  // kEdgeTail: keys and values have no tails ([N_src, H, C - D], score_walk.cuh),
+  // so their gradients are rows of C - D channels, summed from the gathered rows'
+  // channels before the tails alone.
+  int c_kv = C;
+  if constexpr (kEdgeTailOf<Score>) c_kv = C - Score::edge_width(sp);
+  const int nvec_kv = c_kv / VEC;
   // Speculative like NbrTile's first tile: needs the edge position only, not the
   // item's end; masked by the neighbour (nt.cur < 0) before use.
   auto weights_of = [&](int e) {
@@ -327,8 +333,8 @@ row_bwd_dkv_kernel(const typename Score::T* __restrict__ dout, const float2* __r
       nt.take(e0, i);
       nt.share(wv, e0, w_v);
       nt.share(wk, e0, w_k);
-      gather_rows<T, VEC, G, NV, U>(i, dout, Score::query_rows(sp), HC, head_off, gl, nvec, gf,
-                                    qf);
+      gather_rows<T, VEC, G, NV, U>(i, dout, Score::query_rows(sp), HC, head_off, gl, nvec_kv,
+                                    gf, qf);
       if constexpr (kEdgeInKeyOnlyOf<Score>) load_edge_rows<Score, U>(sp, i, perm, e0, HC,
                                                                      head_off, gl, nvec, ef);
 #pragma unroll
@@ -345,7 +351,7 @@ row_bwd_dkv_kernel(const typename Score::T* __restrict__ dout, const float2* __r
     cur = next;
   }
   const float mul = src.finish_grad(sp, dk_acc, dv_acc);
-  store_src_grads<Score>(g, H, C, chunk, colptr, o, dk_acc, dv_acc, mul, counters);
+  store_src_grads<Score>(g, H, c_kv, chunk, colptr, o, dk_acc, dv_acc, mul, counters);
 }
 
 template <typename Score, bool DROPOUT, typename... A>

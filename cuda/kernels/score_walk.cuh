@@ -37,13 +37,27 @@ __device__ __forceinline__ void gather_src_rows(const typename Score::Params& sp
   constexpr bool kKeyOnly = kEdgeInKeyOnlyOf<Score>;
   static_assert(!kKeyOnly || (kEdge && !Score::kValueIsKey),
                 "kEdgeInKeyOnly: a score with edge rows that keeps its value row apart");
+  // kEdgeTail: keys and values are the rows without the tails, [N_src, H, C - D]
+  // (their last D channels would be zeros), loaded up to the tails' first vector
+  // and zero past it.
+  int64_t kv_row = HC, kv_off = head_off;
+  int kv_nvec = nvec;
+  if constexpr (kEdgeTailOf<Score>) {
+    // The row stride is a kernel argument of its own: derived here as H (C - D),
+    // the compiler wrote j H (C - D) + h (C - D) as (j H + h) (C - D), two
+    // dependent wide multiplies before every gather.
+    const int d = Score::edge_width(sp);
+    kv_row = Score::key_stride(sp);
+    kv_off = (int64_t)h * (nvec * S::VEC - d);
+    kv_nvec = nvec - d / S::VEC;
+  }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kKnown || j[u] >= 0) {
-      const int64_t off = (int64_t)j[u] * HC + head_off;
-      load_packed<T, S::VEC, S::G, S::NV>(Score::key_rows(sp) + off, gl, nvec, kf[u]);
+      const int64_t off = (int64_t)j[u] * kv_row + kv_off;
+      load_packed<T, S::VEC, S::G, S::NV>(Score::key_rows(sp) + off, gl, kv_nvec, kf[u]);
       if constexpr (!Score::kValueIsKey && !kKeyOnly)
-        load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, nvec, vf[u]);
+        load_packed<T, S::VEC, S::G, S::NV>(Score::value_rows(sp) + off, gl, kv_nvec, vf[u]);
       if constexpr (Score::kSrcScalar) sc[u] = Score::src_scalar(sp, j[u], h, H);
       if constexpr (kEdge) load_edge_row<Score>(sp, e0 + u, HC, head_off, gl, nvec, ef[u]);
     }

@@ -1,14 +1,14 @@
 // The dot score with edge rows that are tails (TransformerConv's edge_dim
-// without an [E, H, C] tensor): per head, rows of C channels whose edge rows
-// are a_ij [E, D] (CSR edge order, one row for every head) in their last D
-// channels and zero before,
-//   s_ij = scale q_i . (k_j + [0, a_ij]),  out_i = sum_j softmax_j(s_ij) (v_j + [0, a_ij]).
+// without an [E, H, C] tensor): per head, queries of C channels, keys and values
+// of C - D that the edge rows a_ij [E, D] (CSR edge order, one row for every
+// head) complete,
+//   s_ij = scale q_i . [k_j, a_ij],  out_i = sum_j softmax_j(s_ij) [v_j, a_ij].
 // The walks load the tails (scores/score.cuh, kEdgeTail) and the dq walk stores
 // the tails of dE_ij = dS_ij ds_ij/dk_j + P'_ij dO_i, [E, H, D]; the backward
 // returns their sum over the heads, a_ij's gradient. The functors are the
 // dot_edge score's. The layer's rows (nn/transformer_conv.py): queries
-// [q_i, W_h^T q_i], keys [k_j, 0], values [v_j, 0], and W_h (head h's slice of
-// lin_edge's weight) times the output's last D channels added to its first C.
+// [q_i, W_h^T q_i], keys k_j, values v_j, and W_h (head h's slice of lin_edge's
+// weight) times the output's last D channels added to its first C.
 // Forward, checks and registration: scores/dot_edge_tail.cu; backward:
 // scores/dot_edge_tail_backward.cu. Paths as the dot_edge score's.
 #pragma once
@@ -18,9 +18,11 @@
 namespace dfgnn {
 
 template <typename T> struct DotEdgeTailParams : DotEdgeParams<T> {
-  int d;  // the tails' width D
+  int d;          // the tails' width D
+  int64_t kv_ld;  // the key and value rows' stride, H (C - D)
   auto tie() const {
-    return std::make_tuple(this->q, this->k, this->v, this->scale, this->scale2, this->e, d);
+    return std::make_tuple(this->q, this->k, this->v, this->scale, this->scale2, this->e, d,
+                           kv_ld);
   }
 };
 
@@ -31,6 +33,7 @@ template <typename S> struct DotEdgeTailScore : DotEdgeScore<S> {
 
   __device__ __forceinline__ static const T* edge_rows(const Params& p) { return p.e; }
   __host__ __device__ __forceinline__ static int edge_width(const Params& p) { return p.d; }
+  __device__ __forceinline__ static int64_t key_stride(const Params& p) { return p.kv_ld; }
 };
 
 // The kernels' parameters of a call: make(TypeTag<T>{}) for its kernel type T.
@@ -38,10 +41,11 @@ inline auto dot_edge_tail_params(const AttentionCall& c) {
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &v = c.inputs[2], &a = c.inputs[3];
   const float scale = (float)c.params[0], scale2 = (float)(c.params[0] * kLog2e);
   const int d = (int)a.size(1);
-  return [&q, &k, &v, &a, scale, scale2, d](auto tag) {
+  const int64_t kv_ld = k.size(1) * k.size(2);
+  return [&q, &k, &v, &a, scale, scale2, d, kv_ld](auto tag) {
     using T = typename decltype(tag)::type;
     return DotEdgeTailParams<T>{{{cptr<T>(q), cptr<T>(k), cptr<T>(v), scale, scale2}, cptr<T>(a)},
-                                d};
+                                d, kv_ld};
   };
 }
 

@@ -46,6 +46,7 @@
 //     static const T* edge_rows(const Params&);  // [E, H, C] rows in CSR edge order
 //     static constexpr bool kEdgeTail = true;  // optional: [E, D] tails instead (below)
 //     static int edge_width(const Params&);    // kEdgeTail: D
+//     static int64_t key_stride(const Params&); // kEdgeTail: the [N_src, H, C - D] rows' stride
 //     // Dst::key_grad(ds, key, out): out = ds d s / d key_j (natural units) at the
 //     // edge's gathered key row (edge row added), per edge. With kEdgeInKeyOnly
 //     // or kEdgeBeside the edge row goes beside the gathered row instead:
@@ -85,10 +86,13 @@
 // of k_j does not depend on e_ij).
 //
 // With kEdgeTail the edge rows are [E, D] (CSR order), one row for every head,
-// that fill the last D channels of each head's row (D a multiple of the row's
-// vectors; the channels before them zero): the walks load them with
-// load_edge_row and the dq walk stores the gradient's tails [E, H, D] with
-// store_edge_grad. TransformerConv's edge_dim without an [E, H, C] tensor: with
+// that fill the last D channels of each head's key and value rows (D a multiple
+// of the row's vectors): the keys and values are [N_src, H, C - D], the rows
+// before the tails, and the queries and the output [N, H, C]. The walks gather
+// the key and value rows up to the tails' first vector and load the tails with
+// load_edge_row, the dq walk stores the gradient's tails [E, H, D] with
+// store_edge_grad, and the CSC walk writes the C - D channels of dk and dv from
+// the gathered rows' first C - D. TransformerConv's edge_dim without an [E, H, C] tensor: with
 // W_h head h's [C, D] slice of lin_edge (no bias), q_i . (k_j + W_h a_ij) =
 // [q_i, W_h^T q_i] . [k_j, a_ij], and the sum of P_ij (v_j + W_h a_ij) is the
 // first C channels of sum_j P_ij [v_j, a_ij] plus W_h times its last D

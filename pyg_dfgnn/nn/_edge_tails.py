@@ -3,15 +3,16 @@ r"""``TransformerConv``'s edge features as tails: the ``"dot_edge_tail"`` score
 
 ``lin_edge`` has no bias, so with ``W_h`` head ``h``'s ``[C, D]`` slice of its
 weight the layer's score and sum are those of rows of ``C + D`` channels per head:
-queries ``[q_i, W_h^T q_i]``, keys ``[k_j, 0]``, values ``[v_j, 0]`` and the raw
-features ``a_ij`` ``[E, D]`` as every head's last ``D`` channels; the output is
-the op's first ``C`` channels plus ``W_h`` times its last ``D``.
+queries ``[q_i, W_h^T q_i]``, keys ``[k_j, a_ij]``, values ``[v_j, a_ij]`` with
+the raw features ``a_ij`` ``[E, D]`` as every head's last ``D`` channels; the
+output is the op's first ``C`` channels plus ``W_h`` times its last ``D``. The
+op takes the keys and values as they are, ``C`` channels, and the tails beside
+them.
 
-The widened rows come out of the projection GEMMs themselves
-(:func:`tail_projections`): ``W_h^T q_i = (W_h^T W_q) x_i + W_h^T b_q`` and
-zero weight rows for the keys' and values' tails. Widening the projections'
-outputs afterwards (a concatenation and two pads) would cost three more passes
-over ``[N, H, C + D]`` rows forward and their slices backward, which on a graph
+The widened queries come out of the query projection's GEMM itself
+(:func:`tail_projections`): ``W_h^T q_i = (W_h^T W_q) x_i + W_h^T b_q``.
+Widening the projection's output afterwards (a concatenation) would cost another
+pass over ``[N, H, C + D]`` rows forward and its slices backward, which on a graph
 with few edges per node outweigh the ``[E, H, C]`` rows the tails save.
 """
 from __future__ import annotations
@@ -69,27 +70,23 @@ def padded_edge_dim(channels: int, edge_dim: int, dtype: torch.dtype) -> Optiona
 
 def tail_projections(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],
                      tails: Tensor) -> Tuple[List[Tensor], List[Optional[Tensor]]]:
-    r"""The query, key and value projections' weights ``[H * C, F]`` and biases
-    widened to ``[H * (C + D)]`` outputs for the tails ``W`` ``[H, C, D]``
-    (:func:`tail_weight`): per head the query's rows ``[W_q; W^T W_q]`` (bias
-    ``[b_q; W^T b_q]``), the key's and value's ``[W; 0]``; any weights after
-    the first three (the skip projection) are left as they are. Differentiable:
-    built from the parameters in every call, so autograd reaches them."""
+    r"""The query projection's weight ``[H * C, F]`` and bias widened to
+    ``[H * (C + D)]`` outputs for the tails ``W`` ``[H, C, D]``
+    (:func:`tail_weight`): per head the rows ``[W_q; W^T W_q]`` (bias ``[b_q;
+    W^T b_q]``); the key's and value's (``C`` channels, the op takes the tails
+    beside them) and any after them (the skip projection) are left as they are.
+    Differentiable: built from the parameters in every call, so autograd reaches
+    them."""
     H, C, D = tails.shape
-    wq, wk, wv = (w.view(H, C, -1) for w in weights[:3])
+    wq = weights[0].view(H, C, -1)
     tq = torch.einsum("hcd,hcf->hdf", tails.to(wq.dtype), wq)
     ws = [torch.cat([wq, tq], dim=1).reshape(H * (C + D), -1)]
-    ws += [F.pad(w, (0, 0, 0, D)).reshape(H * (C + D), -1) for w in (wk, wv)]
-    bs: List[Optional[Tensor]] = []
-    for i, b in enumerate(biases[:3]):
-        if b is None:
-            bs.append(None)
-            continue
-        b = b.view(H, C)
-        tail = (torch.einsum("hcd,hc->hd", tails.to(b.dtype), b) if i == 0
-                else b.new_zeros(H, D))
-        bs.append(torch.cat([b, tail], dim=1).reshape(-1))
-    return ws + list(weights[3:]), bs + list(biases[3:])
+    bq = biases[0]
+    if bq is not None:
+        bq = bq.view(H, C)
+        tail = torch.einsum("hcd,hc->hd", tails.to(bq.dtype), bq)
+        bq = torch.cat([bq, tail], dim=1).reshape(-1)
+    return ws + list(weights[1:]), [bq] + list(biases[1:])
 
 
 def csr_tails(layout, feats: Tensor, tails: Tensor, dtype: torch.dtype) -> Tensor:

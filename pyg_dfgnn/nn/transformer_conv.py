@@ -178,7 +178,7 @@ class FusedTransformerConv(TransformerConv):
         ``rows`` is set, the query covers ``x[1][:rows]`` and is zero below: the
         destinations past the layout's ``dst_extent`` have no in-edge, so no score
         reads their query. With ``tails`` (``[H, C, D]``, :func:`tail_weight`) the
-        query, key and value rows are the tails' ``C + D`` channels per head
+        query rows are the tails' ``C + D`` channels per head
         (:func:`tail_projections`). ``x_r`` is ``None`` when the skip projection is
         left to its own call after the attention, where PyG makes it (a lazy
         ``lin_skip`` then draws its initial weights in PyG's order)."""
@@ -293,10 +293,9 @@ class FusedTransformerConv(TransformerConv):
                                                    params, tails)
         # Contiguous [N, H * C] projections, except under torch.compile: the
         # kernels read these [N, H, C] views without a copy (gt_attention's
-        # .contiguous() returns them). With tails, C + D channels per head.
+        # .contiguous() returns them). With tails, C + D query channels per head.
         width = C if tails is None else C + tails.size(-1)
-        query, key, value = (query.view(-1, H, width), key.view(-1, H, width),
-                             value.view(-1, H, width))
+        query, key, value = query.view(-1, H, width), key.view(-1, H, C), value.view(-1, H, C)
         strategy, edge = self.strategy, None
         if self.lin_edge is not None:
             if tails is not None:

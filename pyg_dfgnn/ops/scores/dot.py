@@ -17,12 +17,15 @@ from ..spec import ScoreSpec, register
 __all__ = ["gt_attention"]
 
 
-def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention") -> None:
+def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention",
+              kv_channels: Optional[int] = None) -> None:
     """Raises :class:`ValueError` unless ``q`` is ``[N_dst, H, C]`` and ``k``,
-    ``v`` are ``[N_src, H, C]`` of one dtype on the layout's device."""
+    ``v`` are ``[N_src, H, C]`` (``[N_src, H, kv_channels]`` where given) of one
+    dtype on the layout's device."""
     qs = q.shape
     if (len(qs) == 3 and qs[0] == layout.num_dst
-            and k.shape == v.shape == (layout.num_src, qs[1], qs[2])
+            and k.shape == v.shape == (layout.num_src, qs[1],
+                                       qs[2] if kv_channels is None else kv_channels)
             and q.dtype == k.dtype == v.dtype and q.device == layout._device):
         # The common case, in one expression: this runs on every call's host path
         # (no torch.Size slices, the layout's device cached).
@@ -36,9 +39,10 @@ def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention"
     if k.size(0) != layout.num_src or v.size(0) != layout.num_src:
         raise ValueError(f"{who}: k and v must have {layout.num_src} rows (source nodes), got "
                          f"{k.size(0)} and {v.size(0)}")
-    if q.shape[1:] != k.shape[1:] or k.shape[1:] != v.shape[1:]:
-        raise ValueError(f"{who}: q, k, v must share [H, C], got {tuple(q.shape[1:])}, "
-                         f"{tuple(k.shape[1:])}, {tuple(v.shape[1:])}")
+    kv = (q.size(1), q.size(2) if kv_channels is None else kv_channels)
+    if tuple(k.shape[1:]) != kv or tuple(v.shape[1:]) != kv:
+        raise ValueError(f"{who}: k and v must be [N_src, H, C] = [N_src, {kv[0]}, {kv[1]}], "
+                         f"got {tuple(k.shape)}, {tuple(v.shape)} (q: {tuple(q.shape)})")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"{who}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != layout.device:
@@ -77,7 +81,8 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     Args:
         layout (GraphLayout): the graph (``N_src`` sources, ``N_dst`` destinations).
         q (Tensor): ``[N_dst, H, C]`` queries, float32 / float16 / bfloat16.
-        k, v (Tensor): ``[N_src, H, C]`` keys and values, same dtype.
+        k, v (Tensor): ``[N_src, H, C]`` keys and values, same dtype
+            (``[N_src, H, C - D]`` with ``[E, D]`` tails, below).
         scale (float, optional): score scale, ``1 / sqrt(C)`` by default.
         dropout (float): dropout probability on the attention weights (in-kernel,
             counter-based RNG seeded from torch's generator).
@@ -88,8 +93,10 @@ def gt_attention(layout, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         strategy (str): ``"auto"``, ``"smmf"`` or ``"pmf"`` (``"pmf"`` not with
             ``edge``).
         edge (Tensor, optional): ``[E, H, C]`` per-edge rows, the dtype of ``q``,
-            one per edge of the layout; or ``[E, D]`` tails (``D <= C``), the last
-            ``D`` channels of every head's edge row, the others zero (the
+            one per edge of the layout; or ``[E, D]`` tails (``D < C``) that
+            complete every head's key and value rows, which then have ``C - D``
+            channels: :math:`[\mathbf{k}_j, \mathbf{a}_{ij}]` scores and
+            :math:`[\mathbf{v}_j, \mathbf{a}_{ij}]` is summed (the
             ``"dot_edge_tail"`` score, :mod:`pyg_dfgnn.ops.scores.dot_edge_tail`;
             on CUDA ``D`` a multiple of the 16-byte vector where ``C`` is);
             differentiable (its gradient comes back in ``edge``'s order).

@@ -1,26 +1,30 @@
 r"""The dot-product score with per-edge tails (``TransformerConv`` with
-``edge_dim``, without an ``E x H x C`` tensor): per head, rows of :math:`C`
-channels whose edge rows are the raw features :math:`\mathbf{a}_{ij}`
-``[E, D]`` in their last :math:`D` channels and zero before,
+``edge_dim``, without an ``E x H x C`` tensor): per head, queries of :math:`C`
+channels whose last :math:`D` are tails, keys and values of the first
+:math:`C - D`, and the raw features :math:`\mathbf{a}_{ij}` ``[E, D]`` as every
+edge's tail,
 
 .. math::
-    s_{ij} = \mathrm{scale}\; \mathbf{q}_i \cdot (\mathbf{k}_j + [0, \mathbf{a}_{ij}]),
+    s_{ij} = \mathrm{scale}\; \mathbf{q}_i \cdot [\mathbf{k}_j, \mathbf{a}_{ij}],
     \qquad
-    \mathbf{o}_i = \sum_j \mathrm{softmax}_j(s_{ij})\, (\mathbf{v}_j + [0, \mathbf{a}_{ij}]).
+    \mathbf{o}_i = \sum_j \mathrm{softmax}_j(s_{ij})\, [\mathbf{v}_j, \mathbf{a}_{ij}].
 
-``lin_edge`` has no bias, so with :math:`W_h` head :math:`h`'s ``[C, D]`` slice
-of its weight, :math:`\mathbf{q}_i \cdot (\mathbf{k}_j + W_h \mathbf{a}_{ij})` is
-:math:`[\mathbf{q}_i, W_h^\top \mathbf{q}_i] \cdot [\mathbf{k}_j, \mathbf{a}_{ij}]`
-and :math:`\sum_j P_{ij} (\mathbf{v}_j + W_h \mathbf{a}_{ij})` the first
-:math:`C` channels of :math:`\sum_j P_{ij} [\mathbf{v}_j, \mathbf{a}_{ij}]` plus
-:math:`W_h` times its last :math:`D`: the layer (``nn/transformer_conv.py``)
-passes such rows, and the kernels (``cuda/scores/dot_edge_tail.cu``) read
-``[E, D]`` per edge where the ``"dot_edge"`` score reads ``[E, H, C]``. The public
-op is :func:`~pyg_dfgnn.ops.gt_attention` with a 2-D ``edge=``.
+``lin_edge`` has no bias, so with :math:`W_h` head :math:`h`'s ``[C', D]`` slice
+of its weight (:math:`C'` the layer's channels), :math:`\mathbf{q}_i \cdot
+(\mathbf{k}_j + W_h \mathbf{a}_{ij})` is :math:`[\mathbf{q}_i, W_h^\top
+\mathbf{q}_i] \cdot [\mathbf{k}_j, \mathbf{a}_{ij}]` and :math:`\sum_j P_{ij}
+(\mathbf{v}_j + W_h \mathbf{a}_{ij})` the first :math:`C'` channels of
+:math:`\sum_j P_{ij} [\mathbf{v}_j, \mathbf{a}_{ij}]` plus :math:`W_h` times its
+last :math:`D`: the layer (``nn/transformer_conv.py``) passes such rows, and the
+kernels (``cuda/scores/dot_edge_tail.cu``) read ``[E, D]`` per edge where the
+``"dot_edge"`` score reads ``[E, H, C]``, and keys and values without tails
+(zeros there would be gathered for every edge). The public op is
+:func:`~pyg_dfgnn.ops.gt_attention` with a 2-D ``edge=``.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import reference
@@ -33,31 +37,45 @@ __all__: list = []
 
 
 def _check(layout, q: Tensor, k: Tensor, v: Tensor, a: Tensor) -> None:
-    check_qkv(layout, q, k, v)
-    C = q.size(2)
-    if not (a.dim() == 2 and a.size(0) == layout.num_edges and 1 <= a.size(1) <= C):
+    C = q.size(-1)
+    if not (a.dim() == 2 and a.size(0) == layout.num_edges and 1 <= a.size(1) < C):
         raise ValueError(f"gt_attention: 2-D edge rows must be [E, D] = [{layout.num_edges}, D] "
-                         f"with 1 <= D <= C = {C} (tails of every head's row), got "
-                         f"{tuple(a.shape)}")
-    check_edge_like(a, q, "q, k and v", "gt_attention")
+                         f"with 1 <= D < C = {C}, q's channels (the tails of every head's "
+                         f"query), got {tuple(a.shape)}")
+    D = a.size(1)
     vec = 16 // a.element_size()
-    if a.is_cuda and (C * a.element_size()) % 16 == 0 and a.size(1) % vec:
+    if a.is_cuda and (C * a.element_size()) % 16 == 0 and D % vec:
         raise ValueError(f"gt_attention: on CUDA, heads of {C} {q.dtype} channels take edge "
                          f"tails of a multiple of {vec} channels (whole 16-byte vectors), got "
-                         f"D = {a.size(1)}; pad them with zero channels")
+                         f"D = {D}; pad them with zero channels")
+    # Keys and values are the rows without the tails.
+    if k.size(-1) != C - D or v.size(-1) != C - D:
+        raise ValueError(f"gt_attention: with [E, D] = {tuple(a.shape)} tails and q of C = {C} "
+                         f"channels, k and v must be [N_src, H, C - D] (the rows the tails "
+                         f"complete), got {tuple(k.shape)} and {tuple(v.shape)}")
+    check_qkv(layout, q, k, v, kv_channels=C - D)
+    check_edge_like(a, q, "q, k and v", "gt_attention")
+
+
+def pad_tails(x: Tensor, width: int) -> Tensor:
+    r"""Keys or values ``[N, H, C - D]`` with ``width`` = ``D`` zero channels
+    appended: the rows the tails fill (the reference's form; differentiable)."""
+    return F.pad(x, (0, width))
 
 
 def tails_pay(heads: int, channels: int, edge_dim: int) -> bool:
     r"""Whether a ``TransformerConv`` step with ``edge_dim`` features moves fewer
-    bytes per edge with tails (queries, keys and values of ``C + D`` channels,
-    ``[E, D]`` edge rows, an ``[E, H, D]`` gradient summed over the heads) than
-    with ``[E, H, C]`` rows (written by ``lin_edge``, read by the forward and the
-    dq walk, their gradient written and read by ``lin_edge``'s backward), counted
-    in elements, forward and backward: ``4 H (C + D) + 2 H D + 3 D`` against
-    ``9 H C`` (a model, not a measurement). Tails pay where ``D`` is small
-    against ``C``: 1 x 128 channels with 16 features, not 4 x 32 with 128."""
+    bytes per edge with tails (``[E, D]`` edge rows read by the forward and the dq
+    walk, an ``[E, H, D]`` gradient written and summed over the heads) than with
+    ``[E, H, C]`` rows (written by ``lin_edge``, read by the forward and the dq
+    walk, their gradient written and read by ``lin_edge``'s backward), counted in
+    elements, forward and backward: ``2 H D + 3 D`` against ``5 H C``; the
+    gathered key, value, query and output-gradient rows are the same ``C``
+    channels either way (a model, not a measurement). Tails pay where ``D`` is
+    small against ``H C``: 1 x 128 channels with 16 features, not 4 x 32 with
+    128."""
     H, C, D = heads, channels, edge_dim
-    return 4 * H * (C + D) + 2 * H * D + 3 * D < 9 * H * C
+    return 2 * H * D + 3 * D < 5 * H * C
 
 
 def tail_rows(a: Tensor, heads: int, channels: int) -> Tensor:
@@ -71,14 +89,18 @@ def tail_rows(a: Tensor, heads: int, channels: int) -> Tensor:
 
 def _reference(layout, inputs, params, dropout, training):
     q, k, v, a = inputs
+    D = a.size(1)
     e = tail_rows(a, q.size(1), q.size(2))
-    return reference.dot_attention(layout.rowptr, layout.col, q, k, v, params[0], dropout,
-                                   training=training, edge=e)
+    return reference.dot_attention(layout.rowptr, layout.col, q, pad_tails(k, D),
+                                   pad_tails(v, D), params[0], dropout, training=training,
+                                   edge=e)
 
 
+# value_input: q, whose C channels (tails included) the output has; k and v
+# have C - D.
 SPEC = register(ScoreSpec(
     name="dot_edge_tail", inputs=("q", "k", "v", "a"), params=("scale",), dst_input=0,
-    value_input=2, row_inputs=(0, 1, 2, 3), edge_inputs=(3,), reference=_reference,
+    value_input=0, row_inputs=(0, 1, 2, 3), edge_inputs=(3,), reference=_reference,
     check=_check, pmf=False, pmf_rule=False, mma=False, dense_tiles=False, two_rows=False,
     one_launch_backward=False, keeps_out32=True))
 
