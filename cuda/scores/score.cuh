@@ -92,11 +92,11 @@
 // the key and value rows up to the tails' first vector and load the tails with
 // load_edge_row, the dq walk stores the gradient's tails [E, H, D] with
 // store_edge_grad, and the CSC walk writes the C - D channels of dk and dv from
-// the gathered rows' first C - D. TransformerConv's edge_dim without an [E, H, C] tensor: with
-// W_h head h's [C, D] slice of lin_edge (no bias), q_i . (k_j + W_h a_ij) =
-// [q_i, W_h^T q_i] . [k_j, a_ij], and the sum of P_ij (v_j + W_h a_ij) is the
-// first C channels of sum_j P_ij [v_j, a_ij] plus W_h times its last D
-// (nn/_edge_tails.py builds those rows).
+// the gathered rows' first C - D. TransformerConv's edge_dim without an
+// [E, H, C] tensor: with W_h head h's [C, D] slice of lin_edge (no bias),
+// q_i . (k_j + W_h a_ij) = [q_i, W_h^T q_i] . [k_j, a_ij], and the sum of
+// P_ij (v_j + W_h a_ij) is the first C channels of sum_j P_ij [v_j, a_ij] plus
+// W_h times its last D (nn/_edge_tails.py builds those rows).
 //
 // With kEdgeInKeyOnly the edge row enters the score alone: the score sees
 // k_j + e_ij and the aggregation sums the gathered row k_j as it is (GATv2's
