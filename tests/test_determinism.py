@@ -79,7 +79,8 @@ def test_reference_backward_bit_reproducible(two_threads, score):
 # keyword arguments' names and shapes (E: one per edge), in the op's order.
 EDGE_CASES = {
     "dot_edge": (ops.gt_attention, {"q": "NHC", "k": "NHC", "v": "NHC", "edge": "EHC"}),
-    "dot_edge_tail": (ops.gt_attention, {"q": "NHC", "k": "NHC", "v": "NHC", "edge": "ED"}),
+    # K: the C - D channels of the keys and values the [E, D] tails complete
+    "dot_edge_tail": (ops.gt_attention, {"q": "NHC", "k": "NHK", "v": "NHK", "edge": "ED"}),
     "additive_edge": (ops.gat_attention, {"a_src": "NH", "a_dst": "NH", "x": "NHC",
                                           "edge": "EH"}),
     "gatv2": (ops.gatv2_attention, {"x_l": "NHC", "x_r": "NHC", "att": "HC"}),
@@ -106,7 +107,7 @@ def _run_op(score: str, lay: GraphLayout, inputs):
 def test_edge_score_backward_bit_reproducible(two_threads, score):
     lay = _super_node_graph()
     n, E, H, C, D = lay.num_src, lay.num_edges, 4, 16, 8
-    dims = {"N": n, "E": E, "H": H, "C": C, "D": D}
+    dims = {"N": n, "E": E, "H": H, "C": C, "D": D, "K": C - D}
     _, names = EDGE_CASES[score]
     inputs = {k: torch.randn(*(dims[d] for d in shape)) for k, shape in names.items()}
     first, records = _run_op(score, lay, inputs)
