@@ -101,6 +101,25 @@ def test_tails_of_part_of_a_vector_raise():
         ops.gt_attention(lay, q, k, v, edge=a)
 
 
+@pytest.mark.parametrize("case,match", [
+    ("kv_channels", r"k must be \[N_src, H, 24\] = \[N_src, 2, 24\]"),
+    ("a_dtype", "a has dtype"), ("a_width", r"a must be \[E, D\] with 1 <= D < C")])
+def test_op_rejects_bad_tails(case, match):
+    """The C++ op checks what it is handed directly: keys and values of C - D
+    channels, tails in q's dtype and narrower than q's rows (the Python op's
+    ValueErrors are tested on the CPU)."""
+    lay, inputs = make("small", 2, 32, 8, torch.float32)
+    q, k, v, a = [t.detach() for t in inputs]
+    a = lay.to_csr_order(a)
+    args = list(ops.op_args("dot_edge_tail", lay, [q, k, v, a], (0.2,), need_grad=False))
+    bad = {"kv_channels": [q, q[:k.size(0)].contiguous(), v, a],
+           "a_dtype": [q, k, v, a.double()],
+           "a_width": [q, k, v, torch.randn(a.size(0), 32, device=DEV)]}[case]
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dfgnn.attention_fwd(*([bad] + args[1:]))
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_pads_narrow_features_to_whole_vectors(dtype):
     """Three features per edge: the layer pads the tails (and lin_edge's slice in

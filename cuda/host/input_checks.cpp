@@ -2,6 +2,7 @@
 #include "host/input_checks.h"
 
 #include <cstdint>
+#include <utility>
 
 #include "host/ops.h"
 
@@ -33,14 +34,25 @@ void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref
               shape(ref.sizes().slice(1)), ", got ", shape(t.sizes().slice(1)));
 }
 
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               int64_t kv_channels) {
   TORCH_CHECK(q.is_cuda(), "dfgnn: q must be a CUDA tensor, got device ", q.device());
   auto st = q.scalar_type();
   TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
               "dfgnn: q must be float32, float16 or bfloat16, got ", st);
   check_features(q, "q", q);
-  check_features(k, "k", q);
-  check_features(v, "v", q);
+  for (auto [t, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
+    if (kv_channels < 0) {
+      check_features(*t, name, q);
+      continue;
+    }
+    check_cuda(*t, name, q);
+    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == st && t->size(1) == q.size(1) &&
+                    t->size(2) == kv_channels,
+                "dfgnn: ", name, " must be [N_src, H, ", num(kv_channels), "] = [N_src, ",
+                num(q.size(1)), ", ", num(kv_channels), "] in q's dtype, got ",
+                shape(t->sizes()), " ", t->scalar_type());
+  }
   TORCH_CHECK(k.size(0) == v.size(0), "dfgnn: k and v must have the same number of source "
               "nodes, got ", num(k.size(0)), " and ", num(v.size(0)));
 }

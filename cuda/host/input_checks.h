@@ -21,8 +21,10 @@ void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref);
 void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref,
                     const char* ref_name = "q");
 // The dot score's q, k, v: CUDA, float32 / float16 / bfloat16, [N, H, C] alike,
-// k and v of one source count.
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// k and v of one source count. kv_channels >= 0: k and v are [N_src, H, kv_channels]
+// (the tails' score reads keys and values without the tails' channels).
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               int64_t kv_channels = -1);
 // x [N, H, C], CUDA, float32 / float16 / bfloat16, contiguous.
 void check_x(const at::Tensor& x);
 // A per-head parameter of the score (GATv2's att): [H, C] of q's heads and

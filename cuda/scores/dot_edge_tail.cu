@@ -17,26 +17,14 @@ void check(const AttentionCall& c, int64_t n_dst, int64_t n_src) {
               "takes inputs (q, k, v, a) and params (scale), got ", num(c.inputs.size()),
               " inputs and ", num(c.params.size()), " params");
   const at::Tensor &q = c.inputs[0], &k = c.inputs[1], &v = c.inputs[2], &a = c.inputs[3];
-  TORCH_CHECK(q.is_cuda(), "dfgnn: q must be a CUDA tensor, got device ", q.device());
-  const auto st = q.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
-              "dfgnn: q must be float32, float16 or bfloat16, got ", st);
-  check_features(q, "q", q);
-  check_cuda(a, "a", q);
-  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == st && a.size(1) >= 1 && a.size(1) < q.size(2),
-              kFwd, ": a must be [E, D] with 1 <= D < C = ", num(q.size(2)), " in q's dtype, got ",
-              shape(a.sizes()));
+  TORCH_CHECK(a.dim() == 2 && a.size(1) >= 1 && (q.dim() != 3 || a.size(1) < q.size(2)),
+              kFwd, ": a must be [E, D] with 1 <= D < C, got ", shape(a.sizes()),
+              " (q: ", shape(q.sizes()), ")");
   // Keys and values are the rows without the tails: C - D channels per head.
-  for (auto [t, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
-    check_cuda(*t, name, q);
-    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == st && t->size(1) == q.size(1) &&
-                    t->size(2) == q.size(2) - a.size(1),
-                kFwd, ": ", name, " must be [N_src, H, C - D] = [N_src, ", num(q.size(1)), ", ",
-                num(q.size(2) - a.size(1)), "] in q's dtype (q's rows without the tails), got ",
-                shape(t->sizes()));
-  }
-  TORCH_CHECK(k.size(0) == v.size(0), "dfgnn: k and v must have the same number of source "
-              "nodes, got ", num(k.size(0)), " and ", num(v.size(0)));
+  check_qkv(q, k, v, q.dim() == 3 ? q.size(2) - a.size(1) : 0);
+  check_cuda(a, "a", q);
+  TORCH_CHECK(a.scalar_type() == q.scalar_type(), kFwd, ": a has dtype ", a.scalar_type(),
+              " but q has ", q.scalar_type());
   check_rows(kFwd, q, "q", n_dst, "N_dst");
   check_rows(kFwd, k, "k", n_src, "N_src");
   // The tails are whole 16-byte vectors of the rows where the rows are read so.
