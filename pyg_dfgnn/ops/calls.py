@@ -125,7 +125,8 @@ def prepare(spec: ScoreSpec, layout, dtype: torch.dtype, head_size: int, strateg
     hit = calls.get(key)
     if hit is None:
         hit = _prepare(spec, layout, key, False)
-    if (hit.plan.split_rows and layout._device.type == "cuda"
+    # col.is_cuda, not the device's type: torch.device.type builds a string on each read.
+    if (hit.plan.split_rows and layout.col.is_cuda
             and torch.cuda.is_current_stream_capturing()):
         # Split rows merge in merge launches in a captured graph (Plan.merge_in_kernel).
         key = key + ("capturing",)

@@ -54,6 +54,8 @@ MAX_SCALAR_C = 128
 #: Head sizes of the tensor-core and dense-tile forward (fp16 / bf16).
 MMA_HEAD_SIZES = (32, 64, 128)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: Feature dtypes of the fused kernels.
+KERNEL_DTYPES = (torch.float32, *HALF_DTYPES)
 #: Two rows per warp (16-lane groups) in the fp32 SMMF forwards from this many
 #: edges, on graphs without split rows: COCO-SP 0.629 -> 0.469 ms, but Cora
 #: 0.019 -> 0.024 and GitHub 0.162 -> 0.188 (one chain is the kernel time there).
@@ -262,9 +264,11 @@ def kernel_supports(head_size: int, dtype: torch.dtype) -> bool:
     16-byte vectors when ``C * itemsize`` is a multiple of 16 (up to
     :data:`MAX_ROW_BYTES` per head row), else scalar loads for ``C <=``
     :data:`MAX_SCALAR_C`. Unsupported sizes run the reference."""
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16) or head_size <= 0:
+    if dtype not in KERNEL_DTYPES or head_size <= 0:
         return False
-    return vector_rows(head_size, dtype) or head_size <= MAX_SCALAR_C
+    # The scalar test first: it decides the common heads without vector_rows' call (a
+    # small graph's call is host-bound: docs/steps.md, "Host path").
+    return head_size <= MAX_SCALAR_C or vector_rows(head_size, dtype)
 
 
 def vector_rows(head_size: int, dtype: torch.dtype) -> bool:
