@@ -120,20 +120,23 @@ def test_op_rejects_bad_tails(case, match):
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("channels", [32, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_pads_narrow_features_to_whole_vectors(dtype):
+def test_layer_pads_narrow_features_to_whole_vectors(dtype, channels):
     """Three features per edge: the layer pads the tails (and lin_edge's slice in
-    the widened query projection) with zero channels to whole 16-byte vectors, and
-    matches float64 PyG: fp32 within 1e-5 (output) and 1e-4 (parameter
-    gradients); bf16 under autocast within 1e-2, or 1.5x PyG's own bf16 error
-    where that is larger (weight gradients summed over a super node's edges)."""
+    the widened query projection) with zero channels to whole 16-byte vectors
+    after 32 channels, and by one zero channel after 5 (5 + 3 channels are whole
+    vectors, which tails of 3 cannot fill: the rows stay scalar), and matches
+    float64 PyG: fp32 within 1e-5 (output) and 1e-4 (parameter gradients); bf16
+    under autocast within 1e-2, or 1.5x PyG's own bf16 error where that is larger
+    (weight gradients summed over a super node's edges)."""
     from torch_geometric.nn import TransformerConv
 
     from pyg_dfgnn.nn import FusedTransformerConv
     torch.manual_seed(4)
     ei, n, _ = GRAPHS["super_node"]()
-    native = TransformerConv(16, 32, heads=2, edge_dim=3).to(DEV)
-    fused = FusedTransformerConv(16, 32, heads=2, edge_dim=3).to(DEV)
+    native = TransformerConv(16, channels, heads=2, edge_dim=3).to(DEV)
+    fused = FusedTransformerConv(16, channels, heads=2, edge_dim=3).to(DEV)
     fused.load_state_dict(native.state_dict())
     x = torch.randn(n, 16, device=DEV)
     ea = torch.randn(ei.size(1), 3, device=DEV)

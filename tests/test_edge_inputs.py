@@ -532,13 +532,26 @@ def test_tails_pay_where_the_features_are_narrow():
 def test_padded_edge_dim_starts_the_tails_on_a_vector():
     """On CUDA the tails are padded to whole 16-byte vectors where the rows are
     read so (fp32: 4 channels, half: 8), left as they are where the kernels read
-    scalars, and refused where no kernel takes rows of C + D' channels."""
+    scalars, one channel wider where C + D would be whole vectors after C that is
+    not (the op would refuse them), and refused where no kernel takes rows of
+    C + D' channels."""
     from pyg_dfgnn.nn._edge_tails import padded_edge_dim
     from pyg_dfgnn.ops import plan
+    from pyg_dfgnn.ops.scores.dot_edge_tail import tails_fit_rows
     f32, b16 = torch.float32, torch.bfloat16
     assert padded_edge_dim(12, 3, f32) == 4 and padded_edge_dim(128, 16, f32) == 16
-    assert padded_edge_dim(32, 3, b16) == 8 and padded_edge_dim(5, 3, f32) == 3
+    assert padded_edge_dim(32, 3, b16) == 8 and padded_edge_dim(5, 2, f32) == 2
+    # 5 + 3 and 3 + 1 fp32 channels are whole vectors: the GPU fuzzer's failures
+    assert padded_edge_dim(5, 3, f32) == 4 and padded_edge_dim(3, 1, f32) == 2
     assert padded_edge_dim(plan.MAX_SCALAR_C + 1, 1, torch.float16) is None
+    for dtype in (f32, b16):
+        vec = 16 // dtype.itemsize
+        for C in range(1, 41):
+            for D in range(1, 17):
+                width = padded_edge_dim(C, D, dtype)
+                if width is not None:
+                    assert D <= width < D + vec and tails_fit_rows(C + width, width,
+                                                                   dtype.itemsize), (C, D)
 
 
 def _pair(*args, cls=FusedTransformerConv, **kwargs):

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 
 from ..ops import plan as _plan
-from ..ops.scores.dot_edge_tail import tails_pay
+from ..ops.scores.dot_edge_tail import tails_fit_rows, tails_pay
 from ._projections import autocast_dtype, plain_linears
 
 
@@ -60,12 +60,18 @@ def tail_weight(lin_edge: torch.nn.Module, feats: Optional[Tensor], heads: int, 
 def padded_edge_dim(channels: int, edge_dim: int, dtype: torch.dtype) -> Optional[int]:
     r"""``D'``, the tails' width on CUDA: ``edge_dim`` padded with zero channels to
     whole 16-byte vectors where the kernels read rows of ``channels`` so (the
-    tails then start on a vector), ``edge_dim`` where they read scalars;
-    ``None`` where the kernels take no rows of ``channels + D'`` channels of
-    ``dtype`` (:func:`~pyg_dfgnn.ops.plan.kernel_supports`)."""
+    tails then start on a vector); where they read scalars, ``edge_dim``, or one
+    more where ``channels + edge_dim`` would be whole vectors (rows the kernels
+    read in vectors, which tails after a part of a vector cannot fill:
+    :func:`~pyg_dfgnn.ops.scores.dot_edge_tail.tails_fit_rows`); ``None`` where
+    the kernels take no rows of ``channels + D'`` channels of ``dtype``
+    (:func:`~pyg_dfgnn.ops.plan.kernel_supports`)."""
     size = dtype.itemsize
-    pad = -edge_dim % (16 // size) if (channels * size) % 16 == 0 else 0
-    return edge_dim + pad if _plan.kernel_supports(channels + edge_dim + pad, dtype) else None
+    if (channels * size) % 16 == 0:
+        width = edge_dim + -edge_dim % (16 // size)
+    else:
+        width = edge_dim + int(not tails_fit_rows(channels + edge_dim, edge_dim, size))
+    return width if _plan.kernel_supports(channels + width, dtype) else None
 
 
 def tail_projections(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],

@@ -36,6 +36,14 @@ from .dot import check_qkv, gt_attention
 __all__: list = []
 
 
+def tails_fit_rows(C: int, D: int, itemsize: int) -> bool:
+    r"""Whether ``[E, D]`` tails complete rows of ``C`` channels (the queries',
+    tails included) of ``itemsize``-byte elements as the CUDA kernels read them:
+    rows of whole 16-byte vectors are read in vectors, and their tails must then be
+    whole vectors too; other rows are read in scalars and take any ``D``."""
+    return (C * itemsize) % 16 != 0 or D % (16 // itemsize) == 0
+
+
 def _check(layout, q: Tensor, k: Tensor, v: Tensor, a: Tensor) -> None:
     C = q.size(-1)
     if not (a.dim() == 2 and a.size(0) == layout.num_edges and 1 <= a.size(1) < C):
@@ -43,11 +51,10 @@ def _check(layout, q: Tensor, k: Tensor, v: Tensor, a: Tensor) -> None:
                          f"with 1 <= D < C = {C}, q's channels (the tails of every head's "
                          f"query), got {tuple(a.shape)}")
     D = a.size(1)
-    vec = 16 // a.element_size()
-    if a.is_cuda and (C * a.element_size()) % 16 == 0 and D % vec:
+    if a.is_cuda and not tails_fit_rows(C, D, a.element_size()):
         raise ValueError(f"gt_attention: on CUDA, heads of {C} {q.dtype} channels take edge "
-                         f"tails of a multiple of {vec} channels (whole 16-byte vectors), got "
-                         f"D = {D}; pad them with zero channels")
+                         f"tails of a multiple of {16 // a.element_size()} channels (whole "
+                         f"16-byte vectors), got D = {D}; pad them with zero channels")
     # Keys and values are the rows without the tails.
     if k.size(-1) != C - D or v.size(-1) != C - D:
         raise ValueError(f"gt_attention: with [E, D] = {tuple(a.shape)} tails and q of C = {C} "
