@@ -40,7 +40,9 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, TransformerConv
 from torch_geometric.nn import Linear as PygLinear
-from torch_geometric.utils import add_self_loops, remove_self_loops
+from torch_geometric.nn.conv import agnn_conv, gat_conv, gatv2_conv, transformer_conv
+from torch_geometric.utils import add_self_loops, remove_self_loops, scatter
+from torch_geometric.utils import softmax as pyg_softmax
 
 from benchmarks.sanitize import beta_terms
 from conftest import NATIVE_FACTOR, layer_grad_floor, rel_err_floor
@@ -78,6 +80,12 @@ OUTPUT_FLOOR = 1e-1
 #: Gradients with an RMS below this fraction of the layer's largest gradient RMS
 #: are compared absolutely (see :func:`_floors`).
 LAYER_GRAD_FLOOR = 1e-2
+#: A gradient under this fraction of its terms' magnitude with no logit gradient
+#: cancelling (:func:`_logit_magnitudes`) is a cancellation, compared against
+#: that magnitude: the GPU's fp32 draws that needed it, replayed on the CPU with
+#: other parameters, sit at 1e-4 to 2e-3 of it (one source's duplicate edges:
+#: 3e-17), the source features' gradients in the same draws at 7e-2 to 8e-2.
+CANCELLED = 0.1
 STRATEGIES = ("auto", "smmf", "pmf")
 FAMILIES = ("zero_edges", "one_node", "bipartite", "empty_rows", "super_node", "duplicates",
             "self_loops", "batch", "random")
@@ -369,6 +377,57 @@ def _linear_scales(layer):
         scales[f"grad {name}.bias"] = float(bias.square().mean().sqrt())
 
 
+class _LogitMagnitudes(torch.autograd.Function):
+    r"""PyG's ``softmax`` forward; backward, the magnitude of each logit
+    gradient's terms, :math:`P_{ij} (|dP_{ij}| + |D_i|)` with
+    :math:`D_i = \sum_j P_{ij} dP_{ij}`, in place of the gradient
+    :math:`P_{ij} (dP_{ij} - D_i)` itself (:func:`_logit_magnitudes`)."""
+
+    @staticmethod
+    def forward(ctx, src, index, num_nodes):
+        out = pyg_softmax(src, index, None, num_nodes)
+        ctx.save_for_backward(out, index)
+        ctx.num_nodes = out.size(0) if num_nodes is None else num_nodes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, index = ctx.saved_tensors
+        d = scatter(p * grad, index, 0, dim_size=ctx.num_nodes, reduce="sum")
+        return p * (grad.abs() + d.abs().index_select(0, index)), None, None
+
+
+@contextlib.contextmanager
+def _logit_magnitudes():
+    r"""PyG's attention layers (float64) with logit gradients of the magnitude of
+    their terms (:class:`_LogitMagnitudes`) while the block runs: their gradients
+    are then those the layer would have if no logit gradient cancelled.
+
+    Per row the logit gradients sum to zero (:math:`\sum_j P_{ij} (dP_{ij} -
+    D_i) = 0`), so what reaches a gradient only through their per-row sums is a
+    cancellation: GATConv's destination terms (``att_dst``, ``x_dst``,
+    ``lin_dst``), or a source's duplicate edges, whose ``dP`` all equal ``D``
+    (``edge_attr`` of GATConv with edge features on one source node). Such a
+    gradient is zero in exact arithmetic, and a layer can be no closer to it than
+    the rounding of those terms: on the H200 the fp32 kernels missed such
+    gradients by 1.1e-4 to 1.5e-4 against the other floors, native PyG by 2.6e-7
+    to 1.8e-5 (rounding other terms; docs/findings.md, "The fuzzer's floors")."""
+    modules = (agnn_conv, gat_conv, gatv2_conv, transformer_conv)
+
+    def softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
+        assert index is not None and dim == 0, "PyG's layers call softmax by index here"
+        return _LogitMagnitudes.apply(src, index, num_nodes)
+
+    saved = [m.softmax for m in modules]
+    for m in modules:
+        m.softmax = softmax
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, saved):
+            m.softmax = f
+
+
 def _floors(want: dict) -> dict:
     r"""RMS floor of each result: :data:`OUTPUT_FLOOR` for the output,
     :data:`GRAD_FLOOR` for the attention weights, and for gradients
@@ -494,6 +553,16 @@ def compare(native_cls, fused_cls, ctor: dict, graph: Graph, in_dims, device: to
     errors = {k: _error(got[k], want[k], floors[k]) for k in got}
     tol = {k: TOL[dtype][k.startswith("grad")] for k in got}
     bad = {k: e for k, e in errors.items() if not e < tol[k]}
+    if any(k.startswith("grad") for k in bad):  # through logit gradients that cancel?
+        with _logit_magnitudes():
+            mags = run(native_in(torch.float64), torch.float64)
+        for k in [k for k in bad if k.startswith("grad") and mags[k] is not None]:
+            scale = float(mags[k].square().mean().sqrt())
+            if float(want[k].square().mean().sqrt()) <= CANCELLED * scale:
+                floors[k] = max(floors[k], scale)
+                bad[k] = _error(got[k], want[k], floors[k])
+                if bad[k] < tol[k]:
+                    del bad[k]
     if bad:  # is PyG itself that far off in this dtype?
         with _deterministic():
             same = run(native_in(dtype), dtype)
@@ -811,6 +880,39 @@ def test_deterministic_context_restores_the_mode():
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert (torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled()) == was
+
+
+def test_logit_magnitudes_floor_the_gradients_that_cancel():
+    """The GPU draw the floor is for (GATConv with edge features on one source
+    node's five duplicate edges): every dP equals D, so ``edge_attr``'s and
+    ``att_src``'s gradients are zero in exact arithmetic, a float64 rounding of
+    terms of order one. Under :func:`_logit_magnitudes` the forward is PyG's, those
+    gradients take their terms' magnitude, and one no logit reaches (the residual
+    map's) keeps its value."""
+    gen = torch.Generator().manual_seed(0)
+    layer = GATConv(4, 16, heads=3, edge_dim=1, add_self_loops=False, residual=True).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype), alpha=0.3)
+    x = torch.randn(1, 4, generator=gen, dtype=torch.float64)
+    ea = torch.randn(5, 1, generator=gen, dtype=torch.float64)
+    ei = torch.zeros(2, 5, dtype=torch.long)
+
+    def run():
+        return _forward_backward(layer, [x.clone().requires_grad_()], ei, {}, False, 0,
+                                 torch.float32, ea.clone().requires_grad_())
+
+    want = run()
+    with _logit_magnitudes():
+        mags = run()
+    assert torch.equal(want["output"], mags["output"])
+    rms = {k: (float(want[k].square().mean().sqrt()), float(mags[k].square().mean().sqrt()))
+           for k in ("grad edge_attr", "grad att_src", "grad res.weight")}
+    for k in ("grad edge_attr", "grad att_src"):
+        assert rms[k][1] > 0.1 and rms[k][0] < 1e-12 * rms[k][1], (k, rms[k])
+    assert torch.equal(want["grad res.weight"], mags["grad res.weight"])
+    assert rms["grad res.weight"][0] > 0.1
+    assert gat_conv.softmax is pyg_softmax  # restored after the block
 
 
 def test_output_floor_judges_a_cancelled_output_by_its_terms():
