@@ -529,6 +529,17 @@ def test_tails_pay_where_the_features_are_narrow():
     assert not tails_pay(4, 32, 128) and not tails_pay(1, 8, 8) and not tails_pay(1, 4, 4)
 
 
+def test_tails_with_keys_of_q_channels_raise():
+    """Keys and values of q's C channels beside [E, D] tails: the op names the
+    C - D channels it wants (ValueError, as PyG raises for bad shapes)."""
+    lay = GraphLayout.from_edge_index(random_graph(30, num_edges=90), (30, 30))
+    q, k = torch.randn(30, 2, 12), torch.randn(30, 2, 12)
+    a = torch.randn(lay.num_edges, 4)
+    with pytest.raises(ValueError, match=r"k and v must be \[N_src, H, C - D\] = "
+                                         r"\[N_src, 2, 8\]"):
+        ops.gt_attention(lay, q, k, k, edge=a)
+
+
 def test_padded_edge_dim_starts_the_tails_on_a_vector():
     """On CUDA the tails are padded to whole 16-byte vectors where the rows are
     read so (fp32: 4 channels, half: 8), left as they are where the kernels read

@@ -20,8 +20,9 @@ __all__ = ["gt_attention"]
 def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention",
               kv_channels: Optional[int] = None) -> None:
     """Raises :class:`ValueError` unless ``q`` is ``[N_dst, H, C]`` and ``k``,
-    ``v`` are ``[N_src, H, C]`` (``[N_src, H, kv_channels]`` where given) of one
-    dtype on the layout's device."""
+    ``v`` are ``[N_src, H, C]`` (``[N_src, H, kv_channels]`` where given: the
+    tails' score, whose ``[E, D]`` tails complete them, ``C - D``) of one dtype on
+    the layout's device."""
     qs = q.shape
     if (len(qs) == 3 and qs[0] == layout.num_dst
             and k.shape == v.shape == (layout.num_src, qs[1],
@@ -41,8 +42,9 @@ def check_qkv(layout, q: Tensor, k: Tensor, v: Tensor, who: str = "gt_attention"
                          f"{k.size(0)} and {v.size(0)}")
     kv = (q.size(1), q.size(2) if kv_channels is None else kv_channels)
     if tuple(k.shape[1:]) != kv or tuple(v.shape[1:]) != kv:
-        raise ValueError(f"{who}: k and v must be [N_src, H, C] = [N_src, {kv[0]}, {kv[1]}], "
-                         f"got {tuple(k.shape)}, {tuple(v.shape)} (q: {tuple(q.shape)})")
+        what = "C" if kv_channels is None else "C - D"  # tails of D channels complete them
+        raise ValueError(f"{who}: k and v must be [N_src, H, {what}] = [N_src, {kv[0]}, "
+                         f"{kv[1]}], got {tuple(k.shape)}, {tuple(v.shape)} (q: {tuple(q.shape)})")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"{who}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != layout.device:

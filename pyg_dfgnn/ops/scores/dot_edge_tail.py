@@ -56,10 +56,6 @@ def _check(layout, q: Tensor, k: Tensor, v: Tensor, a: Tensor) -> None:
                          f"tails of a multiple of {16 // a.element_size()} channels (whole "
                          f"16-byte vectors), got D = {D}; pad them with zero channels")
     # Keys and values are the rows without the tails.
-    if k.size(-1) != C - D or v.size(-1) != C - D:
-        raise ValueError(f"gt_attention: with [E, D] = {tuple(a.shape)} tails and q of C = {C} "
-                         f"channels, k and v must be [N_src, H, C - D] (the rows the tails "
-                         f"complete), got {tuple(k.shape)} and {tuple(v.shape)}")
     check_qkv(layout, q, k, v, kv_channels=C - D)
     check_edge_like(a, q, "q, k and v", "gt_attention")
 
