@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, from the repository root: build the extension, run the
 # CUDA tests, the kernel benchmark and the Cora training, with logs and JSON under $OUT.
-#   STAGES="build test fuzz sanitize bench train flex minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
+#   STAGES="build test fuzz sanitize bench ab train flex minibatch multigpu" bash benchmarks/device_run.sh [pytest -k expr]
 # flex: the FlexAttention yardstick's tests (tests/test_flex_bench.py), which the
 # test stage leaves out.
 # fuzz: tests/test_fuzz.py under its gpu profile (the kernels against PyG in
@@ -23,6 +23,13 @@
 # hides the CPU-only torch_scatter from PyG, whose CUDA reductions it would take.
 # $MG_OUT (default $OUT/multi_gpu): a folder kept between calls, with --resume in
 # $MG_ARGS, continues one record over several calls.
+# ab: the kernel benchmark of this tree against a base tree, both built, in one
+# call: $AB_BASE is a tarball of the base (git archive BASE | gzip > FILE, carried
+# beside the tree), built in /tmp/dfgnn_ab_base; this tree is built in place unless
+# the build stage ran. Fused-only runs alternate base, new ($AB_ROUNDS rounds,
+# default 2; $AB_GRAPHS, default five GPU-bound and one host-bound graph, $AB_ARGS
+# more arguments), each run its own tree's benchmarks.kernels, and
+# benchmarks.kernels_ab compares them into $OUT/ab/ab.json.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -76,6 +83,33 @@ fi
 if has bench; then
   $PY -m benchmarks.kernels ${BENCH_ARGS:-} --out "$OUT/kernels.json" 2> "$OUT/kernels.err" | tee "$OUT/kernels.txt"
   tail -3 "$OUT/kernels.err"
+fi
+if has ab; then
+  [ -f "${AB_BASE:-}" ] || { echo "ab: set AB_BASE to a tarball of the base tree"; exit 1; }
+  ab=$OUT/ab base=/tmp/dfgnn_ab_base; mkdir -p "$ab"
+  rm -rf "$base"; mkdir -p "$base"; tar xzf "$AB_BASE" -C "$base"
+  if has build; then
+    (cd "$base" && $PY setup.py build_ext --inplace > "$ab/build_base.log" 2>&1)
+  else
+    (cd "$base" && MAX_JOBS=8 $PY setup.py build_ext --inplace > "$ab/build_base.log" 2>&1) &
+    MAX_JOBS=8 $PY setup.py build_ext --inplace > "$ab/build_new.log" 2>&1
+    wait
+  fi
+  for d in "$base" "$PWD"; do
+    (cd "$d" && $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error()") \
+      || { echo "ab: no kernels in $d"; tail -30 "$ab"/build_*.log; exit 1; }
+  done
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    for side in base new; do
+      d=$PWD; [ $side = base ] && d=$base
+      (cd "$d" && $PY -m benchmarks.kernels --fused-only --no-compile ${AB_ARGS:-} \
+        --graphs "${AB_GRAPHS:-PATTERN,CLUSTER,COCO-SP,GitHub,Reddit-like,PubMed}" \
+        --out "$ab/${side}_$i.json" > "$ab/${side}_$i.txt" 2> "$ab/${side}_$i.err")
+      echo "ab: $side run $i rc=$?"
+    done
+  done
+  $PY -m benchmarks.kernels_ab --base "$ab"/base_*.json --new "$ab"/new_*.json \
+    --out "$ab/ab.json" | tee "$ab/ab.txt"
 fi
 if has train; then
   for m in gt gat; do
