@@ -21,7 +21,8 @@ Writes ``--out`` (``info``: both sides' records' ``info``; ``rows``: one per tim
 with ``base_ms``, ``new_ms``, ``ratio``, ``base_spread``, ``new_spread``,
 ``host_bound``; ``summary``: per group the count, the median, smallest and largest
 ratio, and the rows over ``1 + tolerance``) and prints the summary. Exits with 1
-when a GPU-bound timing is slower than the tolerance allows.
+when a GPU-bound timing is slower than the tolerance allows, with 2 when a file is
+missing or not a record of :mod:`benchmarks.kernels`.
 """
 from __future__ import annotations
 
@@ -97,11 +98,27 @@ def compare(base: List[dict], new: List[dict], tolerance: float = 0.03) -> dict:
             "rows": rows, "summary": summary}
 
 
+def _fail(msg: str):
+    print(msg, file=sys.stderr)
+    sys.exit(2)
+
+
 def _load(paths):
+    """The records at ``paths``; a file that is missing or not a record ends the
+    script (exit status 2) with two lines that say which and what to pass."""
     out = []
     for p in paths:
-        with open(p) as f:
-            out.append(json.load(f))
+        try:
+            with open(p) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            _fail(f"python -m benchmarks.kernels_ab: cannot read {p}: {e}\n"
+                     "Pass the JSON files that python -m benchmarks.kernels --out wrote.")
+        if not isinstance(doc, dict) or not ("rows" in doc or "score_rows" in doc):
+            _fail(f"python -m benchmarks.kernels_ab: {p} is not a benchmarks.kernels "
+                     "record (no rows)\nPass the JSON files that python -m "
+                     "benchmarks.kernels --out wrote.")
+        out.append(doc)
     return out
 
 

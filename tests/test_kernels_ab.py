@@ -112,3 +112,17 @@ def test_timings_of_one_side_only_are_counted(ab, record):
     assert res["summary"]["unmatched"] == len(
         [k for k in ab.timings(record) if k[0] == "gat"])
     assert all(r["model"] == "gt" for r in res["rows"])
+
+
+def test_a_missing_or_foreign_file_says_what_to_pass(ab, record, tmp_path, capsys):
+    good = tmp_path / "a.json"
+    good.write_text(json.dumps(record))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"meta": {}}))
+    for bad in (tmp_path / "missing.json", other):
+        with pytest.raises(SystemExit) as e:
+            ab.main(["--base", str(good), "--new", str(bad), "--out", str(tmp_path / "o.json")])
+        assert e.value.code == 2
+        msg = capsys.readouterr().err.strip()
+        assert str(bad) in msg and "benchmarks.kernels --out" in msg
+        assert len(msg.splitlines()) == 2
