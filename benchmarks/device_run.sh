@@ -23,13 +23,14 @@
 # hides the CPU-only torch_scatter from PyG, whose CUDA reductions it would take.
 # $MG_OUT (default $OUT/multi_gpu): a folder kept between calls, with --resume in
 # $MG_ARGS, continues one record over several calls.
-# ab: the kernel benchmark of this tree against a base tree, both built, in one
-# call: $AB_BASE is a tarball of the base (git archive BASE | gzip > FILE, carried
-# beside the tree), built in /tmp/dfgnn_ab_base; this tree is built in place unless
-# the build stage ran. Fused-only runs alternate base, new ($AB_ROUNDS rounds,
-# default 2; $AB_GRAPHS, default five GPU-bound and one host-bound graph, $AB_ARGS
-# more arguments), each run its own tree's benchmarks.kernels, and
-# benchmarks.kernels_ab compares them into $OUT/ab/ab.json.
+# ab: a benchmark of this tree against a base tree, both built, in one call:
+# $AB_BASE is a tarball of the base (git archive BASE | gzip > FILE, carried beside
+# the tree), built in /tmp/dfgnn_ab_base; this tree is built in place unless the
+# build stage ran. Runs of the fused methods alternate base, new ($AB_ROUNDS rounds,
+# default 2), each its own tree's benchmarks.$AB_BENCH: kernels (default; five
+# GPU-bound graphs and one host-bound) or layers (the edge models on PATTERN and the
+# web graph); $AB_ARGS replaces the default arguments. benchmarks.kernels_ab
+# compares them into $OUT/ab/ab.json.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -99,11 +100,16 @@ if has ab; then
     (cd "$d" && $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error()") \
       || { echo "ab: no kernels in $d"; tail -30 "$ab"/build_*.log; exit 1; }
   done
+  bench=${AB_BENCH:-kernels}
+  if [ "$bench" = layers ]; then
+    args=${AB_ARGS:-"--methods fused --models gt_edge,gat_edge,gatv2_edge --graphs PATTERN,web-NotreDame-like"}
+  else
+    args=${AB_ARGS:-"--fused-only --no-compile --graphs PATTERN,CLUSTER,COCO-SP,GitHub,Reddit-like,PubMed"}
+  fi
   for i in $(seq "${AB_ROUNDS:-2}"); do
     for side in base new; do
       d=$PWD; [ $side = base ] && d=$base
-      (cd "$d" && $PY -m benchmarks.kernels --fused-only --no-compile ${AB_ARGS:-} \
-        --graphs "${AB_GRAPHS:-PATTERN,CLUSTER,COCO-SP,GitHub,Reddit-like,PubMed}" \
+      (cd "$d" && $PY -m benchmarks.$bench $args \
         --out "$ab/${side}_$i.json" > "$ab/${side}_$i.txt" 2> "$ab/${side}_$i.err")
       echo "ab: $side run $i rc=$?"
     done

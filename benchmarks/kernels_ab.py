@@ -1,7 +1,9 @@
 r"""Two builds' kernel benchmark records side by side: is any timing slower?
 
-Reads the JSON that :mod:`benchmarks.kernels` writes, several runs of each build
-(run alternating in one session on one GPU, so that clocks and heat drift alike),
+Reads the JSON that :mod:`benchmarks.kernels` writes, or :mod:`benchmarks.layers`
+(its rows have the same fields: a layer's methods instead of the op's), several
+runs of each build (run alternating in one session on one GPU, so that clocks and
+heat drift alike),
 and compares each timing's best run: ``new / base`` per graph, model, heads ×
 channels, dtype, method and phase (``fwd_ms``, ``fwd_bwd_ms``). The best of a few
 runs is the figure two builds share the least noise in; each side's spread (its
@@ -22,7 +24,7 @@ with ``base_ms``, ``new_ms``, ``ratio``, ``base_spread``, ``new_spread``,
 ``host_bound``; ``summary``: per group the count, the median, smallest and largest
 ratio, and the rows over ``1 + tolerance``) and prints the summary. Exits with 1
 when a GPU-bound timing is slower than the tolerance allows, with 2 when a file is
-missing or not a record of :mod:`benchmarks.kernels`.
+missing or not such a record.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ Key = Tuple[str, str, str, str, str]
 
 def timings(record: dict) -> Dict[Key, Tuple[float, str]]:
     r"""``(model, graph, HxC, dtype, method + phase) -> (ms, kind)`` of one
-    :mod:`benchmarks.kernels` record, the methods whose status is ``ok``."""
+    :mod:`benchmarks.kernels` or :mod:`benchmarks.layers` record, the methods whose
+    status is ``ok``."""
     out = {}
     for section, default_model in (("rows", "gt"), ("score_rows", None)):
         for row in record.get(section, []):
@@ -116,8 +119,8 @@ def _load(paths):
                      "Pass the JSON files that python -m benchmarks.kernels --out wrote.")
         if not isinstance(doc, dict) or not ("rows" in doc or "score_rows" in doc):
             _fail(f"python -m benchmarks.kernels_ab: {p} is not a benchmarks.kernels "
-                     "record (no rows)\nPass the JSON files that python -m "
-                     "benchmarks.kernels --out wrote.")
+                     "or benchmarks.layers record (no rows)\nPass the JSON files that "
+                     "python -m benchmarks.kernels --out wrote.")
         out.append(doc)
     return out
 

@@ -126,3 +126,22 @@ def test_a_missing_or_foreign_file_says_what_to_pass(ab, record, tmp_path, capsy
         msg = capsys.readouterr().err.strip()
         assert str(bad) in msg and "benchmarks.kernels --out" in msg
         assert len(msg.splitlines()) == 2
+
+
+def test_layer_records_are_read_too(ab, tmp_path):
+    lb = load_benchmark("layers")
+    out = tmp_path / "layers.json"
+    # The edge models run on the edge graph (web-NotreDame-like) only.
+    assert lb.main(["--quick", "--device", "cpu", "--methods", "pyg,fused", "--models",
+                    "gt_edge,gat", "--graphs", "web-NotreDame-like,Reddit-like",
+                    "--dtypes", "fp32", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    t = ab.timings(doc)
+    assert {k[0] for k in t} == {"gt_edge", "gat"}
+    assert ("gt_edge", "web-NotreDame-like", "1x128", "fp32", "fused fwd_bwd_ms") in t
+    slow = copy.deepcopy(doc)
+    for row in slow["rows"]:
+        if row["model"] == "gt_edge":
+            row["methods"]["fused"]["fwd_bwd_ms"] *= 1.1
+    (over,) = ab.compare([doc], [slow])["summary"]["gpu_bound"]["over"]
+    assert (over["model"], over["timing"]) == ("gt_edge", "fused fwd_bwd_ms")
