@@ -24,14 +24,20 @@ void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref) {
 }
 
 void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref,
-                    const char* ref_name) {
+                    const char* ref_name, int64_t channels) {
   check_cuda(t, name, ref);
   TORCH_CHECK(t.dim() == 3, "dfgnn: ", name, " must be [N, H, C], got shape ", shape(t.sizes()));
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "dfgnn: ", name, " has dtype ",
               t.scalar_type(), " but ", ref_name, " has ", ref.scalar_type());
-  TORCH_CHECK(t.size(1) == ref.size(1) && t.size(2) == ref.size(2), "dfgnn: ", name,
-              " must have the heads and channels of ", ref_name, " ",
-              shape(ref.sizes().slice(1)), ", got ", shape(t.sizes().slice(1)));
+  if (channels < 0) {
+    TORCH_CHECK(t.size(1) == ref.size(1) && t.size(2) == ref.size(2), "dfgnn: ", name,
+                " must have the heads and channels of ", ref_name, " ",
+                shape(ref.sizes().slice(1)), ", got ", shape(t.sizes().slice(1)));
+  } else {
+    TORCH_CHECK(t.size(1) == ref.size(1) && t.size(2) == channels, "dfgnn: ", name,
+                " must be [N_src, H, ", num(channels), "] = [N_src, ", num(ref.size(1)), ", ",
+                num(channels), "] (", ref_name, "'s heads), got ", shape(t.sizes()));
+  }
 }
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -41,18 +47,8 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
               "dfgnn: q must be float32, float16 or bfloat16, got ", st);
   check_features(q, "q", q);
-  for (auto [t, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
-    if (kv_channels < 0) {
-      check_features(*t, name, q);
-      continue;
-    }
-    check_cuda(*t, name, q);
-    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == st && t->size(1) == q.size(1) &&
-                    t->size(2) == kv_channels,
-                "dfgnn: ", name, " must be [N_src, H, ", num(kv_channels), "] = [N_src, ",
-                num(q.size(1)), ", ", num(kv_channels), "] in q's dtype, got ",
-                shape(t->sizes()), " ", t->scalar_type());
-  }
+  check_features(k, "k", q, "q", kv_channels);
+  check_features(v, "v", q, "q", kv_channels);
   TORCH_CHECK(k.size(0) == v.size(0), "dfgnn: k and v must have the same number of source "
               "nodes, got ", num(k.size(0)), " and ", num(v.size(0)));
 }

@@ -17,9 +17,10 @@ std::string shape(at::IntArrayRef s);
 
 // On ref's device and contiguous.
 void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& ref);
-// [N, H, C] with ref's dtype, heads and channels (`ref_name` names ref).
+// [N, H, C] with ref's dtype, heads and channels (`ref_name` names ref); channels >= 0:
+// that many channels instead of ref's.
 void check_features(const at::Tensor& t, const char* name, const at::Tensor& ref,
-                    const char* ref_name = "q");
+                    const char* ref_name = "q", int64_t channels = -1);
 // The dot score's q, k, v: CUDA, float32 / float16 / bfloat16, [N, H, C] alike,
 // k and v of one source count. kv_channels >= 0: k and v are [N_src, H, kv_channels]
 // (the tails' score reads keys and values without the tails' channels).
