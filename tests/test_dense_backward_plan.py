@@ -155,7 +155,8 @@ def test_dense_backward_follows_the_dense_forward(tiled):
     assert p.dense_cells > 0 and p.mma_backward and p.dense_backward
     assert p.flags()["dense_backward"] == 1
     names = [k for k, _ in p.kernels(backward=True)]
-    assert names == ["out_dsum", "dot:dq_dense", "dot:dkv_dense"]
+    # D comes from the dq launch (no out_dsum pass)
+    assert names == ["dot:dq_dense", "dot:dkv_dense"]
     assert [k for k, _ in p.kernels()] == ["dot:fwd_dense"]
     assert dict(p.why)["dense_backward"].startswith("dense tiles in the backward")
     # Where the forward has no dense tiles or the backward no tensor cores: off.
@@ -182,7 +183,7 @@ def test_dense_backward_override(tiled):
     with plan.override(dense_backward=False):
         p = plan.plan_for(lay, BF16, 64)
         assert p.mma_backward and not p.dense_backward
-        assert [k for k, _ in p.kernels(backward=True)] == ["out_dsum", "dot:dq_mma",
+        assert [k for k, _ in p.kernels(backward=True)] == ["dot:dq_mma",
                                                             "dot:dkv_mma"]
         assert dict(p.why)["dense_backward"] == "off (override)"
     assert plan.plan_for(lay, BF16, 128).dense_backward  # the override is part of the key
@@ -325,7 +326,7 @@ def test_dense_backward_saves_no_weights_where_every_block_has_a_window(tiled):
     assert p.flags()["save_weights"] == 0
     assert dict(p.why)["save_weights"].startswith("off: every 64-source block")
     kernels = dict(p.kernels(backward=True))
-    assert list(kernels) == ["out_dsum", "dot:dq_dense", "dot:dkv_dense"]
+    assert list(kernels) == ["dot:dq_dense", "dot:dkv_dense"]
     assert "saves" not in kernels["dot:dq_dense"]
     tensors, ints, _ = calls.plan_parts(lay, p, need_grad=True)
     assert "tiles_t" in tensors and "rank_pos" not in tensors and ints["save_weights"] == 0

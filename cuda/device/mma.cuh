@@ -40,6 +40,13 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
   return r;
 }
 
+// The two T values of a word as floats, the low half in .x (pack2's inverse).
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  else
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
 
 // The transpose of an 8 x 8 matrix of 16-bit values held one row pair per lane
 // (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1).

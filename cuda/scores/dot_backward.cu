@@ -5,7 +5,8 @@
 // tensor-core walks (dot_backward_mma.cu) or their dense-tile form
 // (dot_backward_dense.cu), with D from the forward's fp32 rows in
 // fp16 / bf16 (out_dsum, host/backward_launch.cuh, says why D must not come from
-// the rounded output).
+// the rounded output): the tensor-core dq walk and dense dq launch compute it for
+// their own rows, the CUDA-core walks read it from out_dsum's pass.
 #include "host/backward_launch.cuh"
 #include "scores/dot.cuh"
 #include "scores/dot_host.h"
@@ -22,11 +23,13 @@ struct DotMmaWalks {
   bool on, dense;
   const at::Tensor &grad_out, &q, &k, &v, &lse2;
   const LayoutView& L;
-  const float* dsum;
+  const float* out32;
+  float* dsum;  // D, written by the dense dq launch for the dkv launch
   double scale, cells;
   void dq(at::Tensor& dq, float* pds) const {
-    if (dense) gt_backward_dq_dense(grad_out, q, k, v, lse2, dsum, L, cells, dq, pds, scale);
-    else gt_backward_dq_mma(grad_out, q, k, v, lse2, dsum, L, dq, pds, scale);
+    if (dense)
+      gt_backward_dq_dense(grad_out, q, k, v, lse2, out32, dsum, L, cells, dq, pds, scale);
+    else gt_backward_dq_mma(grad_out, q, k, v, lse2, out32, L, dq, pds, scale);
   }
   void dkv(at::Tensor& dk, at::Tensor& dv, const float* pds) const {
     if (dense)
@@ -60,13 +63,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
                                        L.tiles.defined() && L.tiles_t.defined()),
               op, ": dense_backward=True (the dense-tile backward) needs mma_backward, "
               "dense_cells > 0 and both tile plans (the layout's and its transpose's)");
-  // D_i in fp32 for half inputs, from the forward's fp32 rows (out_dsum).
-  const at::Tensor dsum_t = out_dsum(op, grad_out, out32);
-  const float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
+  // D_i in fp32 for half inputs, from the forward's fp32 rows: out_dsum's pass
+  // for the CUDA-core walks; the tensor-core dq walks compute it themselves (the
+  // dense one into dsum_t for its dkv launch), which saves a launch that reads
+  // dO and O32 (bf16 PATTERN-like batch, 1 x 128: 27 us of the backward).
+  at::Tensor dsum_t;
+  if (!plan.mma_backward) {
+    dsum_t = out_dsum(op, grad_out, out32);
+  } else {
+    check_out32(op, out32);
+    if (plan.dense_backward)
+      dsum_t = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  }
+  float* dsum = dsum_t.defined() ? dsum_t.data_ptr<float>() : nullptr;
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   const BackwardArgs a{op, grad_out, out, lse2, q, k, L, plan, dropout, seed};
   const DotMmaWalks mma{plan.mma_backward, plan.dense_backward, grad_out, q, k, v, lse2, L,
-                        dsum, scale, plan.dense_cells};
+                        plan.mma_backward ? out32.data_ptr<float>() : nullptr, dsum, scale,
+                        plan.dense_cells};
   RowGrads r = row_backward<DotScore>(a, into, dsum, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DotParams<T>{cptr<T>(q), cptr<T>(k), cptr<T>(v), sc, scale2};

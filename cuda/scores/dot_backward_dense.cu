@@ -2,6 +2,7 @@
 // launches of the tensor-core backward (dot_backward_mma.cu has the formulas) run
 // as flash attention 2 runs its backward:
 //   dq launch  (tile plan of the graph, blocks of 64 destination rows):
+//     D = dO . O32 of the block's rows (into dsum for the dkv launch),
 //     S = Q K^T, P = 2^(scale2 S - lse2) on edges, dP = dO V^T, dS = P (dP - D),
 //     dQ = scale dS K; and each edge's (P, dS) into pds (CSR order);
 //   dkv launch (tile plan of the transposed graph, blocks of 64 source rows):
@@ -62,7 +63,9 @@ namespace {
 // One launch's arguments (both launches take the same; each reads its part).
 template <typename T> struct DenseBwd {
   const T *dout, *q, *k, *v;
-  const float *lse2, *dsum;   // [N_dst, H]
+  const float* lse2;          // [N_dst, H]
+  const float* out32;         // [N_dst, H, C], the forward's fp32 rows (dq launch)
+  float* dsum;                // [N_dst, H] D: written by the dq launch, read by the dkv one
   const int *rowptr, *col;    // CSR (dq launch)
   const int *colptr, *row, *perm;  // CSC (dkv launch's sparse units)
   const int* rank_pos;        // nullable: identity
@@ -115,8 +118,8 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
         gt_dkv_mma_unit<T, C>(a.dout, a.q, a.pds, a.colptr, a.row, a.perm, a.dk, a.dv,
                               a.ld_kv, a.n_src, H, a.scale, blk * H + h);
       else
-        gt_dq_mma_unit<T, C>(a.dout, a.q, a.k, a.v, a.lse2, a.dsum, a.rowptr, a.col, a.dq,
-                             a.ld_q, a.pds, a.n_dst, H, a.scale, a.scale2, blk * H + h);
+        gt_dq_mma_unit<T, C>(a.dout, a.q, a.k, a.v, a.lse2, a.out32, a.dsum, a.rowptr, a.col,
+                             a.dq, a.ld_q, a.pds, a.n_dst, H, a.scale, a.scale2, blk * H + h);
     }
     return;
   }
@@ -153,11 +156,23 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
   // Resident rows of head h (zeros past the end); committed with the first chunk.
   copy_rows<T, C, kDenseRows>(xs, ys, X, Y, r0, n_res, HC, (int64_t)h * C);
   issue(tile.first, 0);
-  // dq: lse2 and D of rows a, b (used only where the row has an edge).
+  // dq: lse2 and D of rows a, b (used only where the row has an edge). D = dO .
+  // O32 over the quad's lanes (quad_dsum) while the copies are in flight, and
+  // into dsum for the dkv launch: no launch of its own reads dO and O32 again.
   float La = 0.f, Lb = 0.f, Da = 0.f, Db = 0.f;
   if constexpr (!KV) {
-    if (ok_a) { La = __ldg(a.lse2 + ga * H + h); Da = __ldg(a.dsum + ga * H + h); }
-    if (ok_b) { Lb = __ldg(a.lse2 + gb * H + h); Db = __ldg(a.dsum + gb * H + h); }
+    const int64_t off_a = ga * HC + (int64_t)h * C, off_b = gb * HC + (int64_t)h * C;
+    uint32_t w[KS][2];
+    load_b_frags<T, C>(a.dout + off_a, ok_a, t, w);
+    Da = quad_dsum<T, C>(w, a.out32 + off_a, ok_a, t);
+    load_b_frags<T, C>(a.dout + off_b, ok_b, t, w);
+    Db = quad_dsum<T, C>(w, a.out32 + off_b, ok_b, t);
+    if (t == 0) {
+      if (ok_a) a.dsum[ga * H + h] = Da;
+      if (ok_b) a.dsum[gb * H + h] = Db;
+    }
+    if (ok_a) La = __ldg(a.lse2 + ga * H + h);
+    if (ok_b) Lb = __ldg(a.lse2 + gb * H + h);
   }
   int rank_a = 0, rank_b = 0;  // dq: the rows' edges in earlier chunks
 
@@ -295,8 +310,9 @@ template <int C, typename T> constexpr int dense_bwd_smem(bool kv) {
 
 template <bool KV>
 void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
-                      float* pds, const LayoutView& L, double cells_per_edge, at::Tensor* dq,
+                      const at::Tensor& v, const at::Tensor& lse2, const float* out32,
+                      float* dsum, float* pds, const LayoutView& L, double cells_per_edge,
+                      at::Tensor* dq,
                       at::Tensor* dk, at::Tensor* dv, double scale) {
   const int64_t n_dst = q.size(0), n_src = k.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_res = KV ? n_src : n_dst;
@@ -313,6 +329,7 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
     a.k = cptr<T>(k);
     a.v = cptr<T>(v);
     a.lse2 = lse2.data_ptr<float>();
+    a.out32 = out32;
     a.dsum = dsum;
     a.rowptr = L.rowptr.data_ptr<int>();
     a.col = L.col.data_ptr<int>();
@@ -371,13 +388,14 @@ void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at:
 }  // namespace
 
 void gt_backward_dq_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
-                          const LayoutView& L, double cells_per_edge, at::Tensor& dq,
-                          float* pds, double scale) {
-  TORCH_CHECK(dsum != nullptr || q.size(0) == 0,
-              "dfgnn::attention_bwd (dot): the dense-tile dq launch needs D in fp32");
-  launch_dense_bwd<false>(grad_out, q, k, v, lse2, dsum, pds, L, cells_per_edge, &dq, nullptr,
-                          nullptr, scale);
+                          const at::Tensor& v, const at::Tensor& lse2, const float* out32,
+                          float* dsum, const LayoutView& L, double cells_per_edge,
+                          at::Tensor& dq, float* pds, double scale) {
+  TORCH_CHECK((out32 != nullptr && dsum != nullptr) || q.size(0) == 0,
+              "dfgnn::attention_bwd (dot): the dense-tile dq launch needs the forward's "
+              "float32 rows and room for D");
+  launch_dense_bwd<false>(grad_out, q, k, v, lse2, out32, dsum, pds, L, cells_per_edge, &dq,
+                          nullptr, nullptr, scale);
 }
 
 void gt_backward_dkv_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -386,8 +404,8 @@ void gt_backward_dkv_dense(const at::Tensor& grad_out, const at::Tensor& q, cons
                            at::Tensor& dk, at::Tensor& dv, double scale) {
   TORCH_CHECK(dsum != nullptr || q.size(0) == 0,
               "dfgnn::attention_bwd (dot): the dense-tile dkv launch needs D in fp32");
-  launch_dense_bwd<true>(grad_out, q, k, v, lse2, dsum, const_cast<float*>(pds), L,
-                         cells_per_edge, nullptr, &dk, &dv, scale);
+  launch_dense_bwd<true>(grad_out, q, k, v, lse2, nullptr, const_cast<float*>(dsum),
+                         const_cast<float*>(pds), L, cells_per_edge, nullptr, &dk, &dv, scale);
 }
 
 }  // namespace dfgnn

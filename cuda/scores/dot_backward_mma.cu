@@ -18,8 +18,9 @@
 //        dQ^T [C x 8] += K^T [C x 16] . dS;
 //   dkv: dV^T [C x 8] += dO^T [C x 16] . P,  dK^T [C x 8] += Q^T [C x 16] . dS,
 // the SpMM weights rounded to T (fp32 accumulation, as flash attention's
-// backward). No online softmax: lse2 (forward) and D (out_dsum, fp32)
-// are known. The dq walk loads k twice per tile: as 16-byte row slices for the
+// backward). No online softmax: lse2 comes from the forward, and each unit
+// takes D = dO . O of its 8 rows from dO and the forward's fp32 rows (quad_dsum)
+// before its first tile, so no launch of its own computes D. The dq walk loads k twice per tile: as 16-byte row slices for the
 // SDDMM (A operand, rows = edges) and by whole 128-byte lines for the SpMM (A
 // operand, rows = channels; load_v_words), the second from L1.
 // Rows and columns are walked whole, whatever the work items: each output row is
@@ -45,14 +46,14 @@ template <typename T, int C>
 __global__ void __launch_bounds__(kMmaBwdBlock)
 gt_bwd_dq_mma_kernel(const T* __restrict__ dout, const T* __restrict__ q,
                      const T* __restrict__ k, const T* __restrict__ v,
-                     const float* __restrict__ lse2, const float* __restrict__ dsum,
+                     const float* __restrict__ lse2, const float* __restrict__ out32,
                      const int* __restrict__ rowptr, const int* __restrict__ col,
                      T* __restrict__ dq, int64_t ld_q, float2* __restrict__ pds, int64_t n_rows,
                      int64_t n_units, int H, float scale, float scale2) {
   const int64_t unit = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (unit >= n_units) return;  // whole warps
-  gt_dq_mma_unit<T, C>(dout, q, k, v, lse2, dsum, rowptr, col, dq, ld_q, pds, n_rows, H, scale,
-                       scale2, unit);
+  gt_dq_mma_unit<T, C>(dout, q, k, v, lse2, out32, nullptr, rowptr, col, dq, ld_q, pds, n_rows,
+                       H, scale, scale2, unit);
 }
 
 template <typename T, int C>
@@ -91,17 +92,18 @@ bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16) {
 }
 
 void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
+                        const at::Tensor& v, const at::Tensor& lse2, const float* out32,
                         const LayoutView& L, at::Tensor& dq, float* pds, double scale) {
-  TORCH_CHECK(dsum != nullptr || q.size(0) == 0,
-              "dfgnn::attention_bwd (dot): the tensor-core dq walk needs D in fp32");
+  TORCH_CHECK(out32 != nullptr || q.size(0) == 0,
+              "dfgnn::attention_bwd (dot): the tensor-core dq walk needs the forward's "
+              "float32 rows");
   const float sc = (float)scale, scale2 = (float)(scale * kLog2e);
   auto stream = c10::cuda::getCurrentCUDAStream();
   launch_units(q.scalar_type(), q.size(2), q.size(0), q.size(1),
                [&](auto T_, auto C_, int64_t blocks, int64_t n_units) {
     using T = typename decltype(T_)::type;
     gt_bwd_dq_mma_kernel<T, decltype(C_)::value><<<blocks, kMmaBwdBlock, 0, stream>>>(
-        cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(), dsum,
+        cptr<T>(grad_out), cptr<T>(q), cptr<T>(k), cptr<T>(v), lse2.data_ptr<float>(), out32,
         L.rowptr.data_ptr<int>(), L.col.data_ptr<int>(), mptr<T>(dq), dq.stride(0),
         reinterpret_cast<float2*>(pds), q.size(0), n_units, (int)q.size(1), sc, scale2);
     check_launch();

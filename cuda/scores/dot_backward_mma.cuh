@@ -49,6 +49,32 @@ __device__ __forceinline__ void load_b_frags(const T* __restrict__ rowp, bool ok
   }
 }
 
+// D = dO . O of one row and head, in fp32, from the row's dO slices t + 4c as
+// load_b_frags holds them and the same channels of the forward's fp32 row
+// `o32row` (dot_backward.cu says why fp32), summed over the four lanes t of the
+// quad: every lane of the quad returns it. Called by whole warps; 0 where !ok.
+template <typename T, int C>
+__device__ __forceinline__ float quad_dsum(const uint32_t (&w)[C / 16][2],
+                                           const float* __restrict__ o32row, bool ok, int t) {
+  float d = 0.f;
+  if (ok) {
+#pragma unroll
+    for (int c = 0; c < C / 32; ++c) {
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(o32row) + 2 * (t + 4 * c));
+      const float4 hi = __ldg(reinterpret_cast<const float4*>(o32row) + 2 * (t + 4 * c) + 1);
+      const float2 g0 = unpack2<T>(w[2 * c][0]), g1 = unpack2<T>(w[2 * c][1]);
+      const float2 g2 = unpack2<T>(w[2 * c + 1][0]), g3 = unpack2<T>(w[2 * c + 1][1]);
+      d = fmaf(g0.x, lo.x, d); d = fmaf(g0.y, lo.y, d);
+      d = fmaf(g1.x, lo.z, d); d = fmaf(g1.y, lo.w, d);
+      d = fmaf(g2.x, hi.x, d); d = fmaf(g2.y, hi.y, d);
+      d = fmaf(g3.x, hi.z, d); d = fmaf(g3.y, hi.w, d);
+    }
+  }
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  return d;
+}
+
 // s[0], s[1] = row a of the A operand (edge g) with columns 2t, 2t + 1; s[2],
 // s[3] = row b (edge g + 8): the SDDMM of 16 gathered rows against 8 B rows.
 template <typename T, int C>
@@ -83,10 +109,14 @@ __device__ __forceinline__ void store_cols(T* __restrict__ x, const float (&acc)
 
 // The CSR walk (dot_backward_mma.cu describes it): one unit of 8 rows and one head.
 // `unit`: rows [8 (unit / H), + 8) of head unit % H; called by whole warps.
+// D of the unit's rows comes from dO and the forward's fp32 rows out32 [N, H, C]
+// here (quad_dsum), and goes to dsum [N, H] where given (the dense-tile dkv
+// launch reads it; the tensor-core dkv walk reads the saved weights instead).
 template <typename T, int C>
 __device__ __forceinline__ void gt_dq_mma_unit(
     const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-    const T* __restrict__ v, const float* __restrict__ lse2, const float* __restrict__ dsum,
+    const T* __restrict__ v, const float* __restrict__ lse2, const float* __restrict__ out32,
+    float* __restrict__ dsum,
     const int* __restrict__ rowptr, const int* __restrict__ col, T* __restrict__ dq,
     int64_t ld_q, float2* __restrict__ pds, int64_t n_rows, int H, float scale, float scale2,
     int64_t unit) {
@@ -99,16 +129,18 @@ __device__ __forceinline__ void gt_dq_mma_unit(
   const int rb0 = u.bound(2 * t), rb1 = u.bound(2 * t + 1), rb2 = u.bound(2 * t + 2);
 
   uint32_t qb[NK][2], gb[NK][2];  // q and dO of row g (B fragments)
-  {
-    const bool ok = i0 + g < n_rows;
-    load_b_frags<T, C>(q + (i0 + g) * HC + head_off, ok, t, qb);
-    load_b_frags<T, C>(dout + (i0 + g) * HC + head_off, ok, t, gb);
-  }
-  // lse2 and D of rows 2t, 2t + 1 (clamped to the last row: used only where the
-  // row has an edge).
+  const bool ok_g = i0 + g < n_rows;
+  load_b_frags<T, C>(q + (i0 + g) * HC + head_off, ok_g, t, qb);
+  load_b_frags<T, C>(dout + (i0 + g) * HC + head_off, ok_g, t, gb);
+  // D of row g, then of rows 2t, 2t + 1 from their quads (lanes 8t and 8t + 4).
+  const float Dg = quad_dsum<T, C>(gb, out32 + (i0 + g) * HC + head_off, ok_g, t);
+  if (dsum != nullptr && ok_g && t == 0) dsum[(i0 + g) * H + h] = Dg;
+  const float D0 = __shfl_sync(0xffffffffu, Dg, 8 * t);
+  const float D1 = __shfl_sync(0xffffffffu, Dg, 8 * t + 4);
+  // lse2 of rows 2t, 2t + 1 (clamped to the last row: used only where the row
+  // has an edge).
   const int64_t r0 = min(i0 + 2 * t, n_rows - 1), r1 = min(i0 + 2 * t + 1, n_rows - 1);
   const float L0 = __ldg(lse2 + r0 * H + h), L1 = __ldg(lse2 + r1 * H + h);
-  const float D0 = __ldg(dsum + r0 * H + h), D1 = __ldg(dsum + r1 * H + h);
 
   float acc[NK][4];
 #pragma unroll

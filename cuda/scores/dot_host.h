@@ -44,7 +44,8 @@ void gt_forward_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // names (bwd_one_launch, mma_backward, dense_backward, bwd_merge_in_kernel,
 // vector_rows);
 // out32: the forward's rows in float32 (fp16 / bf16 inputs: D comes from them,
-// out_dsum in host/backward_launch.cuh; fp32: unused).
+// in the tensor-core dq walk or launch, else out_dsum in host/backward_launch.cuh;
+// fp32: unused).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse2, const at::Tensor& out32, const LayoutView& L,
@@ -53,12 +54,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
 
 // The backward's dq walk on tensor cores (dot_backward_mma.cu): dq [N_dst, H, C]
 // and each edge's (P, dS) into pds [E, H, 2] (CSR order) for the CSC walk, from
-// the half inputs, lse2 and dsum (D [N_dst, H] in fp32, out_dsum). Needs
+// the half inputs, lse2 and out32 (the forward's fp32 rows [N_dst, H, C]: each
+// unit computes D = dO . O of its rows). Needs
 // fp16 / bf16, C in {32, 64, 128}, 16-byte aligned rows and no dropout (a warp
 // walks 8 whole rows, whatever L's work items; gt_backward_cuda checks the plan).
 bool gt_backward_mma_supports(at::ScalarType st, int64_t C, bool aligned16);
 void gt_backward_dq_mma(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
+                        const at::Tensor& v, const at::Tensor& lse2, const float* out32,
                         const LayoutView& L, at::Tensor& dq, float* pds, double scale);
 // The CSC walk on tensor cores (dot_backward_mma.cu): dk, dv [N_src, H, C] from the
 // dq walk's pds, dO and q; walks whole columns (L's CSC work items unused).
@@ -71,11 +73,12 @@ void gt_backward_dkv_mma(const at::Tensor& grad_out, const at::Tensor& q, const 
 // block whose window holds more than `cells_per_edge` cells per edge runs the
 // sparse units of the two walks above. pds null (the plan's save_weights off):
 // the dq launch writes no weights and every dkv block with a window runs dense.
-// Needs what those need, both tile plans and the CSC.
+// The dq launch writes each row's D into dsum [N_dst, H] (fp32), which the dkv
+// launch reads. Needs what those need, both tile plans and the CSC.
 void gt_backward_dq_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
-                          const LayoutView& L, double cells_per_edge, at::Tensor& dq,
-                          float* pds, double scale);
+                          const at::Tensor& v, const at::Tensor& lse2, const float* out32,
+                          float* dsum, const LayoutView& L, double cells_per_edge,
+                          at::Tensor& dq, float* pds, double scale);
 void gt_backward_dkv_dense(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& lse2, const float* dsum,
                            const float* pds, const LayoutView& L, double cells_per_edge,

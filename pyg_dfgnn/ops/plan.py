@@ -473,7 +473,9 @@ class Plan:
             # Per-edge inputs get their gradient in the CSR walk, one edge at a time
             # (the dot_edge and gatv2_edge scores' rows), or in a kernel of their own
             # (the additive_edge score's terms). In half precision the walks take
-            # D_i = dO_i . O_i from the forward's fp32 rows (docs/backward.md).
+            # D_i = dO_i . O_i from the forward's fp32 rows (docs/backward.md): the
+            # tensor-core dq walks compute it for their own rows, the CUDA-core
+            # walks read it from a pass of its own.
             edge = bool(_spec.get(name).edge_inputs)
             dq = "dq and the edge rows' gradients" if edge else "dq"
             res = []
@@ -488,7 +490,7 @@ class Plan:
                                                     "and LeakyReLU"))
                 res.append((f"{name}:bwd_src", "CSC walk over sources: dx and d a_src"))
             else:
-                if self.half:
+                if self.half and not self.mma_backward:
                     res.append(("out_dsum", "D_i = dO_i . O_i per row and head, from the "
                                             "forward's fp32 rows"))
                 if self.bwd_one_launch:
@@ -496,23 +498,25 @@ class Plan:
                                 "walks side by side in one launch, the CSC walk recomputing "
                                 "its weights"))
                 elif self.mma_backward and self.dense_backward and not self.save_weights:
-                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles ({dq}; "
-                                                 "too sparse blocks walk 8 whole rows per "
-                                                 "warp)"),
+                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles (D and "
+                                                 f"{dq}; too sparse blocks walk 8 whole rows "
+                                                 "per warp)"),
                             (f"{name}:dkv_dense", "tensor cores over dense 64-source tiles of "
                                                   "the transposed graph, every block with a "
                                                   "window, recomputing the weights")]
                 elif self.mma_backward and self.dense_backward:
-                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles ({dq}; "
-                                                 "too sparse blocks walk 8 whole rows per "
-                                                 "warp); saves (P', dS) per edge and head"),
+                    res += [(f"{name}:dq_dense", f"tensor cores over dense 64-row tiles (D and "
+                                                 f"{dq}; too sparse blocks walk 8 whole rows "
+                                                 "per warp); saves (P', dS) per edge and "
+                                                 "head"),
                             (f"{name}:dkv_dense", "tensor cores over dense 64-source tiles of "
                                                   "the transposed graph, recomputing the "
                                                   "weights (too sparse blocks: SpMM with the "
                                                   "saved ones)")]
                 elif self.mma_backward:
-                    res += [(f"{name}:dq_mma", f"CSR walk on tensor cores ({dq}), 8 whole rows "
-                                               "per warp; saves (P', dS) per edge and head"),
+                    res += [(f"{name}:dq_mma", f"CSR walk on tensor cores (D and {dq}), 8 whole "
+                                               "rows per warp; saves (P', dS) per edge and "
+                                               "head"),
                             (f"{name}:dkv_mma", "CSC walk on tensor cores: SpMM with the saved "
                                                 "weights")]
                 else:
