@@ -64,23 +64,27 @@ def test_lanes_per_row_mirror_the_row_shapes():
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_additive_forward_walk(dtype):
-    """The additive score's SMMF forward runs the shared row walk on graphs of low
-    mean in-degree, and on denser ones where a row takes few lanes and no row is
-    split; its own walk elsewhere. PMF and the scores with one SMMF forward never
-    set row_walk, and the plan names the kernel that runs."""
+    """The additive score's fp32 SMMF forward runs the shared row walk on graphs
+    of low mean in-degree, and on denser ones where a row takes few lanes and no
+    row is split; its own walk elsewhere and in half precision. PMF and the scores
+    with one SMMF forward never set row_walk, and the plan names the kernel that
+    runs."""
     sparse = _chain(4000, 6)  # mean in-degree 6
     dense = _chain(2000, 24)  # 24, no split rows (a row within one 32-edge item)
     hub = _layout(2000, 80_000, hub=500)  # 40, split rows
     cases = [(sparse, 128, True), (sparse, 8, True), (dense, 8, True), (dense, 128, False),
              (hub, 8, False), (hub, 128, False)]
+    half = dtype != F32
     for lay, C, want in cases:
+        want = want and not half
         p = plan.plan_for(lay, dtype, C, score="additive")
         lanes = plan.lanes_per_row(C, dtype)
         assert p.row_walk == want, (lay.num_edges, C, p.why)
-        assert p.row_walk == (lay.num_edges / lay.num_dst <= plan.ROW_WALK_MAX_MEAN_DEGREE or (
-            lanes <= plan.ROW_WALK_MAX_LANES and not p.split_rows))
+        assert p.row_walk == (not half and (
+            lay.num_edges / lay.num_dst <= plan.ROW_WALK_MAX_MEAN_DEGREE
+            or (lanes <= plan.ROW_WALK_MAX_LANES and not p.split_rows)))
         assert p.kernels()[0][0] == ("additive:row_smmf" if want else "additive:smmf")
-        assert dict(p.why)["row_walk"].startswith("mean in-degree")
+        assert dict(p.why)["row_walk"].startswith("fp16 / bf16" if half else "mean in-degree")
         assert p.flags()["row_walk"] == int(want)
         assert not plan.plan_for(lay, dtype, C, score="additive", strategy="pmf").row_walk
         for other in ("dot", "gatv2", "additive_edge", "cosine"):

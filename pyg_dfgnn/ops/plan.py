@@ -69,7 +69,9 @@ TWO_ROWS_MIN_EDGES = 1 << 18
 #: 4 x 32, Cora 8 x 8 9.5 / 11.4 us; PATTERN-like (50) 0.331 / 0.358 at 4 x 32 but
 #: 0.330 / 0.261 at 1 x 128; power-law graphs with split rows (GitHub, Reddit-,
 #: Protein-, ppa-like) 0.84-0.97x (docs/kernels.md, "The additive forward's two
-#: walks").
+#: walks"). In fp16 / bf16 its own walk: the row walk gains nothing from half rows
+#: (PATTERN-like batch, 4 x 32: bf16 forward 0.362 ms against fp32's 0.332 in one
+#: run), and a bf16 step on it was slower than the fp32 one (1.218 / 1.177 ms).
 ROW_WALK_MAX_MEAN_DEGREE = 8.0
 ROW_WALK_MAX_LANES = 8
 #: The GT backward runs its CSR and CSC walks in one launch below this many
@@ -170,10 +172,10 @@ def override(**fields) -> Iterator[None]:
         row_walk (bool): a score with two SMMF forwards (the additive score:
             :attr:`ScoreSpec.row_walk <pyg_dfgnn.ops.spec.ScoreSpec>`) runs the
             one on the shared row walk, ``U`` edges' rows in flight per step,
-            rather than its own walk, one edge per lane (by default where the
-            mean in-degree is at most :data:`ROW_WALK_MAX_MEAN_DEGREE`, or where
-            a row takes at most :data:`ROW_WALK_MAX_LANES` lanes and no row is
-            split).
+            rather than its own walk, one edge per lane (by default for fp32
+            inputs where the mean in-degree is at most
+            :data:`ROW_WALK_MAX_MEAN_DEGREE`, or where a row takes at most
+            :data:`ROW_WALK_MAX_LANES` lanes and no row is split).
         mma (bool): the fp16 / bf16 tensor-core GT forward.
         mma_backward (bool): the GT backward's CSR and CSC walks on tensor
             cores (fp16 / bf16, ``C`` in :data:`MMA_HEAD_SIZES`, no dropout; by
@@ -654,7 +656,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
                                 f"warp {'on' if two_rows else 'off'}"))
     mean_degree = layout.num_edges / max(layout.num_dst, 1)
     lanes = lanes_per_row(head_size, dtype)
-    row_walk = _forced(o, "row_walk", spec.row_walk and smmf and (
+    half = dtype in HALF_DTYPES
+    row_walk = _forced(o, "row_walk", spec.row_walk and smmf and not half and (
                            mean_degree <= ROW_WALK_MAX_MEAN_DEGREE
                            or (lanes <= ROW_WALK_MAX_LANES and not split)),
                        spec.row_walk and smmf,
@@ -664,6 +667,8 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
         walk = "the shared row walk" if row_walk else "the score's own walk"
         if "row_walk" in o:
             why.append(("row_walk", f"{walk} (override)"))
+        elif half:
+            why.append(("row_walk", f"fp16 / bf16 rows: {walk}"))
         else:
             why.append(("row_walk", f"mean in-degree {mean_degree:.1f}, {lanes} lanes per row"
                                     f"{', split rows' if split else ''}: {walk}"))
