@@ -8,6 +8,7 @@ and the one-line refusal of a script that needs a GPU.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 __all__ = ["HelpFormatter", "add_run_arguments", "add_progress_argument", "progress",
            "parse_device", "out_file", "table", "require_kernels", "add_device_argument",
-           "pick_device"]
+           "pick_device", "add_override_argument", "parse_overrides"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -137,3 +138,34 @@ def pick_device(script: str, device: Optional[str], quick: bool = False):
         require_kernels(script, "--device cpu runs it on the reference path, a check of "
                                 "the script")
     return dev
+
+
+def add_override_argument(parser: argparse.ArgumentParser, what: str = "call") -> None:
+    r"""Adds ``--override FIELD=VALUE`` (repeatable): a kernel-plan override
+    (:func:`pyg_dfgnn.ops.plan.override`) for every fused ``what``; read it with
+    :func:`parse_overrides`."""
+    parser.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
+                        help=f"a kernel-plan override for every fused {what} "
+                             "(pyg_dfgnn.ops.plan.override), e.g. chunk=16; repeatable")
+
+
+def parse_overrides(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict:
+    r"""``--override FIELD=VALUE`` items as :func:`pyg_dfgnn.ops.plan.override`'s
+    keyword arguments (values as Python literals, else strings); exits with the
+    parser's message on a malformed item or a field or value the plan rejects."""
+    from pyg_dfgnn import ops
+    fields = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--override takes FIELD=VALUE, got {item!r}")
+        try:
+            fields[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fields[name] = text
+    try:
+        with ops.plan.override(**fields):
+            pass
+    except ValueError as e:
+        parser.error(str(e))
+    return fields

@@ -68,6 +68,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import flex, generators, kernels, profile_backward
+from pyg_dfgnn import ops
 
 #: Graphs in run order: the batches, then the power-law graphs.
 BATCH_GRAPHS = {"PATTERN": "pattern", "CLUSTER": "cluster", "MNIST": "mnist",
@@ -299,6 +300,7 @@ def parse_args(argv=None):
                     help=f"skip FlexAttention cases that would end past this many seconds "
                          f"of the run (default: {TIME_LIMIT_S:g}; --quick: "
                          f"{QUICK_TIME_LIMIT_S:g})")
+    cli.add_override_argument(ap, "row (FlexAttention is not affected)")
     ap.add_argument("--rep-ms", type=float, default=kernels.REPEATS[1],
                     help="do_bench repetition time per measurement (ms)")
     datasets.add_data_argument(ap, "MUSAE/GitHub/ and ogbn-arxiv/")
@@ -314,6 +316,7 @@ def parse_args(argv=None):
                                                    "dtypes": DTYPES}[what]
         known = {"graphs": GRAPHS, "layers": LAYERS, "dtypes": DTYPES}[what]
         setattr(args, what, _names(ap, text, known, what) if text is not None else list(default))
+    args.overrides = cli.parse_overrides(ap, args.override)
     args.flex_forms = _names(ap, args.flex_forms, flex.FORMS, "flex-forms")
     args.flex_dtypes = _names(ap, args.flex_dtypes, DTYPES, "flex-dtypes")
     if args.time_limit_s is None:
@@ -352,7 +355,8 @@ def main(argv=None) -> int:
             "device": args.device, "tiny": args.tiny, "quick": args.quick,
             "rep_ms": args.rep_ms, **kernels.set_matmul_precision(False),
             "copy_GBps": copy_gbps, "flex_forms": args.flex_forms,
-            "flex_dtypes": args.flex_dtypes, "time_limit_s": args.time_limit_s}
+            "flex_dtypes": args.flex_dtypes, "time_limit_s": args.time_limit_s,
+            "overrides": {k: repr(v) for k, v in args.overrides.items()}}
     doc = {"info": info, "graphs": {}, "rows": []}
 
     def save():
@@ -375,7 +379,8 @@ def main(argv=None) -> int:
             save()
             continue
         for row in rows:
-            run_fused(row, g, args.device, timer, copy_gbps)
+            with ops.plan.override(**args.overrides):
+                run_fused(row, g, args.device, timer, copy_gbps)
             row["flex"] = flex_status(row, g, args.flex_forms, args.flex_dtypes)
             if row["flex"]["status"] == "pending":
                 flex_cases.append((row, g))

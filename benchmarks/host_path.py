@@ -23,7 +23,6 @@ Needs a CUDA GPU and the compiled extension.
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import json
 import shlex
@@ -189,27 +188,6 @@ def breakdown(fn, calls: int) -> dict:
     return us
 
 
-def parse_overrides(parser, items) -> dict:
-    """``--override FIELD=VALUE`` items as :func:`pyg_dfgnn.ops.plan.override`'s
-    keyword arguments (values as Python literals, else strings); exits with the
-    parser's message on a malformed item or a field or value the plan rejects."""
-    fields = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--override takes FIELD=VALUE, got {item!r}")
-        try:
-            fields[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            fields[name] = text
-    try:
-        with ops.plan.override(**fields):
-            pass
-    except ValueError as e:
-        parser.error(str(e))
-    return fields
-
-
 def measure_scores(args, data, rows: list) -> None:
     """Appends a row per score of ``args.scores`` and autograd mode (see the
     module docstring) to ``rows``, printing each."""
@@ -245,12 +223,10 @@ def main(argv=None) -> int:
                         help="comma-separated score functions")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the parts of a call's host path alone")
-    parser.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a kernel-plan override for every call (pyg_dfgnn.ops.plan."
-                             "override), e.g. chunk=16; repeatable")
+    cli.add_override_argument(parser)
     parser.add_argument("--out", default="host_path.json", help="JSON output")
     args = parser.parse_args(argv)
-    overrides = parse_overrides(parser, args.override)
+    overrides = cli.parse_overrides(parser, args.override)
     cli.require_kernels("benchmarks.host_path")
     with datasets.exit_on_missing_data():
         data = datasets.planetoid("Cora", root=args.data).to("cuda")

@@ -132,3 +132,24 @@ def test_arguments(hp):
                 ["--device", "cpu"]):
         with pytest.raises(SystemExit):
             hp.parse_args(["--out", "x", *bad])
+
+
+def test_override_reaches_every_fused_row(hp, tmp_path, monkeypatch):
+    """``--override FIELD=VALUE``: checked with the plan's message before anything
+    runs, in force around each fused row and recorded in ``info``."""
+    seen = []
+    real = hp.run_fused
+
+    def spy(row, *args):
+        seen.append(hp.ops.plan.overrides())
+        return real(row, *args)
+
+    monkeypatch.setattr(hp, "run_fused", spy)
+    doc = run_main(hp, tmp_path / "out", "--graphs", "PATTERN", "--layers", "additive-4x32",
+                   "--dtypes", "bf16", "--override", "row_walk=True", "--override", "chunk=16")
+    assert seen == [{"row_walk": True, "chunk": 16}]
+    assert doc["info"]["overrides"] == {"row_walk": "True", "chunk": "16"}
+    assert hp.ops.plan.overrides() == {}
+    for bad in ("chunk=0", "row_walk", "nope=1"):
+        with pytest.raises(SystemExit):
+            hp.parse_args(["--out", "x", "--override", bad])

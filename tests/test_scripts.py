@@ -149,7 +149,7 @@ def test_host_path_overrides_are_checked_before_the_gpu(capsys):
     (else strings), and a bad item exits with the plan's message before anything
     needs a GPU."""
     host_path = load_benchmark("host_path")
-    assert host_path.parse_overrides(argparse.ArgumentParser(), [
+    assert load_benchmark("cli").parse_overrides(argparse.ArgumentParser(), [
         "chunk=16", "item_order=rcm", "two_rows=False"]) == {
         "chunk": 16, "item_order": "rcm", "two_rows": False}
     for bad, message in ((["chunk=0"], "chunk must be"), (["nope=1"], "unknown field"),
