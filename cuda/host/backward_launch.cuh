@@ -44,6 +44,13 @@ struct RowGrads {
 
 template <template <class> class Score> using ScoreProbe = Score<RowShape<float, 1, 32, 1>>;
 
+// An fp16 / bf16 backward's out32 (ForwardCall::out32), which D comes from.
+inline void check_out32(const char* op, const at::Tensor& out32) {
+  TORCH_CHECK(out32.defined(), op, ": an fp16 / bf16 backward takes D = dO . O from the "
+              "forward's float32 rows, and the call has none (a forward without the CSC "
+              "keeps none)");
+}
+
 // D_i = dO_i . O_i [N_dst, H] in fp32 for an fp16 / bf16 backward, from out32,
 // the forward's rows before their rounding (ForwardCall::out32); undefined for
 // fp32 inputs (each dq item computes dO_i . O_i from out itself). Where the dP_ij
@@ -52,11 +59,6 @@ template <template <class> class Score> using ScoreProbe = Score<RowShape<float,
 // of its bits (dK off by a median 1.2e-2 relative on a small graph with
 // duplicate edges, against 2e-7 with O in fp32; docs/backward.md). One pass
 // over [N_dst, H, C] (host/out_dsum.cu).
-inline void check_out32(const char* op, const at::Tensor& out32) {
-  TORCH_CHECK(out32.defined(), op, ": an fp16 / bf16 backward takes D = dO . O from the "
-              "forward's float32 rows, and the call has none (a forward without the CSC "
-              "keeps none)");
-}
 inline at::Tensor out_dsum(const char* op, const at::Tensor& grad_out, const at::Tensor& out32) {
   if (grad_out.scalar_type() == at::kFloat) return {};
   check_out32(op, out32);

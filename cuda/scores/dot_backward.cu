@@ -65,8 +65,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gt_backward_cuda(
               "dense_cells > 0 and both tile plans (the layout's and its transpose's)");
   // D_i in fp32 for half inputs, from the forward's fp32 rows: out_dsum's pass
   // for the CUDA-core walks; the tensor-core dq walks compute it themselves (the
-  // dense one into dsum_t for its dkv launch), which saves a launch that reads
-  // dO and O32 (bf16 PATTERN-like batch, 1 x 128: 27 us of the backward).
+  // dense one into dsum_t for its dkv launch), saving the pass's launch and its
+  // second read of dO (bf16 PATTERN-like batch, 1 x 128: backward 0.313 -> 0.299 ms).
   at::Tensor dsum_t;
   if (!plan.mma_backward) {
     dsum_t = out_dsum(op, grad_out, out32);

@@ -312,8 +312,7 @@ template <bool KV>
 void launch_dense_bwd(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& v, const at::Tensor& lse2, const float* out32,
                       float* dsum, float* pds, const LayoutView& L, double cells_per_edge,
-                      at::Tensor* dq,
-                      at::Tensor* dk, at::Tensor* dv, double scale) {
+                      at::Tensor* dq, at::Tensor* dk, at::Tensor* dv, double scale) {
   const int64_t n_dst = q.size(0), n_src = k.size(0), H = q.size(1), C = q.size(2);
   const int64_t n_res = KV ? n_src : n_dst;
   if (n_res == 0) return;

@@ -20,9 +20,10 @@
 // the SpMM weights rounded to T (fp32 accumulation, as flash attention's
 // backward). No online softmax: lse2 comes from the forward, and each unit
 // takes D = dO . O of its 8 rows from dO and the forward's fp32 rows (quad_dsum)
-// before its first tile, so no launch of its own computes D. The dq walk loads k twice per tile: as 16-byte row slices for the
-// SDDMM (A operand, rows = edges) and by whole 128-byte lines for the SpMM (A
-// operand, rows = channels; load_v_words), the second from L1.
+// before its first tile, so no launch of its own computes D. The dq walk loads k
+// twice per tile: as 16-byte row slices for the SDDMM (A operand, rows = edges)
+// and by whole 128-byte lines for the SpMM (A operand, rows = channels;
+// load_v_words), the second from L1.
 // Rows and columns are walked whole, whatever the work items: each output row is
 // written once, no partials, no atomics (deterministic); a split row or column
 // is one warp's, slow but not wrong. A non-finite gathered row makes the output
