@@ -28,9 +28,10 @@
 # the tree), built in /tmp/dfgnn_ab_base; this tree is built in place unless the
 # build stage ran. Runs of the fused methods alternate base, new ($AB_ROUNDS rounds,
 # default 2), each its own tree's benchmarks.$AB_BENCH: kernels (default; five
-# GPU-bound graphs and one host-bound) or layers (the edge models on PATTERN and the
-# web graph); $AB_ARGS replaces the default arguments. benchmarks.kernels_ab
-# compares them into $OUT/ab/ab.json.
+# GPU-bound graphs and one host-bound), layers (the edge models on PATTERN and the
+# web graph) or half_precision (the dot rows of four batch graphs and GitHub in
+# bf16, no FlexAttention); $AB_ARGS replaces the default arguments.
+# benchmarks.kernels_ab compares them into $OUT/ab/ab.json.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -100,21 +101,24 @@ if has ab; then
     (cd "$d" && $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error()") \
       || { echo "ab: no kernels in $d"; tail -30 "$ab"/build_*.log; exit 1; }
   done
-  bench=${AB_BENCH:-kernels}
-  if [ "$bench" = layers ]; then
-    args=${AB_ARGS:-"--methods fused --models gt_edge,gat_edge,gatv2_edge --graphs PATTERN,web-NotreDame-like"}
-  else
-    args=${AB_ARGS:-"--fused-only --no-compile --graphs PATTERN,CLUSTER,COCO-SP,GitHub,Reddit-like,PubMed"}
-  fi
+  bench=${AB_BENCH:-kernels} rec=.json
+  case $bench in
+    layers) args=${AB_ARGS:-"--methods fused --models gt_edge,gat_edge,gatv2_edge --graphs PATTERN,web-NotreDame-like"} ;;
+    # its --out is a folder that gets half_precision.json
+    half_precision) rec=/half_precision.json
+      args=${AB_ARGS:-"--graphs PATTERN,CLUSTER,MNIST,COCO-SP-like,GitHub --layers dot-1x128,dot-4x32 --dtypes bf16 --flex-dtypes= --flex-forms="} ;;
+    *) args=${AB_ARGS:-"--fused-only --no-compile --graphs PATTERN,CLUSTER,COCO-SP,GitHub,Reddit-like,PubMed"} ;;
+  esac
   for i in $(seq "${AB_ROUNDS:-2}"); do
     for side in base new; do
       d=$PWD; [ $side = base ] && d=$base
+      out=$ab/${side}_$i; [ "$rec" = .json ] && out=$out.json
       (cd "$d" && $PY -m benchmarks.$bench $args \
-        --out "$ab/${side}_$i.json" > "$ab/${side}_$i.txt" 2> "$ab/${side}_$i.err")
+        --out "$out" > "$ab/${side}_$i.txt" 2> "$ab/${side}_$i.err")
       echo "ab: $side run $i rc=$?"
     done
   done
-  $PY -m benchmarks.kernels_ab --base "$ab"/base_*.json --new "$ab"/new_*.json \
+  $PY -m benchmarks.kernels_ab --base "$ab"/base_*"$rec" --new "$ab"/new_*"$rec" \
     --out "$ab/ab.json" | tee "$ab/ab.txt"
 fi
 if has train; then

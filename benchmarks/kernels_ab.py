@@ -1,8 +1,9 @@
 r"""Two builds' kernel benchmark records side by side: is any timing slower?
 
 Reads the JSON that :mod:`benchmarks.kernels` writes, or :mod:`benchmarks.layers`
-(its rows have the same fields: a layer's methods instead of the op's), several
-runs of each build (run alternating in one session on one GPU, so that clocks and
+(its rows have the same fields: a layer's methods instead of the op's), or
+:mod:`benchmarks.half_precision` (one fused op per row: its ``fwd_ms`` and
+``fused_fwd_bwd_ms`` as the method ``fused``), several runs of each build (run alternating in one session on one GPU, so that clocks and
 heat drift alike),
 and compares each timing's best run: ``new / base`` per graph, model, heads ×
 channels, dtype, method and phase (``fwd_ms``, ``fwd_bwd_ms``). The best of a few
@@ -41,15 +42,25 @@ PHASES = ("fwd_ms", "fwd_bwd_ms")
 Key = Tuple[str, str, str, str, str]
 
 
+def _methods(row: dict) -> dict:
+    # A benchmarks.half_precision row is one fused op: its status and timings
+    # under the kernel records' names.
+    if "methods" in row or "layer" not in row:
+        return row.get("methods", {})
+    return {"fused": {"status": row.get("status"), "fwd_ms": row.get("fwd_ms"),
+                      "fwd_bwd_ms": row.get("fused_fwd_bwd_ms")}}
+
+
 def timings(record: dict) -> Dict[Key, Tuple[float, str]]:
     r"""``(model, graph, HxC, dtype, method + phase) -> (ms, kind)`` of one
-    :mod:`benchmarks.kernels` or :mod:`benchmarks.layers` record, the methods whose
-    status is ``ok``."""
+    :mod:`benchmarks.kernels`, :mod:`benchmarks.layers` or
+    :mod:`benchmarks.half_precision` record (its layer as the model), the methods
+    whose status is ``ok``."""
     out = {}
     for section, default_model in (("rows", "gt"), ("score_rows", None)):
         for row in record.get(section, []):
-            model = row.get("model", default_model)
-            for method, res in row.get("methods", {}).items():
+            model = row.get("model", row.get("layer", default_model))
+            for method, res in _methods(row).items():
                 if res.get("status") != "ok":
                     continue
                 for phase in PHASES:
@@ -118,8 +129,8 @@ def _load(paths):
             _fail(f"python -m benchmarks.kernels_ab: cannot read {p}: {e}\n"
                      "Pass the JSON files that python -m benchmarks.kernels --out wrote.")
         if not isinstance(doc, dict) or not ("rows" in doc or "score_rows" in doc):
-            _fail(f"python -m benchmarks.kernels_ab: {p} is not a benchmarks.kernels "
-                     "or benchmarks.layers record (no rows)\nPass the JSON files that "
+            _fail(f"python -m benchmarks.kernels_ab: {p} is not a benchmarks.kernels, "
+                     "layers or half_precision record (no rows)\nPass the JSON files that "
                      "python -m benchmarks.kernels --out wrote.")
         out.append(doc)
     return out

@@ -145,3 +145,21 @@ def test_layer_records_are_read_too(ab, tmp_path):
             row["methods"]["fused"]["fwd_bwd_ms"] *= 1.1
     (over,) = ab.compare([doc], [slow])["summary"]["gpu_bound"]["over"]
     assert (over["model"], over["timing"]) == ("gt_edge", "fused fwd_bwd_ms")
+
+
+def test_half_precision_records_are_read_too(ab, tmp_path):
+    hp = load_benchmark("half_precision")
+    assert hp.main(["--out", str(tmp_path / "hp"), "--device", "cpu", "--tiny", "--graphs",
+                    "PATTERN", "--layers", "dot-1x128,gatv2-4x32", "--dtypes", "bf16"]) == 0
+    doc = json.loads((tmp_path / "hp" / "half_precision.json").read_text())
+    t = ab.timings(doc)
+    assert set(t) == {(layer, "PATTERN", hc, "bf16", f"fused {phase}")
+                      for layer, hc in (("dot-1x128", "1x128"), ("gatv2-4x32", "4x32"))
+                      for phase in ("fwd_ms", "fwd_bwd_ms")}
+    slow = copy.deepcopy(doc)
+    slow["rows"][1]["fused_fwd_bwd_ms"] *= 1.1
+    (over,) = ab.compare([doc], [slow])["summary"]["gpu_bound"]["over"]
+    assert (over["model"], over["timing"]) == ("gatv2-4x32", "fused fwd_bwd_ms")
+    failed = copy.deepcopy(doc)
+    failed["rows"][0]["status"] = "error"
+    assert not any(k[0] == "dot-1x128" for k in ab.timings(failed))
