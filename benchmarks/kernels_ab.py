@@ -3,9 +3,9 @@ r"""Two builds' kernel benchmark records side by side: is any timing slower?
 Reads the JSON that :mod:`benchmarks.kernels` writes, or :mod:`benchmarks.layers`
 (its rows have the same fields: a layer's methods instead of the op's), or
 :mod:`benchmarks.half_precision` (one fused op per row: its ``fwd_ms`` and
-``fused_fwd_bwd_ms`` as the method ``fused``), several runs of each build (run alternating in one session on one GPU, so that clocks and
-heat drift alike),
-and compares each timing's best run: ``new / base`` per graph, model, heads ×
+``fused_fwd_bwd_ms`` as the method ``fused``), several runs of each build (run
+alternating in one session on one GPU, so that clocks and heat drift alike), and
+compares each timing's best run: ``new / base`` per graph, model, heads ×
 channels, dtype, method and phase (``fwd_ms``, ``fwd_bwd_ms``). The best of a few
 runs is the figure two builds share the least noise in; each side's spread (its
 slowest run over its fastest) says how far apart two runs of one build land.

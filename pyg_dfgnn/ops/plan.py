@@ -673,7 +673,7 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
             why.append(("row_walk", f"mean in-degree {mean_degree:.1f}, {lanes} lanes per row"
                                     f"{', split rows' if split else ''}: {walk}"))
     can_mma = (spec.mma and smmf and not dropout and not need_attn
-               and dtype in HALF_DTYPES and head_size in MMA_HEAD_SIZES)
+               and half and head_size in MMA_HEAD_SIZES)
     mma = _forced(o, "mma", can_mma and not split, can_mma,
                   f"the tensor-core forward needs a score with it (dot, cosine), SMMF, "
                   f"fp16 / bf16, C in {MMA_HEAD_SIZES}, no dropout and no attention weights")
@@ -718,7 +718,7 @@ def _decide(layout, dtype, head_size, score, strategy, dropout, need_attn, tiles
     if first:
         why.append(("normalize_first", f"the {score} score in {dtype} with {method.upper()} "
                                        "normalises its rows, then runs the dot score's kernels"))
-    return Plan(score, dtype in HALF_DTYPES, method, chunk, long_first, item_order, vec,
+    return Plan(score, half, method, chunk, long_first, item_order, vec,
                 bool(two_rows), bool(mma), dense_cells, split, merge, bwd_one_launch,
                 bool(mma_bwd), bwd_merge, tuple(why), normalize_first=first,
                 split_cols=layout.max_out_degree > chunk, dense_backward=dense_bwd,
