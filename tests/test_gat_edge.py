@@ -187,6 +187,30 @@ def test_layer_fill_values_match_pyg(layer, fill, input_loops):
     _compare(layer, native, fused, x, ei, 20, 20, ea, call={"return_attention_weights": True})
 
 
+@pytest.mark.parametrize("fill, reduced", [("mean", "terms"), ("add", "terms"),
+                                           ("sum", "terms"), ("max", "features"),
+                                           (0.5, "features")])
+def test_gat_linear_fill_reduces_the_edge_terms(fill, reduced, monkeypatch):
+    """GATConv with a sum or mean fill_value adds the self-loops to the [E, H] edge
+    terms (the projection is linear, so the loops' terms are the reduction of their
+    in-edges' terms), where other fills add them to the [E, D] features; either way
+    the layer matches PyG."""
+    from pyg_dfgnn.nn import _common
+
+    widths = []
+
+    def spy(ei, attr, **kwargs):
+        widths.append(attr.size(-1))
+        return add_self_loops(ei, attr, **kwargs)
+
+    monkeypatch.setattr(_common, "add_self_loops", spy)
+    ei = _graph(num_self_loops=3)
+    native, fused = _pair("gat", 8, 4, heads=2, edge_dim=6, fill_value=fill)
+    x, ea = _features(20, 20, 8, None, 6, ei.size(1), dst="single")
+    _compare("gat", native, fused, x, ei, 20, 20, ea)
+    assert widths and set(widths) == {2 if reduced == "terms" else 6}
+
+
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_input_without_self_loops_skips_their_removal(layer, monkeypatch):
     """Where the layout counts no self-loop in the input, the edge features go to

@@ -277,7 +277,8 @@ def gat_edge_reason(conv, adj, edge_attr: Optional[Tensor]) -> str:
     return ""
 
 
-def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
+def looped_edge_features(conv, layout, adj, feats: Tensor,
+                         project: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
     r"""The edge features ``feats`` (in the order of the adjacency ``adj``, a
     ``[2, E]`` tensor or an ``EdgeIndex`` where ``conv.add_self_loops``) in the
     order of ``layout``'s :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, as a
@@ -288,12 +289,16 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
     ``feats`` as they are otherwise. On CUDA the loops are dropped by scatters
     (:func:`pyg_dfgnn.edge_order.compact`).
 
+    ``project``: a map of the rows applied after the removal and before the
+    loops are added, whose rows the fill then reduces, for a map that commutes
+    with ``conv.fill_value`` (a linear map, and a sum or mean).
+
     Raises:
         RuntimeError: as PyG's ``add_self_loops`` (a reducing ``fill_value``
             with an edge into a destination past the loops).
     """
     if not conv.add_self_loops:
-        return feats
+        return feats if project is None else project(feats)
     ei = adj if type(adj) is Tensor else adj.as_subclass(Tensor)
     n_loops = min(layout.num_src, layout.num_dst)
     # remove_self_loops, with the count of the edges it keeps taken from the
@@ -313,6 +318,8 @@ def looped_edge_features(conv, layout, adj, feats: Tensor) -> Tensor:
         else:
             kept = torch.nonzero_static(keep, size=num_kept).view(-1)
             ei, feats = ei.index_select(1, kept), feats.index_select(0, kept)
+    if project is not None:
+        feats = project(feats)
     _, feats = add_self_loops(ei, feats, fill_value=conv.fill_value, num_nodes=n_loops)
     return feats
 

@@ -22,6 +22,9 @@ from ._projections import autocast_dtype, plain_linears
 #: Below, the step is host-bound and the GEMM's extra launches cost more than
 #: the elementwise passes they save (docs/design.md, "GAT").
 TERMS_GEMM_MIN_ELEMENTS = 1 << 23
+#: The ``fill_value`` reductions that are linear in the edge features, so that
+#: the self-loops' edge terms can be reduced from the edges' terms.
+LINEAR_FILLS = ("mean", "add", "sum")
 
 
 def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
@@ -62,6 +65,18 @@ def _attention_terms(x_src: Tensor, x_dst: Optional[Tensor], att_src: Tensor,
         return gemm(x_src, att_src), (None if x_dst is None else gemm(x_dst, att_dst))
 
 
+def _edge_gemm_dtype(feats: Tensor, lin_edge: torch.nn.Module,
+                     att_edge: Tensor) -> Optional[torch.dtype]:
+    r"""The dtype in which :func:`_edge_terms` runs its one GEMM on ``feats``,
+    or ``None`` where it runs PyG's form (below)."""
+    weight = getattr(lin_edge, "weight", None)
+    if not (plain_linears([lin_edge]) and not isinstance(weight, UninitializedParameter)
+            and lin_edge.bias is None):
+        return None
+    dtype = torch.promote_types(torch.promote_types(feats.dtype, weight.dtype), att_edge.dtype)
+    return None if dtype.itemsize < 4 else dtype
+
+
 def _edge_terms(feats: Tensor, lin_edge: torch.nn.Module, att_edge: Tensor, H: int,
                 C: int) -> Tensor:
     r"""``alpha_edge`` ``[E, H]``: the per-head terms :math:`\mathbf{a}_e^\top
@@ -82,19 +97,15 @@ def _edge_terms(feats: Tensor, lin_edge: torch.nn.Module, att_edge: Tensor, H: i
     would round other values than PyG's projection does, and an edge whose
     score lies at the LeakyReLU's kink would take the other branch's gradient.
     So does a ``lin_edge`` that is not a plain linear map without hooks, or
-    that has a bias or lazy weights not yet drawn."""
+    that has a bias or lazy weights not yet drawn (:func:`_edge_gemm_dtype`)."""
     if feats.dim() == 1:
         feats = feats.view(-1, 1)
-    weight = getattr(lin_edge, "weight", None)
-    plain = (plain_linears([lin_edge]) and not isinstance(weight, UninitializedParameter)
-             and lin_edge.bias is None)
-    dtype = (torch.promote_types(torch.promote_types(feats.dtype, weight.dtype), att_edge.dtype)
-             if plain else None)
-    if dtype is None or dtype.itemsize < 4:
+    dtype = _edge_gemm_dtype(feats, lin_edge, att_edge)
+    if dtype is None:
         return (lin_edge(feats).view(-1, H, C) * att_edge).sum(-1)
     cast = autocast_dtype(feats) is not None
     with torch.autocast(feats.device.type, enabled=False):
-        w_a = (weight.view(H, C, -1) * att_edge.view(H, C, 1)).sum(1).t()
+        w_a = (lin_edge.weight.view(H, C, -1) * att_edge.view(H, C, 1)).sum(1).t()
         if cast:
             feats, w_a = feats.to(dtype), w_a.to(dtype)
         return feats @ w_a
@@ -244,9 +255,22 @@ class FusedGATConv(GATConv):
         layout's :attr:`~pyg_dfgnn.layout.GraphLayout.edge_index`, self-loops'
         included, exactly as ``GATConv.forward`` makes them
         (:func:`~pyg_dfgnn.nn._common.looped_edge_features`), projected by
-        :func:`_edge_terms`."""
-        feats = looped_edge_features(self, layout, edge_index, feats)
-        terms = _edge_terms(feats, self.lin_edge, self.att_edge, self.heads, self.out_channels)
+        :func:`_edge_terms`; with a ``fill_value`` in :data:`LINEAR_FILLS` the
+        self-loops' terms reduced from their in-edges' terms instead (equal up to
+        rounding)."""
+        H, C = self.heads, self.out_channels
+        if (isinstance(self.fill_value, str) and self.fill_value in LINEAR_FILLS
+                and _edge_gemm_dtype(feats, self.lin_edge, self.att_edge) is not None):
+            # The loops' features are a sum or mean of their in-edges' and the
+            # terms a linear map of the features (the GEMM form): the loops'
+            # terms are that sum or mean of the in-edges' terms, a scatter of
+            # [E, H] rather than [E, D] values (D / H times less to move).
+            terms = looped_edge_features(
+                self, layout, edge_index, feats,
+                project=lambda f: _edge_terms(f, self.lin_edge, self.att_edge, H, C))
+        else:
+            feats = looped_edge_features(self, layout, edge_index, feats)
+            terms = _edge_terms(feats, self.lin_edge, self.att_edge, H, C)
         return layout.to_csr_order(terms, loops_appended=self.add_self_loops)
 
     def forward(  # noqa: F811
