@@ -32,6 +32,9 @@
 # web graph) or half_precision (the dot rows of four batch graphs and GitHub in
 # bf16, no FlexAttention); $AB_ARGS replaces the default arguments.
 # benchmarks.kernels_ab compares them into $OUT/ab/ab.json.
+# PREBUILT=FILE.so.xz (benchmarks/prebuild.sh, carried): the build stage (and the ab
+# stage for this tree) takes that library where it was built from this tree's
+# sources and loads, else builds; AB_BASE_PREBUILT likewise for the ab stage's base.
 # Real graphs are read from .devdata/ when it exists (a git-ignored copy of the data
 # folder's subsets), else from $PYG_DFGNN_DATA.
 set -o pipefail
@@ -43,11 +46,34 @@ PY=python3
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 $PY -c "import torch, torch_geometric; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'pyg', torch_geometric.__version__)"
+kernels_load() {
+  $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error(); print('kernels loaded')"
+}
+# use_prebuilt DIR FILE.so.xz: puts the prebuilt library into the tree DIR where it
+# was built from DIR's sources and loads there (status 0), else leaves none (1).
+use_prebuilt() {
+  local dir=$1 file=$2 so
+  [ -n "$file" ] || return 1
+  if [ "$(cat "$file.inputs" 2>/dev/null)" != "$(bash "$dir/benchmarks/build_inputs_hash.sh")" ]; then
+    echo "build: $file was built from other sources than $dir's; building"; return 1
+  fi
+  so="$dir/pyg_dfgnn/_C$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+  $PY -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$file" "$so"
+  (cd "$dir" && kernels_load) && return 0
+  rm -f "$so"; echo "build: $file does not load in $dir; building"; return 1
+}
 if has build; then
   t0=$(date +%s)
-  $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
-  echo "build: $(( $(date +%s) - t0 )) s"
-  $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error(); print('kernels loaded')" || exit 1
+  if use_prebuilt "$PWD" "${PREBUILT:-}"; then
+    # Not installed: the tree's root on the path, for the commands started elsewhere.
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    echo "build: prebuilt $PREBUILT"
+  else
+    $PY -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+    kernels_load || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s"
+  fi
 fi
 if has test; then
   # 14 workers and a per-test limit: the whole CUDA suite in about 3 minutes on an
@@ -90,12 +116,19 @@ if has ab; then
   [ -f "${AB_BASE:-}" ] || { echo "ab: set AB_BASE to a tarball of the base tree"; exit 1; }
   ab=$OUT/ab base=/tmp/dfgnn_ab_base; mkdir -p "$ab"
   rm -rf "$base"; mkdir -p "$base"; tar xzf "$AB_BASE" -C "$base"
-  if has build; then
+  # AB_BASE_PREBUILT / PREBUILT: the base's and this tree's prebuilt libraries.
+  base_pre=0 new_pre=0
+  [ -f "$base/benchmarks/build_inputs_hash.sh" ] && use_prebuilt "$base" "${AB_BASE_PREBUILT:-}" \
+    && base_pre=1
+  if has build || use_prebuilt "$PWD" "${PREBUILT:-}"; then new_pre=1; fi
+  if [ $base_pre = 0 ] && [ $new_pre = 1 ]; then
     (cd "$base" && $PY setup.py build_ext --inplace > "$ab/build_base.log" 2>&1)
-  else
+  elif [ $base_pre = 0 ]; then
     (cd "$base" && MAX_JOBS=8 $PY setup.py build_ext --inplace > "$ab/build_base.log" 2>&1) &
     MAX_JOBS=8 $PY setup.py build_ext --inplace > "$ab/build_new.log" 2>&1
     wait
+  elif [ $new_pre = 0 ]; then
+    $PY setup.py build_ext --inplace > "$ab/build_new.log" 2>&1
   fi
   for d in "$base" "$PWD"; do
     (cd "$d" && $PY -c "import pyg_dfgnn; assert pyg_dfgnn.has_cuda_kernels(), pyg_dfgnn.load_error()") \
