@@ -54,7 +54,7 @@ kernels_load() {
 use_prebuilt() {
   local dir=$1 file=$2 so
   [ -n "$file" ] || return 1
-  if [ "$(cat "$file.inputs" 2>/dev/null)" != "$(bash "$dir/benchmarks/build_inputs_hash.sh")" ]; then
+  if [ "$(cat "$file.inputs" 2>/dev/null)" != "$(bash benchmarks/build_inputs_hash.sh "$dir")" ]; then
     echo "build: $file was built from other sources than $dir's; building"; return 1
   fi
   so="$dir/pyg_dfgnn/_C$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
@@ -118,8 +118,7 @@ if has ab; then
   rm -rf "$base"; mkdir -p "$base"; tar xzf "$AB_BASE" -C "$base"
   # AB_BASE_PREBUILT / PREBUILT: the base's and this tree's prebuilt libraries.
   base_pre=0 new_pre=0
-  [ -f "$base/benchmarks/build_inputs_hash.sh" ] && use_prebuilt "$base" "${AB_BASE_PREBUILT:-}" \
-    && base_pre=1
+  use_prebuilt "$base" "${AB_BASE_PREBUILT:-}" && base_pre=1
   if has build || use_prebuilt "$PWD" "${PREBUILT:-}"; then new_pre=1; fi
   if [ $base_pre = 0 ] && [ $new_pre = 1 ]; then
     (cd "$base" && $PY setup.py build_ext --inplace > "$ab/build_base.log" 2>&1)

@@ -23,5 +23,5 @@ git archive "$rev" | tar -x -C "$tmp"
   MAX_JOBS="${MAX_JOBS:-2}" "$venv/bin/python" setup.py build_ext --inplace > build.log 2>&1) ||
   { tail -40 "$tmp/build.log"; exit 1; }
 xz -T2 -6 -c "$tmp"/pyg_dfgnn/_C*.so > "$out"
-(cd "$tmp" && bash benchmarks/build_inputs_hash.sh) > "$out.inputs"
+bash benchmarks/build_inputs_hash.sh "$tmp" > "$out.inputs"
 echo "prebuilt $(git rev-parse --short "$rev"): $out ($(du -h "$out" | cut -f1)), inputs $(cat "$out.inputs")"
