@@ -311,7 +311,27 @@ def _extensions():
         # their compile.
         extra_compile_args={"cxx": ["-O3", "-g0"] + system, "nvcc": nvcc + system},
     )
-    return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
+    return [ext], {"build_ext": _in_tree_build_temp(
+        cpp_extension.BuildExtension.with_options(use_ninja=True))}
+
+
+def _in_tree_build_temp(build_ext):
+    """``build_ext`` with its objects in ``build/temp.<platform>-<python>`` in the
+    source tree, where a plain ``setup.py build_ext`` or ``pip install .`` puts
+    them, also for an editable install (PEP 660), which otherwise compiles into a
+    temporary folder and discards the objects: a later build of the same tree
+    then recompiles only what changed (ninja compares sources and commands), e.g.
+    the wheel ``pip install .`` builds after ``make``'s editable install (the
+    extension takes minutes on 2 cores)."""
+    import sysconfig
+
+    class BuildExt(build_ext):
+        def finalize_options(self):
+            super().finalize_options()
+            self.build_temp = os.path.join(
+                ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
+
+    return BuildExt
 
 
 def _torch_version():
