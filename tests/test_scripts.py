@@ -157,3 +157,28 @@ def test_host_path_overrides_are_checked_before_the_gpu(capsys):
         with pytest.raises(SystemExit) as e:
             host_path.main([a for item in bad for a in ("--override", item)])
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_build_inputs_hash_follows_the_build_inputs(tmp_path):
+    """``benchmarks/build_inputs_hash.sh DIR``, which decides whether a prebuilt
+    extension serves a tree (``device_run.sh``'s PREBUILT): equal for a copy of the
+    sources, changed by an edit under ``cuda/``, not by a file outside the build
+    inputs."""
+    import shutil
+
+    def digest(tree):
+        r = subprocess.run(["bash", str(ROOT / "benchmarks" / "build_inputs_hash.sh"),
+                            str(tree)], capture_output=True, text=True, timeout=60, check=True)
+        return r.stdout.strip()
+
+    copy = tmp_path / "tree"
+    shutil.copytree(ROOT / "cuda", copy / "cuda")
+    for name in ("setup.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, copy / name)
+    base = digest(copy)
+    assert len(base) == 40 and base == digest(ROOT)
+    (copy / "README.md").write_text("not a build input\n")
+    assert digest(copy) == base
+    header = copy / "cuda" / "host" / "ops.h"
+    header.write_text(header.read_text() + "// edited\n")
+    assert digest(copy) != base
