@@ -5,17 +5,18 @@
 #   benchmarks/prebuild.sh VENV OUT.so.xz [REV]
 #
 # VENV: a virtual environment with the GPU machine's Python (major.minor) and torch
-# release, e.g. `python3.12 -m venv V && V/bin/pip install torch==2.11.0` (the device
-# tool's KINDS.md lists them). REV (default HEAD) is built from a clean copy
-# (git archive), for TORCH_CUDA_ARCH_LIST (default 9.0), and written xz-compressed
-# (a third of its size: calls carry at most 64 MiB) beside OUT.so.xz.inputs, the
-# hash of its build inputs (build_inputs_hash below). device_run.sh's build stage
+# release, e.g. `python3.12 -m venv V && V/bin/pip install torch==2.11.0` (there,
+# `python3 -c "import sys, torch; print(sys.version, torch.__version__)"` tells).
+# REV (default HEAD) is built from a clean copy (git archive), for
+# TORCH_CUDA_ARCH_LIST (default 9.0), and written xz-compressed (a third of its
+# size: a device call carries at most 64 MiB) beside OUT.so.xz.inputs, the hash of
+# its build inputs (benchmarks/build_inputs_hash.sh). device_run.sh's build stage
 # takes it with PREBUILT=OUT.so.xz where the tree's hash matches and the library
 # loads, and builds as before otherwise.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 2 ] || { echo "usage: $0 VENV OUT.so.xz [REV]"; exit 2; }
-venv="$(cd "$1" && pwd)" out="$2" rev="${3:-HEAD}"
+venv="$(cd "$1" && pwd)" out="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")" rev="${3:-HEAD}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 git archive "$rev" | tar -x -C "$tmp"
