@@ -98,9 +98,16 @@ def _edge_terms(feats: Tensor, lin_edge: torch.nn.Module, att_edge: Tensor, H: i
     score lies at the LeakyReLU's kink would take the other branch's gradient.
     So does a ``lin_edge`` that is not a plain linear map without hooks, or
     that has a bias or lazy weights not yet drawn (:func:`_edge_gemm_dtype`)."""
+    return _edge_terms_as(feats, lin_edge, att_edge, H, C,
+                          _edge_gemm_dtype(feats, lin_edge, att_edge))
+
+
+def _edge_terms_as(feats: Tensor, lin_edge: torch.nn.Module, att_edge: Tensor, H: int, C: int,
+                   dtype: Optional[torch.dtype]) -> Tensor:
+    r""":func:`_edge_terms` with its form decided: the GEMM in ``dtype``, or
+    PyG's form where ``dtype`` is ``None`` (:func:`_edge_gemm_dtype` of ``feats``)."""
     if feats.dim() == 1:
         feats = feats.view(-1, 1)
-    dtype = _edge_gemm_dtype(feats, lin_edge, att_edge)
     if dtype is None:
         return (lin_edge(feats).view(-1, H, C) * att_edge).sum(-1)
     cast = autocast_dtype(feats) is not None
@@ -259,18 +266,20 @@ class FusedGATConv(GATConv):
         self-loops' terms reduced from their in-edges' terms instead (equal up to
         rounding)."""
         H, C = self.heads, self.out_channels
-        if (isinstance(self.fill_value, str) and self.fill_value in LINEAR_FILLS
-                and _edge_gemm_dtype(feats, self.lin_edge, self.att_edge) is not None):
+        dtype = _edge_gemm_dtype(feats, self.lin_edge, self.att_edge)
+
+        def terms_of(f: Tensor) -> Tensor:
+            return _edge_terms_as(f, self.lin_edge, self.att_edge, H, C, dtype)
+
+        if dtype is not None and isinstance(self.fill_value, str) \
+                and self.fill_value in LINEAR_FILLS:
             # The loops' features are a sum or mean of their in-edges' and the
             # terms a linear map of the features (the GEMM form): the loops'
             # terms are that sum or mean of the in-edges' terms, a scatter of
             # [E, H] rather than [E, D] values (D / H times less to move).
-            terms = looped_edge_features(
-                self, layout, edge_index, feats,
-                project=lambda f: _edge_terms(f, self.lin_edge, self.att_edge, H, C))
+            terms = looped_edge_features(self, layout, edge_index, feats, project=terms_of)
         else:
-            feats = looped_edge_features(self, layout, edge_index, feats)
-            terms = _edge_terms(feats, self.lin_edge, self.att_edge, H, C)
+            terms = terms_of(looped_edge_features(self, layout, edge_index, feats))
         return layout.to_csr_order(terms, loops_appended=self.add_self_loops)
 
     def forward(  # noqa: F811
