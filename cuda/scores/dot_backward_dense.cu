@@ -231,7 +231,7 @@ __device__ __forceinline__ void dense_bwd_block(const DenseBwd<T>& a) {
             L = e < 2 ? La : Lb;
             Dv = e < 2 ? Da : Db;
           }
-          const float p = bit ? exp2f(s[n][e] * a.scale2 - L) : 0.f;
+          const float p = bit ? fast_exp2(s[n][e] * a.scale2 - L) : 0.f;
           const float ds = bit ? p * (d[n][e] - Dv) : 0.f;
           s[n][e] = p;
           d[n][e] = ds;

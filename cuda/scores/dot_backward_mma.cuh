@@ -170,10 +170,10 @@ __device__ __forceinline__ void gt_dq_mma_unit(
     const int ea = e0 + g, eb = e0 + g + 8;
     const bool m0 = rb0 <= ea && ea < rb1, m1 = rb1 <= ea && ea < rb2;
     const bool m2 = rb0 <= eb && eb < rb1, m3 = rb1 <= eb && eb < rb2;
-    const float p0 = m0 ? exp2f(s[0] * scale2 - L0) : 0.f;
-    const float p1 = m1 ? exp2f(s[1] * scale2 - L1) : 0.f;
-    const float p2 = m2 ? exp2f(s[2] * scale2 - L0) : 0.f;
-    const float p3 = m3 ? exp2f(s[3] * scale2 - L1) : 0.f;
+    const float p0 = m0 ? fast_exp2(s[0] * scale2 - L0) : 0.f;
+    const float p1 = m1 ? fast_exp2(s[1] * scale2 - L1) : 0.f;
+    const float p2 = m2 ? fast_exp2(s[2] * scale2 - L0) : 0.f;
+    const float p3 = m3 ? fast_exp2(s[3] * scale2 - L1) : 0.f;
     const float d0 = p0 * (dp[0] - D0), d1 = p1 * (dp[1] - D1);
     const float d2 = p2 * (dp[2] - D0), d3 = p3 * (dp[3] - D1);
     // Each edge of the tile belongs to one row, so one lane of its fragment row
